@@ -1,0 +1,28 @@
+"""npu_lossscale: one loss-scaled, overflow-checked update op for several
+TF1 optimizers in one ``session.run``, on Ascend NPUs, GPUs and CPUs.
+
+Public API::
+
+  managers   FixedLossScaleManager, ExponentialUpdateLossScaleManager,
+             DynamicLossScaleManager (and their protocol, LossScaleManager)
+  builder    MultiOptimizerLossScale, TrainOps
+  optimizer  LossScaleOptimizer
+"""
+
+from npu_lossscale.builder import MultiOptimizerLossScale, TrainOps
+from npu_lossscale.managers import (DynamicLossScaleManager,
+                                    ExponentialUpdateLossScaleManager,
+                                    FixedLossScaleManager, LossScaleManager)
+from npu_lossscale.optimizer import LossScaleOptimizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DynamicLossScaleManager",
+    "ExponentialUpdateLossScaleManager",
+    "FixedLossScaleManager",
+    "LossScaleManager",
+    "LossScaleOptimizer",
+    "MultiOptimizerLossScale",
+    "TrainOps",
+]

@@ -1,0 +1,156 @@
+"""Float-status backends: how a step learns that it overflowed.
+
+A backend turns the step's gradients into one float32 scalar *overflow flag*:
+0.0 when the step is finite, non-zero when it overflowed. A flag (rather than a
+bool) is what data-parallel workers sum across ranks: zero after the sum means
+every rank was finite.
+
+* ``IsFiniteBackend`` (CPU/GPU) reads every gradient once.
+* ``NpuFloatStatusBackend`` (Ascend) reads the device's float-status register
+  once and clears it, ordered after all gradients. In saturation mode, where an
+  overflowing float16 result becomes +-65504 instead of inf, the register is
+  the only witness of the overflow.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import tensorflow.compat.v1 as tf
+
+BACKENDS = ("auto", "is_finite", "npu")
+
+
+def _values(tensor):
+    """The dense values of a gradient (IndexedSlices from embedding lookups)."""
+    if isinstance(tensor, tf.IndexedSlices):
+        return tensor.values
+    return tensor
+
+
+class IsFiniteBackend(object):
+    """Checks the gradients themselves: one read per gradient.
+
+    Each gradient is summed in float32 and the sums are added; the total is
+    finite exactly when no gradient holds inf or nan (inf + -inf and
+    nan + x are nan). A finite gradient whose float32 sum overflows also
+    counts as an overflow: such a gradient would overflow the update anyway.
+    """
+
+    name = "is_finite"
+
+    def overflow_flag(self, tensors):
+        """Returns a float32 scalar: 0.0 if every tensor is finite, else 1.0.
+
+        Args:
+          tensors: gradients (tensors or IndexedSlices), none of them None.
+
+        Returns:
+          A float32 scalar tensor.
+        """
+        with tf.name_scope("is_finite_check"):
+            sums = []
+            for tensor in tensors:
+                values = _values(tensor)
+                if values.dtype.base_dtype != tf.float32:
+                    values = tf.cast(values, tf.float32)
+                sums.append(tf.reduce_sum(values))
+            total = sums[0] if len(sums) == 1 else tf.add_n(sums)
+            return 1.0 - tf.cast(tf.is_finite(total), tf.float32)
+
+
+class NpuFloatStatusBackend(object):
+    """Reads Ascend's float-status register once, then clears it.
+
+    Uses the v2 ops (``npu_get_float_status_v2``/``npu_clear_float_status_v2``)
+    when the installed npu_bridge has them, else the v1 ops
+    (``npu_alloc_float_status``/``npu_get_float_status``/
+    ``npu_clear_float_status``), in the same pattern as npu_bridge's own
+    NPULossScaleOptimizer. The read is ordered after every tensor passed in,
+    so it covers the whole forward and backward computation of the step.
+
+    Args:
+      gen_ops: the module returned by ``npu_bridge.helper.helper.get_gen_ops()``.
+    """
+
+    name = "npu"
+
+    def __init__(self, gen_ops):
+        self._gen_ops = gen_ops
+        self.uses_v2 = hasattr(gen_ops, "npu_get_float_status_v2")
+
+    def overflow_flag(self, tensors):
+        """Returns a float32 scalar: 0.0 if the register is clear, else 1.0.
+
+        Args:
+          tensors: the tensors the read must follow (the step's gradients).
+
+        Returns:
+          A float32 scalar tensor, ordered after the register is cleared.
+        """
+        gen = self._gen_ops
+        deps = [_values(t) for t in tensors]
+        with tf.name_scope("npu_float_status"):
+            if self.uses_v2:
+                with tf.control_dependencies(deps):
+                    status = gen.npu_get_float_status_v2()
+                with tf.control_dependencies([status]):
+                    cleared = gen.npu_clear_float_status_v2()
+                with tf.control_dependencies([cleared]):
+                    overflow = tf.reduce_any(tf.not_equal(status, tf.zeros_like(status)))
+            else:
+                buffer = gen.npu_alloc_float_status()
+                with tf.control_dependencies(deps):
+                    status = gen.npu_get_float_status(buffer)
+                cleared = gen.npu_clear_float_status(status)
+                # As in npu_bridge: the step is finite when the allocated
+                # buffer and the cleared status agree everywhere.
+                with tf.control_dependencies([cleared]):
+                    overflow = tf.logical_not(tf.reduce_all(tf.equal(buffer, cleared)))
+            return tf.cast(overflow, tf.float32)
+
+
+def _import_npu_gen_ops():
+    from npu_bridge.helper import helper  # pylint: disable=import-outside-toplevel
+    return helper.get_gen_ops()
+
+
+def npu_available():
+    """Returns True when ``npu_bridge`` imports (real, or shims/ on sys.path)."""
+    try:
+        _import_npu_gen_ops()
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(backend):
+    """Turns a backend name into a backend object.
+
+    Args:
+      backend: "auto" (npu when npu_bridge imports, else is_finite),
+        "is_finite" or "npu".
+
+    Returns:
+      An ``IsFiniteBackend`` or ``NpuFloatStatusBackend``.
+
+    Raises:
+      ValueError: for an unknown name, or "npu" without npu_bridge.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(
+            "backend must be one of %r, got %r. Use 'is_finite' on CPU/GPU, 'npu' "
+            "on Ascend, or 'auto' to pick npu when npu_bridge imports."
+            % (BACKENDS, backend))
+    if backend == "is_finite":
+        return IsFiniteBackend()
+    try:
+        gen_ops = _import_npu_gen_ops()
+    except ImportError as error:
+        if backend == "auto":
+            return IsFiniteBackend()
+        raise ValueError(
+            "backend='npu' needs Huawei's npu_bridge (the TF adapter shipped with "
+            "the Ascend CANN toolkit), which failed to import: %s. Install the CANN "
+            "toolkit and its tf_adapter (npu_bridge) package, put the shims/ folder "
+            "of this repository on sys.path to emulate it on CPU, or pass "
+            "backend='is_finite'." % (error,))
+    return NpuFloatStatusBackend(gen_ops)

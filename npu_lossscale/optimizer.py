@@ -1,0 +1,132 @@
+"""``LossScaleOptimizer``: the builder's machinery behind the Optimizer API.
+
+A drop-in for npu_bridge's ``NPULossScaleOptimizer`` and contrib's
+``LossScaleOptimizer`` in one-optimizer scripts and Estimator ``model_fn``s.
+It is not a second implementation: scaling, unscaling, the overflow decision,
+the guarded apply and the manager update are the builder's own functions.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import _validation
+from npu_lossscale import backends as _backends
+from npu_lossscale import builder as _builder
+
+
+class LossScaleOptimizer(tf.train.Optimizer):
+    """Wraps one TF1 optimizer with loss scaling and overflow skipping.
+
+    ``compute_gradients`` scales the loss and returns unscaled gradients.
+    ``apply_gradients`` checks the gradients it is given (one float-status
+    read on the npu backend), applies them under a ``cond`` only when finite,
+    advances ``global_step`` only then, and updates the loss scale. Each method
+    stands on its own: nothing computed in one is read by the other.
+
+    Example::
+
+      opt = LossScaleOptimizer(tf.train.AdamOptimizer(1e-3),
+                               DynamicLossScaleManager())
+      train_op = opt.minimize(loss, global_step=tf.train.get_global_step())
+
+    For several optimizers in one ``session.run`` use
+    ``MultiOptimizerLossScale`` instead: one wrapper per optimizer means one
+    skip decision per optimizer.
+
+    Args:
+      opt: the ``tf.compat.v1.train.Optimizer`` to wrap.
+      loss_scale_manager: any object with ``get_loss_scale()`` and
+        ``update_loss_scale(finite)``.
+      backend: "auto", "is_finite" or "npu", as for the builder.
+
+    Raises:
+      TypeError: for a non-TF1 or already-wrapped optimizer, or a manager
+        without the protocol.
+      ValueError: for an unknown backend, or "npu" without npu_bridge.
+    """
+
+    def __init__(self, opt, loss_scale_manager, backend="auto"):
+        _builder.check_optimizer(opt, argument="opt")
+        _builder.check_manager(loss_scale_manager)
+        self._opt = opt
+        self._manager = loss_scale_manager
+        self._backend = _backends.resolve_backend(backend)
+        super(LossScaleOptimizer, self).__init__(
+            use_locking=False, name="LossScale%s" % opt.get_name())
+
+    @property
+    def inner_optimizer(self):
+        """The wrapped optimizer."""
+        return self._opt
+
+    @property
+    def loss_scale_manager(self):
+        """The loss-scale manager."""
+        return self._manager
+
+    def compute_gradients(self, loss, var_list=None,
+                          gate_gradients=tf.train.Optimizer.GATE_OP,
+                          aggregation_method=None,
+                          colocate_gradients_with_ops=False, grad_loss=None):
+        """Returns unscaled (gradient, variable) pairs of the scaled loss.
+
+        Same arguments as ``tf.compat.v1.train.Optimizer.compute_gradients``.
+        Pairs whose gradient is None are kept, as the base class does.
+        """
+        _validation.require_graph_mode("LossScaleOptimizer.compute_gradients")
+        with tf.name_scope("loss_scale"):
+            scale = _builder.scale_snapshot(self._manager)
+            scaled_loss = _builder.scale_loss(loss, scale)
+        grads_and_vars = self._opt.compute_gradients(
+            scaled_loss, var_list=var_list, gate_gradients=gate_gradients,
+            aggregation_method=aggregation_method,
+            colocate_gradients_with_ops=colocate_gradients_with_ops,
+            grad_loss=grad_loss)
+        present = [(g, v) for g, v in grads_and_vars if g is not None]
+        inv_scale = None
+        if _builder.static_scale(self._manager) != 1.0:
+            inv_scale = tf.reciprocal(scale, name="inv_scale")
+        unscaled = iter(_builder.unscale(present, inv_scale))
+        return [next(unscaled) if g is not None else (g, v) for g, v in grads_and_vars]
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Applies the gradients if all are finite, then updates the scale.
+
+        Args:
+          grads_and_vars: (gradient, variable) pairs, as from
+            ``compute_gradients``; None gradients are left out.
+          global_step: advanced by one only when the gradients are applied.
+          name: name for the wrapped optimizer's apply op.
+
+        Returns:
+          An op that applies (or skips) and updates the loss scale.
+
+        Raises:
+          ValueError: if no gradient is given.
+        """
+        _validation.require_graph_mode("LossScaleOptimizer.apply_gradients")
+        _builder.check_global_step(global_step)
+        present = [(g, v) for g, v in grads_and_vars if g is not None]
+        if not present:
+            raise ValueError(
+                "apply_gradients() got no gradients (all None) for variables %r. "
+                "Check that the loss depends on the variables."
+                % ([v.name for _, v in grads_and_vars],))
+        with tf.name_scope(name, "loss_scale_apply"):
+            grads = [g for g, _ in present]
+            is_finite, _ = _builder.decide(self._backend, self._manager, grads)
+            applied = _builder.guarded_apply(
+                is_finite, [(self._opt, present, name or self._opt.get_name())], global_step)
+            deps = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+            update = _builder.update_manager(self._manager, is_finite, [applied] + deps)
+            return tf.group(applied.op, update)
+
+    def get_slot(self, var, name):
+        return self._opt.get_slot(var, name)
+
+    def get_slot_names(self):
+        return self._opt.get_slot_names()
+
+    def variables(self):
+        return self._opt.variables()

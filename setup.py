@@ -1,0 +1,27 @@
+"""Packaging for npu_lossscale.
+
+TensorFlow is deliberately not a hard requirement: Ascend and GPU hosts ship
+their own TF 1.15 build. ``pip install npu_lossscale[cpu]`` pulls a CPU
+TensorFlow for development.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="npu_lossscale",
+    version="0.1.0",
+    description=("One loss-scaled, overflow-checked update op for several TF1 "
+                 "optimizers in one session.run (Ascend NPU, GPU, CPU)."),
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["npu_lossscale", "npu_lossscale.*"]),
+    python_requires=">=3.7",
+    install_requires=["numpy"],
+    extras_require={
+        "cpu": ["tensorflow-cpu>=2.15"],
+        "examples": ["tqdm", "matplotlib", "scikit-learn"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
