@@ -1,0 +1,60 @@
+"""Test setup: graph mode, quiet TF logs, and small shared helpers.
+
+The graph mode is process-global in TF, so it is chosen once, by the
+environment variable NPU_LOSSSCALE_GRAPH_MODE:
+
+* ``v2`` (default): v2 control flow and resource variables inside a tf.Graph
+  (``disable_eager_execution`` only);
+* ``v1``: ``disable_v2_behavior()``: ref variables and Switch/Merge conds.
+
+``make test`` runs the core suite under both.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+GRAPH_MODE = os.environ.get("NPU_LOSSSCALE_GRAPH_MODE", "v2")
+if GRAPH_MODE == "v1":
+    tf.disable_v2_behavior()
+elif GRAPH_MODE == "v2":
+    tf.disable_eager_execution()
+else:
+    raise ValueError("NPU_LOSSSCALE_GRAPH_MODE must be v1 or v2, got %r" % GRAPH_MODE)
+tf.logging.set_verbosity(tf.logging.ERROR)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIMS = os.path.join(REPO, "shims")
+
+
+@pytest.fixture
+def graph():
+    """A fresh default graph with a fixed seed."""
+    g = tf.Graph()
+    with g.as_default():
+        tf.set_random_seed(0)
+        yield g
+
+
+@pytest.fixture
+def npu_shim():
+    """Puts shims/ first on sys.path for one test, so `import npu_bridge` works."""
+    sys.path.insert(0, SHIMS)
+    try:
+        yield
+    finally:
+        sys.path.remove(SHIMS)
+        for name in [m for m in sys.modules if m == "npu_bridge" or m.startswith("npu_bridge.")]:
+            del sys.modules[name]
+
+
+def snapshot_globals(sess, exclude=()):
+    """Values of every global variable, by name (for skip-atomicity checks)."""
+    variables = [v for v in tf.global_variables() if v.op.name not in exclude]
+    values = sess.run(variables)
+    return {v.op.name: np.array(val) for v, val in zip(variables, values)}

@@ -1,0 +1,228 @@
+"""Every misuse is rejected at graph-build time with a message that names the
+argument, shows the value and says the fix."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow.compat.v1 as tf
+
+import npu_lossscale as nl
+from conftest import REPO
+from models import two_group_gan
+
+
+def _scaler():
+    return nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend="is_finite")
+
+
+def _raises(error, *fragments):
+    """pytest.raises that also checks the message names what went wrong."""
+    class _Check(object):
+        def __enter__(self):
+            self._ctx = pytest.raises(error)
+            self._info = self._ctx.__enter__()
+            return self._info
+
+        def __exit__(self, *exc):
+            result = self._ctx.__exit__(*exc)
+            message = str(self._info.value)
+            for fragment in fragments:
+                assert fragment in message, (fragment, message)
+            return result
+    return _Check()
+
+
+@pytest.mark.parametrize("kwargs, fragments", [
+    (dict(loss_scale=0.5), ["loss_scale", "0.5", "power of two"]),
+    (dict(loss_scale="8"), ["loss_scale", "'8'"]),
+])
+def test_fixed_manager_rejects(graph, kwargs, fragments):
+    error = TypeError if isinstance(kwargs["loss_scale"], str) else ValueError
+    with _raises(error, *fragments):
+        nl.FixedLossScaleManager(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, fragments", [
+    (dict(init_loss_scale=0.5, incr_every_n_steps=10), ValueError, ["init_loss_scale", "0.5"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=0), ValueError, ["incr_every_n_steps", "0"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=2.5), TypeError, ["incr_every_n_steps", "2.5"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, incr_ratio=1), ValueError, ["incr_ratio", "1"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, incr_ratio=0.5), ValueError, ["incr_ratio"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, decr_ratio=1.0), ValueError, ["decr_ratio", "1.0"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, decr_ratio=0), ValueError, ["decr_ratio", "0"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, decr_every_n_nan_or_inf=0), ValueError,
+     ["decr_every_n_nan_or_inf"]),
+    (dict(init_loss_scale=2.0 ** 32, incr_every_n_steps=10), ValueError,
+     ["init_loss_scale", "max_loss_scale"]),
+])
+def test_exponential_manager_rejects(graph, kwargs, error, fragments):
+    with _raises(error, *fragments):
+        nl.ExponentialUpdateLossScaleManager(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, fragments", [
+    (dict(initial_scale=0.25), ValueError, ["initial_scale", "0.25"]),
+    (dict(growth_steps=0), ValueError, ["growth_steps", "0"]),
+    (dict(multiplier=1.0), ValueError, ["multiplier", "1.0"]),
+    (dict(min_loss_scale=0.5), ValueError, ["min_loss_scale", "0.5"]),
+    (dict(max_loss_scale=2.0 ** 10), ValueError, ["initial_scale", "max_loss_scale"]),
+])
+def test_dynamic_manager_rejects(graph, kwargs, error, fragments):
+    with _raises(error, *fragments):
+        nl.DynamicLossScaleManager(**kwargs)
+
+
+def test_loss_not_a_scalar(graph):
+    model = two_group_gan()
+    vector = tf.reduce_mean(model.g_vars[0], axis=0)
+    with _raises(ValueError, "loss", "shape", "reduce_mean"):
+        _scaler().add(vector, tf.train.AdamOptimizer(), var_list=model.g_vars)
+
+
+def test_loss_not_floating(graph):
+    model = two_group_gan()
+    with _raises(TypeError, "loss", "int32", "tf.cast"):
+        _scaler().add(tf.constant(3), tf.train.AdamOptimizer(), var_list=model.g_vars)
+
+
+def test_loss_not_a_tensor(graph):
+    model = two_group_gan()
+    with _raises(TypeError, "loss", "3.0"):
+        _scaler().add(3.0, tf.train.AdamOptimizer(), var_list=model.g_vars)
+
+
+def test_empty_var_list(graph):
+    model = two_group_gan()
+    with _raises(ValueError, "var_list", "[]", "empty"):
+        _scaler().add(model.g_loss, tf.train.AdamOptimizer(), var_list=[])
+
+
+def test_variable_in_two_groups(graph):
+    model = two_group_gan()
+    scaler = _scaler()
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars, name="g")
+    with _raises(ValueError, "generator/w", "'g'", "'d'"):
+        scaler.add(model.d_loss, tf.train.AdamOptimizer(),
+                   var_list=model.d_vars + model.g_vars[:1], name="d")
+
+
+def test_same_optimizer_in_two_groups(graph):
+    model = two_group_gan()
+    scaler = _scaler()
+    opt = tf.train.AdamOptimizer()
+    scaler.add(model.g_loss, opt, var_list=model.g_vars, name="g")
+    with _raises(ValueError, "optimizer", "already used by group 'g'"):
+        scaler.add(model.d_loss, opt, var_list=model.d_vars, name="d")
+
+
+def test_duplicate_group_names(graph):
+    model = two_group_gan()
+    scaler = _scaler()
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars, name="net")
+    with _raises(ValueError, "name", "'net'", "unique"):
+        scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars, name="net")
+
+
+def test_invalid_group_name(graph):
+    model = two_group_gan()
+    with _raises(ValueError, "name", "'my net'"):
+        _scaler().add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars,
+                      name="my net")
+
+
+def test_add_after_build(graph):
+    model = two_group_gan()
+    scaler = _scaler()
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars)
+    scaler.build()
+    with _raises(ValueError, "add() was called after build()"):
+        scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars)
+
+
+def test_build_twice(graph):
+    model = two_group_gan()
+    scaler = _scaler()
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars)
+    scaler.build()
+    with _raises(ValueError, "build() was already called"):
+        scaler.build()
+
+
+def test_build_without_groups(graph):
+    with _raises(ValueError, "no groups", "add("):
+        _scaler().build()
+
+
+def test_group_with_no_gradients(graph):
+    model = two_group_gan()
+    lonely = tf.get_variable("lonely", [2])
+    scaler = _scaler()
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=[lonely], name="g")
+    with _raises(ValueError, "'g'", "reaches none of its 1 variables"):
+        scaler.build()
+
+
+def test_global_step_not_an_integer_variable(graph):
+    model = two_group_gan()
+    scaler = _scaler()
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars)
+    with _raises(TypeError, "global_step", "get_or_create_global_step"):
+        scaler.build(global_step=tf.Variable(0.0))
+
+
+def test_unknown_backend(graph):
+    with _raises(ValueError, "backend", "'tpu'", "is_finite"):
+        nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend="tpu")
+
+
+def test_npu_backend_without_npu_bridge(graph):
+    with _raises(ValueError, "backend='npu'", "npu_bridge", "CANN", "is_finite"):
+        nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend="npu")
+
+
+def test_auto_backend_without_npu_bridge_is_is_finite(graph):
+    assert nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8)).backend == "is_finite"
+
+
+def test_manager_without_protocol(graph):
+    with _raises(TypeError, "loss_scale_manager", "get_loss_scale"):
+        nl.MultiOptimizerLossScale(1024)
+
+
+def test_keras_optimizer_is_rejected(graph):
+    model = two_group_gan()
+    import keras  # the Keras that ships with this TF
+    with _raises(TypeError, "optimizer", "tf.compat.v1.train.Optimizer", "Keras"):
+        _scaler().add(model.g_loss, keras.optimizers.Adam(), var_list=model.g_vars)
+
+
+def test_already_wrapped_optimizer_is_rejected(graph):
+    """The seed-002 trap: a wrapper patched or wrapped a second time."""
+    model = two_group_gan()
+    wrapped = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), nl.FixedLossScaleManager(8),
+                                    backend="is_finite")
+    with _raises(TypeError, "already a loss-scale wrapper", "LossScaleOptimizer"):
+        _scaler().add(model.g_loss, wrapped, var_list=model.g_vars)
+    tf_wrapped = tf.mixed_precision.MixedPrecisionLossScaleOptimizer(
+        tf.train.AdamOptimizer(), loss_scale=8)
+    with _raises(TypeError, "MixedPrecisionLossScaleOptimizer"):
+        _scaler().add(model.g_loss, tf_wrapped, var_list=model.g_vars)
+
+
+def test_eager_mode_is_rejected():
+    """Eager is process-global, so this runs in a fresh interpreter."""
+    code = textwrap.dedent("""
+        import tensorflow.compat.v1 as tf
+        import npu_lossscale as nl
+        try:
+            nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend="is_finite")
+        except ValueError as error:
+            assert "cannot run eagerly" in str(error), error
+            assert "disable_eager_execution" in str(error), error
+            print("OK")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip().endswith("OK"), out.stderr[-2000:]

@@ -1,0 +1,146 @@
+"""Each manager's rule, stepped by hand, and cross-checked against TF."""
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import npu_lossscale as nl
+
+
+def _stepper(manager):
+    """Returns step(finite) -> (scale, good, bad) after the update."""
+    finite = tf.placeholder(tf.bool, [])
+    update = manager.update_loss_scale(finite)
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+
+    def step(value):
+        sess.run(update, {finite: value})
+        return tuple(sess.run(manager.variables))
+    return step
+
+
+def test_exponential_follows_contrib_rule_by_hand(graph):
+    manager = nl.ExponentialUpdateLossScaleManager(
+        init_loss_scale=1024, incr_every_n_steps=3, decr_every_n_nan_or_inf=2,
+        incr_ratio=2, decr_ratio=0.5)
+    step = _stepper(manager)
+    # (finite, expected (scale, good, bad) after the step)
+    walk = [
+        (True, (1024, 1, 0)),
+        (True, (1024, 2, 0)),
+        (True, (2048, 0, 0)),   # good+1 == 3: grow, both counters reset
+        (False, (2048, 0, 1)),  # first bad step: bad += 1, good = 0
+        (True, (2048, 1, 1)),   # finite without growth keeps bad (contrib)
+        (False, (1024, 0, 0)),  # bad+1 == 2: shrink by 0.5, reset
+        (False, (1024, 0, 1)),
+        (False, (512, 0, 0)),   # 1024 -> 512 after two bad steps
+    ]
+    for i, (finite, expected) in enumerate(walk):
+        assert step(finite) == expected, "step %d" % i
+
+
+def test_exponential_floor_is_one_and_default_decr_ratio(graph):
+    manager = nl.ExponentialUpdateLossScaleManager(
+        init_loss_scale=2, incr_every_n_steps=10, decr_every_n_nan_or_inf=1)
+    step = _stepper(manager)
+    assert step(False)[0] == pytest.approx(2 * 0.8)  # contrib's default 0.8
+    assert step(False)[0] == pytest.approx(2 * 0.8 * 0.8)
+    for _ in range(5):
+        scale = step(False)[0]
+    assert scale == 1.0  # max(1, scale * decr_ratio)
+
+
+def test_exponential_growth_only_if_finite(graph):
+    big = float(np.finfo(np.float32).max) / 1.5
+    manager = nl.ExponentialUpdateLossScaleManager(
+        init_loss_scale=big, incr_every_n_steps=1, max_loss_scale=float("inf"))
+    step = _stepper(manager)
+    # big * 2 overflows float32: the scale stays, the counters still reset.
+    assert step(True) == (np.float32(big), 0, 0)
+
+
+def test_max_loss_scale_caps_growth(graph):
+    manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 23, growth_steps=1)
+    step = _stepper(manager)
+    assert step(True)[0] == 2.0 ** 24
+    assert step(True)[0] == 2.0 ** 24  # default ceiling 2**24, as in Apex
+
+
+def test_min_loss_scale_floors_back_off(graph):
+    manager = nl.DynamicLossScaleManager(initial_scale=64, min_loss_scale=16)
+    step = _stepper(manager)
+    assert [step(False)[0] for _ in range(4)] == [32, 16, 16, 16]
+
+
+def test_dynamic_rule_by_hand(graph):
+    manager = nl.DynamicLossScaleManager(initial_scale=1024, growth_steps=2, multiplier=2)
+    step = _stepper(manager)
+    assert step(True) == (1024, 1, 0)
+    assert step(True) == (2048, 0, 0)
+    assert step(True) == (2048, 1, 0)
+    assert step(False) == (1024, 0, 0)  # any overflow halves and restarts
+    assert step(False) == (512, 0, 0)
+    assert step(True) == (512, 1, 0)
+
+
+@pytest.mark.parametrize("multiplier", [2.0, 3.0])
+def test_dynamic_matches_tf_dynamic_loss_scale(graph, multiplier):
+    """Same finite/inf/nan sequence through ours and TF's DynamicLossScale."""
+    ours = nl.DynamicLossScaleManager(initial_scale=2.0 ** 10, growth_steps=3,
+                                      multiplier=multiplier, max_loss_scale=float("inf"))
+    theirs = tf.mixed_precision.DynamicLossScale(
+        initial_loss_scale=2.0 ** 10, increment_period=3, multiplier=multiplier)
+    grad = tf.placeholder(tf.float32, [3])
+    finite = tf.reduce_all(tf.is_finite(grad))
+    ours_update = ours.update_loss_scale(finite)
+    theirs_update, _ = theirs.update([grad])
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    rng = np.random.RandomState(7)
+    kinds = rng.choice(["ok", "inf", "nan"], size=120, p=[0.8, 0.1, 0.1])
+    for i, kind in enumerate(kinds):
+        value = {"ok": [1.0, 2.0, 3.0], "inf": [1.0, np.inf, 3.0],
+                 "nan": [np.nan, 2.0, 3.0]}[kind]
+        sess.run([ours_update, theirs_update], {grad: value})
+        a, b = sess.run([ours.get_loss_scale(), theirs()])
+        assert a == b, "step %d (%s): ours %r, TF %r" % (i, kind, a, b)
+
+
+def test_fixed_manager(graph):
+    manager = nl.FixedLossScaleManager(128)
+    scale = manager.get_loss_scale()
+    assert scale.dtype == tf.float32 and scale.shape.ndims == 0
+    with tf.Session() as sess:
+        sess.run(manager.update_loss_scale(tf.constant(False)))
+        assert sess.run(scale) == 128.0
+    assert manager.get_enable_overflow_check() is True
+    assert nl.FixedLossScaleManager(1, enable_overflow_check=False).get_enable_overflow_check() is False
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nl.DynamicLossScaleManager(),
+    lambda: nl.ExponentialUpdateLossScaleManager(2 ** 15, 1000),
+])
+def test_state_is_nontrainable_global_and_checkpointed(tmp_path, make):
+    path = str(tmp_path / "ckpt")
+    with tf.Graph().as_default():
+        manager = make()
+        assert manager.get_loss_scale().dtype == tf.float32
+        state = manager.variables
+        assert all(v in tf.global_variables() for v in state)
+        assert not any(v in tf.trainable_variables() for v in state)
+        update = manager.update_loss_scale(tf.constant(False))
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            for _ in range(3):
+                sess.run(update)
+            saved = sess.run(state)
+            tf.train.Saver().save(sess, path)
+    with tf.Graph().as_default():
+        manager = make()
+        with tf.Session() as sess:
+            tf.train.Saver().restore(sess, path)
+            restored = sess.run(manager.variables)
+    assert [float(x) for x in restored] == [float(x) for x in saved]
+    assert restored[0] < 2 ** 15  # it did move before the save

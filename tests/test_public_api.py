@@ -1,0 +1,22 @@
+"""The public surface is a contract: this test pins it."""
+
+import npu_lossscale
+
+
+def test_all_is_pinned():
+    assert sorted(npu_lossscale.__all__) == [
+        "DynamicLossScaleManager",
+        "ExponentialUpdateLossScaleManager",
+        "FixedLossScaleManager",
+        "LossScaleManager",
+        "LossScaleOptimizer",
+        "MultiOptimizerLossScale",
+        "TrainOps",
+    ]
+    for name in npu_lossscale.__all__:
+        assert getattr(npu_lossscale, name).__doc__, name
+
+
+def test_train_ops_fields():
+    assert npu_lossscale.TrainOps._fields == (
+        "update_op", "is_finite", "loss_scale", "grads_and_vars")
