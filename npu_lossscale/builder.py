@@ -10,13 +10,19 @@ The steps a user takes::
 
 What ``build`` puts in the graph, under the name scope ``loss_scale/``:
 
-1. one snapshot of the loss scale for the step;
+1. one snapshot of each loss scale for the step;
 2. the scaled gradients of every group (backprop once per distinct loss);
-3. one overflow decision for all groups, through one float-status read;
+3. the overflow decision, through one float-status read for all groups (or
+   one per group, serialised, with ``skip_policy="per_group"`` on the npu
+   backend);
 4. the unscaled gradients, in each variable's dtype;
-5. one ``cond``: on a finite step every group's ``apply_gradients`` and the
-   global-step increment, on an overflow nothing at all;
-6. the manager's update, fed with this step's decision.
+5. one ``cond``: on a finite step every group's ``apply_gradients`` (clipped
+   if asked) and the global-step increment, on an overflow nothing at all;
+6. each manager's update, fed with its groups' decision.
+
+With ``accumulation_steps=N`` steps 1-4 run every time; the gradients are
+added to float32 accumulators, and the cond of step 5, with the manager
+updates, runs once per window of N runs, on the window's mean gradient.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,223 +31,69 @@ import collections
 import re
 
 import tensorflow.compat.v1 as tf
-from tensorflow.python.ops import gen_array_ops
-from tensorflow.python.ops import resource_variable_ops
 
+from npu_lossscale import _step
 from npu_lossscale import _validation
+from npu_lossscale import accumulation as _accumulation
 from npu_lossscale import backends as _backends
+
+SKIP_POLICIES = ("all", "per_group")
 
 
 class TrainOps(collections.namedtuple(
-        "TrainOps", ["update_op", "is_finite", "loss_scale", "grads_and_vars"])):
+        "TrainOps", ["update_op", "is_finite", "loss_scale", "grads_and_vars",
+                     "applied", "window_end", "group_is_finite", "loss_scales"])):
     """What ``MultiOptimizerLossScale.build`` returns.
+
+    Fetch the tensors in the same ``session.run`` as ``update_op``.
 
     Attributes:
       update_op: the single op to run each step, in place of the per-optimizer
         ``minimize`` ops. It applies every group (or none) and updates the
         loss scale.
-      is_finite: bool scalar tensor, this step's overflow decision. Fetch it
-        in the same ``session.run`` as ``update_op``.
-      loss_scale: float32 scalar tensor, the scale used for this step (before
-        the manager's update).
+      is_finite: bool scalar, this run's overflow decision (all groups).
+      loss_scale: float32 scalar, the builder manager's scale used for this
+        run (before the manager's update).
       grads_and_vars: dict from group name to the list of unscaled
-        ``(gradient, variable)`` pairs of that group.
+        ``(gradient, variable)`` pairs of that group, for this run.
+      applied: bool scalar, True when this run changed the weights (with
+        ``skip_policy="per_group"``: when any group applied).
+      window_end: bool scalar, True when this run closed an accumulation
+        window (always True without accumulation).
+      group_is_finite: dict from group name to that group's bool decision for
+        this run (all equal to ``is_finite`` on a single status read).
+      loss_scales: dict from group name to the float32 scale that group used.
     """
 
 
-_Group = collections.namedtuple("_Group", ["name", "loss", "optimizer", "var_list"])
+_Group = collections.namedtuple(
+    "_Group", ["name", "loss", "optimizer", "var_list", "clip_norm", "manager"])
 
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-]*$")
-_LOSS_SCALE_WRAPPERS = ("LossScaleOptimizer", "NPULossScaleOptimizer",
-                        "MixedPrecisionLossScaleOptimizer")
 
-
-# ---------------------------------------------------------------------------
-# The machinery shared with LossScaleOptimizer.
-# ---------------------------------------------------------------------------
-
-def check_manager(manager):
-    """Raises TypeError unless ``manager`` follows the loss-scale protocol."""
-    if not (callable(getattr(manager, "get_loss_scale", None))
-            and callable(getattr(manager, "update_loss_scale", None))):
-        raise TypeError(
-            "loss_scale_manager must have get_loss_scale() and "
-            "update_loss_scale(finite_grads) methods, got %r. Pass a "
-            "DynamicLossScaleManager, ExponentialUpdateLossScaleManager or "
-            "FixedLossScaleManager (npu_bridge's and tf.contrib's managers work too)."
-            % (manager,))
-
-
-def check_optimizer(optimizer, argument="optimizer"):
-    """Raises TypeError unless ``optimizer`` is a plain TF1 optimizer."""
-    if not isinstance(optimizer, tf.train.Optimizer):
-        raise TypeError(
-            "%s must be a tf.compat.v1.train.Optimizer, got %r (%s). Keras "
-            "optimizers are not supported in TF1 graph mode; use e.g. "
-            "tf.compat.v1.train.AdamOptimizer." % (
-                argument, optimizer, type(optimizer).__name__))
-    wrappers = [cls.__name__ for cls in type(optimizer).__mro__
-                if cls.__name__ in _LOSS_SCALE_WRAPPERS]
-    if wrappers:
-        raise TypeError(
-            "%s is already a loss-scale wrapper (%s), got %r. Loss scaling would "
-            "be applied twice; pass the wrapped optimizer itself." % (
-                argument, wrappers[0], optimizer))
-
-
-def overflow_check_enabled(manager):
-    """Whether the manager wants steps with inf/nan gradients skipped."""
-    getter = getattr(manager, "get_enable_overflow_check", None)
-    return True if getter is None else bool(getter())
-
-
-def scale_snapshot(manager):
-    """Reads the loss scale once for the step, as float32.
-
-    Every use of the scale in a step goes through this one tensor, so the
-    manager's update, which runs after it, cannot change the scale under the
-    step's feet. It is a ``Snapshot`` (a copy), not an ``Identity``: with ref
-    variables an identity aliases the variable's buffer, which ``Assign``
-    overwrites in place.
-    """
-    scale = tf.convert_to_tensor(manager.get_loss_scale())
-    if scale.dtype.base_dtype != tf.float32:
-        scale = tf.cast(scale, tf.float32)
-    return gen_array_ops.snapshot(scale, name="scale")
-
-
-def static_scale(manager):
-    """The scale as a Python float when it is a known constant, else None."""
-    return getattr(manager, "static_loss_scale", None)
-
-
-def scale_loss(loss, scale):
-    """The loss times the scale, computed in float32."""
-    if loss.dtype.base_dtype != tf.float32:
-        loss = tf.cast(loss, tf.float32)
-    return tf.multiply(loss, scale, name="scaled_loss")
-
-
-def unscale(grads_and_vars, inv_scale):
-    """Multiplies each gradient by the reciprocal scale, in its own dtype.
-
-    Args:
-      grads_and_vars: (gradient, variable) pairs, no gradient None.
-      inv_scale: float32 scalar, 1/scale; None to leave gradients as they are.
-
-    Returns:
-      A list of (gradient, variable) pairs.
-    """
-    if inv_scale is None:
-        return list(grads_and_vars)
-    result = []
-    for grad, var in grads_and_vars:
-        if isinstance(grad, tf.IndexedSlices):
-            factor = tf.cast(inv_scale, grad.values.dtype.base_dtype)
-            grad = tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
-        else:
-            grad = grad * tf.cast(inv_scale, grad.dtype.base_dtype)
-        result.append((grad, var))
-    return result
-
-
-def decide(backend, manager, grads):
-    """One overflow decision for the step.
-
-    The returned bool is ordered after every gradient, so any update gated on
-    it runs only once all gradients of all groups exist.
-
-    Args:
-      backend: an object with ``overflow_flag(tensors)``.
-      manager: the loss-scale manager (its overflow-check flag is honoured).
-      grads: every gradient of the step.
-
-    Returns:
-      (is_finite, overflow_flag): a bool scalar and the float32 flag (None when
-      the manager disables the check).
-    """
-    deps = [grad.values if isinstance(grad, tf.IndexedSlices) else grad for grad in grads]
-    if overflow_check_enabled(manager):
-        flag = backend.overflow_flag(grads)
-        finite = tf.equal(flag, 0.0)
-    else:
-        flag = None
-        finite = tf.constant(True)
-    with tf.control_dependencies(deps):
-        return tf.identity(finite, name="is_finite"), flag
-
-
-def guarded_apply(is_finite, applies, global_step):
-    """Applies every (optimizer, grads_and_vars, name) under one cond.
-
-    Args:
-      is_finite: bool scalar; nothing changes when it is False.
-      applies: list of (optimizer, grads_and_vars, name).
-      global_step: a variable incremented by one per applied step, or None.
-
-    Returns:
-      A bool scalar tensor: True when this run applied the updates.
-    """
-    def apply_all():
-        scope = tf.get_default_graph().get_name_scope()
-        # Optimizer state (Adam's beta powers) is named after the name scope
-        # current at apply_gradients(). From the root scope it gets the names
-        # plain training gives it, so checkpoints stay interchangeable; the
-        # update ops still go under this scope through `name`.
-        with tf.name_scope(None):
-            updates = [optimizer.apply_gradients(
-                grads_and_vars, name="%s/%s" % (scope, name) if scope else name)
-                for optimizer, grads_and_vars, name in applies]
-        if global_step is not None:
-            with tf.control_dependencies(updates):
-                updates = [tf.assign_add(global_step, tf.ones([], global_step.dtype.base_dtype))]
-        with tf.control_dependencies(updates):
-            return tf.constant(True)
-
-    def skip():
-        return tf.constant(False)
-
-    return tf.cond(is_finite, apply_all, skip, name="apply_if_finite")
-
-
-def update_manager(manager, is_finite, after):
-    """The manager's update, ordered after ``after`` (the step's scale reads)."""
-    with tf.control_dependencies(after):
-        update = manager.update_loss_scale(is_finite)
-    if isinstance(update, tf.Tensor):
-        update = update.op
-    return update
-
-
-def check_global_step(global_step):
-    """Raises TypeError unless ``global_step`` is None or an integer variable."""
-    if global_step is None:
-        return
-    dtype = getattr(global_step, "dtype", None)
-    if not (hasattr(global_step, "assign_add") and dtype is not None
-            and dtype.base_dtype.is_integer):
-        raise TypeError(
-            "global_step must be None or an integer tf.Variable, got %r. Use "
-            "tf.train.get_or_create_global_step()." % (global_step,))
-
-
-# ---------------------------------------------------------------------------
-# The builder.
-# ---------------------------------------------------------------------------
 
 def _default_var_list():
     return (tf.trainable_variables()
             + tf.get_collection(tf.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
 
 
-def is_variable(value):
-    """True for ref and resource variables alike (TF 1.15 and 2.x)."""
-    return (isinstance(value, tf.Variable)
-            or resource_variable_ops.is_resource_variable(value))
-
-
 def _uses_default_compute_gradients(optimizer):
     return type(optimizer).compute_gradients is tf.train.Optimizer.compute_gradients
+
+
+def _all_true(bools):
+    bools = list(bools)
+    return bools[0] if len(bools) == 1 else tf.reduce_all(tf.stack(bools))
+
+
+def _unique(items):
+    """Items in first-seen order, deduplicated by identity."""
+    seen, result = set(), []
+    for item in items:
+        if id(item) not in seen:
+            seen.add(id(item))
+            result.append(item)
+    return result
 
 
 class MultiOptimizerLossScale(object):
@@ -251,7 +103,7 @@ class MultiOptimizerLossScale(object):
     ``build`` returns one update op that computes every group's scaled
     gradients, checks them for overflow once, and applies all groups or none
     under a single ``cond``. The loss scale, the skip decision and the global
-    step are shared by all groups.
+    step are shared by all groups unless you ask otherwise.
 
     Example::
 
@@ -264,20 +116,34 @@ class MultiOptimizerLossScale(object):
     Args:
       loss_scale_manager: any object with ``get_loss_scale()`` and
         ``update_loss_scale(finite)``: this package's managers, npu_bridge's or
-        tf.contrib's.
+        tf.contrib's. Groups use it unless they bring their own.
       backend: "auto" (npu when ``npu_bridge`` imports, else is_finite),
         "is_finite" (CPU/GPU) or "npu" (Ascend float-status register).
+      skip_policy: "all" (default): an overflow in any group skips every
+        group. "per_group": each group applies if and only if its own
+        gradients are finite. On the npu backend this reads the status once
+        per group, serialised: group A's gradients, read A, clear, group B's
+        gradients, read B, clear. Forward ops run before A's read count for A,
+        so an overflow in a forward op shared by both groups (or in B's
+        forward pass, which TF may schedule early) is charged to A.
 
     Raises:
       TypeError: if the manager lacks the protocol.
-      ValueError: for an unknown backend, "npu" without npu_bridge, or eager mode.
+      ValueError: for an unknown backend or skip policy, "npu" without
+        npu_bridge, or eager mode.
     """
 
-    def __init__(self, loss_scale_manager, backend="auto"):
+    def __init__(self, loss_scale_manager, backend="auto", skip_policy="all"):
         _validation.require_graph_mode("MultiOptimizerLossScale")
-        check_manager(loss_scale_manager)
+        _step.check_manager(loss_scale_manager)
+        if skip_policy not in SKIP_POLICIES:
+            raise ValueError(
+                "skip_policy must be one of %r, got %r. Use 'all' to skip every "
+                "group on any overflow, or 'per_group' to skip only the group "
+                "that overflowed." % (SKIP_POLICIES, skip_policy))
         self._manager = loss_scale_manager
         self._backend = _backends.resolve_backend(backend)
+        self._skip_policy = skip_policy
         self._groups = []
         self._built = False
 
@@ -286,33 +152,42 @@ class MultiOptimizerLossScale(object):
         """The resolved backend's name: "is_finite" or "npu"."""
         return self._backend.name
 
-    def add(self, loss, optimizer, var_list=None, name=None):
+    def add(self, loss, optimizer, var_list=None, name=None, clip_norm=None,
+            loss_scale_manager=None):
         """Registers a group: a loss minimised by an optimizer over variables.
 
         Args:
-          loss: a floating-point scalar tensor (float16 is fine).
+          loss: a floating-point scalar tensor (float16 is fine). Groups may
+            share one loss tensor; its backprop is then computed once.
           optimizer: a ``tf.compat.v1.train.Optimizer``, not shared with
             another group and not already loss-scale wrapped.
           var_list: the variables this optimizer updates; defaults to every
             trainable variable (only sensible with a single group).
           name: the group's name (a valid name scope); defaults to
-            ``group_<index>``. Keys ``TrainOps.grads_and_vars``.
+            ``group_<index>``. Keys the dicts of ``TrainOps``.
+          clip_norm: if set, the group's unscaled gradients are clipped by
+            their global norm to this value before the apply, on finite
+            steps only (with accumulation: the window's mean).
+          loss_scale_manager: a manager for this group alone (its own scale
+            and its own updates, as Apex's ``num_losses``); defaults to the
+            builder's.
 
         Returns:
           The group's name.
 
         Raises:
-          TypeError: for a non-tensor or non-float loss, or a wrong optimizer.
+          TypeError: for a non-tensor or non-float loss, a wrong optimizer,
+            clip_norm or manager.
           ValueError: for a non-scalar loss, an empty var_list, a variable or
             optimizer already in another group, a duplicate or invalid name,
-            or a call after ``build()``.
+            a clip_norm <= 0, or a call after ``build()``.
         """
         if self._built:
             raise ValueError(
                 "add() was called after build(), for loss %r. Register every "
                 "group with add() first, then call build() once." % (loss,))
         loss = self._check_loss(loss)
-        check_optimizer(optimizer)
+        _step.check_optimizer(optimizer)
         name = self._check_name(name)
         for group in self._groups:
             if group.optimizer is optimizer:
@@ -321,7 +196,16 @@ class MultiOptimizerLossScale(object):
                     "own optimizer instance (its slots belong to its variables); "
                     "create a second one." % (optimizer, group.name))
         var_list = self._check_var_list(var_list, name)
-        self._groups.append(_Group(name, loss, optimizer, var_list))
+        if clip_norm is not None:
+            _validation.check_number(
+                "clip_norm", clip_norm, minimum=0, min_open=True,
+                hint="Pass a positive global norm such as 1.0, or None not to clip.")
+        if loss_scale_manager is None:
+            loss_scale_manager = self._manager
+        else:
+            _step.check_manager(loss_scale_manager)
+        self._groups.append(_Group(name, loss, optimizer, var_list, clip_norm,
+                                   loss_scale_manager))
         return name
 
     def _check_loss(self, loss):
@@ -359,7 +243,7 @@ class MultiOptimizerLossScale(object):
     def _check_var_list(self, var_list, name):
         if var_list is None:
             var_list = _default_var_list()
-        elif is_variable(var_list) or isinstance(var_list, tf.Tensor):
+        elif _step.is_variable(var_list) or isinstance(var_list, tf.Tensor):
             raise TypeError(
                 "var_list must be a list of variables, got the single %r. Wrap it "
                 "in a list: var_list=[v]." % (var_list,))
@@ -371,7 +255,7 @@ class MultiOptimizerLossScale(object):
                 % (name, var_list))
         seen = set()
         for var in var_list:
-            if not is_variable(var):
+            if not _step.is_variable(var):
                 raise TypeError(
                     "var_list for group %r must hold tf.Variable objects, got %r. "
                     "Pass variables, not tensors read from them." % (name, var))
@@ -388,20 +272,33 @@ class MultiOptimizerLossScale(object):
                         "the var_lists." % (var.name, group.name, name))
         return var_list
 
-    def build(self, global_step=None):
+    def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False):
         """Builds the single update op for every registered group.
 
         Args:
-          global_step: an integer variable advanced by exactly one per applied
-            step (never on a skipped step), or None.
+          global_step: an integer variable, or None. It advances by exactly one
+            per applied step (per applied window with accumulation), never on a
+            skipped one, however many groups there are.
+          accumulation_steps: each run of ``update_op`` is one micro-step; every
+            this many runs the mean of their unscaled gradients is applied once,
+            if every micro-step of the window was finite (all or nothing). The
+            loss scale is constant within a window and the managers update once
+            per window, at its end.
+          count_skipped_steps: if True, ``global_step`` advances on every step
+            (every window end), applied or skipped, as TF-GAN's separate step
+            increment does.
 
         Returns:
           A ``TrainOps``.
 
         Raises:
-          ValueError: if called twice, with no groups, in eager mode, or when a
-            group's loss reaches none of its variables.
-          TypeError: for a global_step that is not an integer variable.
+          ValueError: if called twice, with no groups, in eager mode, when a
+            group's loss reaches none of its variables, for
+            ``accumulation_steps`` < 1, or for groups sharing a loss under
+            ``skip_policy="per_group"`` on the npu backend.
+          TypeError: for a global_step that is not an integer variable, a
+            non-int ``accumulation_steps`` or a non-bool
+            ``count_skipped_steps``.
         """
         _validation.require_graph_mode("MultiOptimizerLossScale.build")
         if self._built:
@@ -413,62 +310,159 @@ class MultiOptimizerLossScale(object):
             raise ValueError(
                 "build() was called with no groups. Call add(loss, optimizer, "
                 "var_list) for each optimizer first.")
-        check_global_step(global_step)
+        _step.check_global_step(global_step)
+        _validation.check_number(
+            "accumulation_steps", accumulation_steps, minimum=1, integer=True,
+            hint="Pass the number of micro-batches per applied step, e.g. 4 (1 = "
+                 "no accumulation).")
+        if not isinstance(count_skipped_steps, bool):
+            raise TypeError(
+                "count_skipped_steps must be a bool, got %r. Pass True to advance "
+                "global_step on skipped steps too." % (count_skipped_steps,))
+        if self._serialised_reads():
+            self._check_no_shared_loss()
         self._built = True
 
         with tf.name_scope("loss_scale"):
-            scale = scale_snapshot(self._manager)
-            fixed = static_scale(self._manager)
-            inv_scale = None if fixed == 1.0 else tf.reciprocal(scale, name="inv_scale")
-            scaled = self._scaled_gradients(scale)
-            all_grads = [grad for pairs in scaled.values() for grad, _ in pairs]
-            is_finite, _ = decide(self._backend, self._manager, all_grads)
-            grads_and_vars = collections.OrderedDict(
-                (name, unscale(pairs, inv_scale)) for name, pairs in scaled.items())
-            applied = guarded_apply(
-                is_finite,
-                [(group.optimizer, grads_and_vars[group.name], group.name)
-                 for group in self._groups],
-                global_step)
-            update = update_manager(self._manager, is_finite, [applied, scale])
-            update_op = tf.group(applied.op, update, name="update")
-        return TrainOps(update_op=update_op, is_finite=is_finite, loss_scale=scale,
-                        grads_and_vars=dict(grads_and_vars))
+            scales = self._scale_snapshots()
+            scaled, flags = self._gradients_and_flags(scales)
+            all_grads = [g for pairs in scaled.values() for g, _ in pairs]
+            grads = collections.OrderedDict(
+                (group.name, _step.unscale(scaled[group.name], scales[id(group.manager)][1]))
+                for group in self._groups)
+            unique_flags = _unique(f for f in flags.values() if f is not None)
+            decided = dict((id(f), _step.finite_from(f, all_grads, "group_is_finite"))
+                           for f in unique_flags)
+            true = _step.finite_from(None, all_grads)
+            group_finite = collections.OrderedDict(
+                (name, true if flag is None else decided[id(flag)])
+                for name, flag in flags.items())
+            is_finite = _all_true(_unique(group_finite.values()))
+            is_finite = tf.identity(is_finite, name="is_finite")
+            scale_reads = [scale for scale, _ in scales.values()]
 
-    def _scaled_gradients(self, scale):
+            if accumulation_steps == 1:
+                applied = self._apply_and_update(
+                    grads, group_finite, global_step, count_skipped_steps, scale_reads)
+                window_end = tf.constant(True, name="window_end")
+            else:
+                applied, window_end = self._accumulate_then_apply(
+                    grads, flags, accumulation_steps, global_step,
+                    count_skipped_steps, scale_reads)
+            update_op = tf.group(applied.op, name="update")
+
+        return TrainOps(
+            update_op=update_op, is_finite=is_finite,
+            loss_scale=scales[id(self._manager)][0], grads_and_vars=dict(grads),
+            applied=applied, window_end=window_end, group_is_finite=dict(group_finite),
+            loss_scales=dict((g.name, scales[id(g.manager)][0]) for g in self._groups))
+
+    # -- scales and gradients -------------------------------------------------
+
+    def _serialised_reads(self):
+        return (self._skip_policy == "per_group" and self._backend.name == "npu"
+                and len(self._groups) > 1)
+
+    def _check_no_shared_loss(self):
+        by_loss = {}
+        for group in self._groups:
+            other = by_loss.setdefault(id(group.loss), group)
+            if other is not group:
+                raise ValueError(
+                    "groups %r and %r share one loss tensor, so their backprop is "
+                    "one computation and the npu backend's float-status register "
+                    "cannot tell their overflows apart; skip_policy='per_group' "
+                    "(with or without per-group loss_scale_managers) cannot be "
+                    "honoured. Use skip_policy='all', or backend='is_finite'."
+                    % (other.name, group.name))
+
+    def _scale_snapshots(self):
+        """id(manager) -> (scale, inverse scale or None), builder's first."""
+        scales = {}
+        owners = [(self._manager, None)] + [(g.manager, g.name) for g in self._groups]
+        for manager, owner in owners:
+            if id(manager) in scales:
+                continue
+            with tf.name_scope(owner or "shared"):
+                scale = _step.scale_snapshot(manager)
+                scales[id(manager)] = (scale, _step.inverse_scale(manager, scale))
+        return scales
+
+    def _gradients_and_flags(self, scales):
+        """Scaled gradients and overflow flags per group.
+
+        Returns:
+          (scaled, flags): ordered dicts from group name to the scaled
+          (gradient, variable) pairs, and to the group's float32 overflow flag
+          (None when its manager disables the check). Groups covered by one
+          status read share the same flag tensor.
+        """
+        if self._serialised_reads():
+            scaled, flags, after = collections.OrderedDict(), collections.OrderedDict(), []
+            for group in self._groups:
+                with tf.control_dependencies(after):
+                    scaled.update(self._scaled_gradients([group], scales))
+                grads = [g for g, _ in scaled[group.name]]
+                with tf.name_scope(group.name):
+                    flags[group.name] = _step.overflow_flag(self._backend, group.manager, grads)
+                if flags[group.name] is not None:
+                    after = [flags[group.name]]  # ordered after this group's clear
+            return scaled, flags
+
+        scaled = self._scaled_gradients(self._groups, scales)
+        checked = [g for g in self._groups if _step.overflow_check_enabled(g.manager)]
+        per_group = (self._backend.name == "is_finite" and
+                     (self._skip_policy == "per_group"
+                      or len(_unique(g.manager for g in checked)) > 1))
+        flags = collections.OrderedDict((g.name, None) for g in self._groups)
+        if per_group:
+            for group in checked:
+                with tf.name_scope(group.name):
+                    flags[group.name] = self._backend.overflow_flag(
+                        [g for g, _ in scaled[group.name]])
+        elif checked:
+            shared = self._backend.overflow_flag(
+                [g for group in checked for g, _ in scaled[group.name]])
+            for group in checked:
+                flags[group.name] = shared
+        return scaled, flags
+
+    def _scaled_gradients(self, groups, scales):
         """Scaled (gradient, variable) pairs per group, None gradients dropped.
 
-        Groups that share a loss tensor and use the stock
-        ``Optimizer.compute_gradients`` share one backprop over the union of
+        Groups that share a loss tensor and a manager, and use the stock
+        ``Optimizer.compute_gradients``, share one backprop over the union of
         their variables. An optimizer that overrides ``compute_gradients``
         (Horovod's DistributedOptimizer, for one) gets its own call.
         """
         # Keyed by id(): graph tensors are not hashable in every TF version.
         scaled_losses = {}
-        shared = collections.OrderedDict()
-        for group in self._groups:
-            if _uses_default_compute_gradients(group.optimizer):
-                shared.setdefault(id(group.loss), []).append(group)
 
         def scaled_loss_of(group):
-            if id(group.loss) not in scaled_losses:
-                scaled_losses[id(group.loss)] = scale_loss(group.loss, scale)
-            return scaled_losses[id(group.loss)]
+            key = (id(group.loss), id(group.manager))
+            if key not in scaled_losses:
+                scaled_losses[key] = _step.scale_loss(group.loss, scales[id(group.manager)][0])
+            return scaled_losses[key]
+
+        shared = collections.OrderedDict()
+        for group in groups:
+            if _uses_default_compute_gradients(group.optimizer):
+                shared.setdefault((id(group.loss), id(group.manager)), []).append(group)
 
         raw = {}
-        for groups in shared.values():
-            with tf.name_scope(groups[0].name):
-                variables = [var for group in groups for var in group.var_list]
-                grads = tf.gradients(scaled_loss_of(groups[0]), variables,
+        for members in shared.values():
+            with tf.name_scope(members[0].name):
+                variables = [var for group in members for var in group.var_list]
+                grads = tf.gradients(scaled_loss_of(members[0]), variables,
                                      gate_gradients=True)
             offset = 0
-            for group in groups:
+            for group in members:
                 count = len(group.var_list)
                 raw[group.name] = list(zip(grads[offset:offset + count], group.var_list))
                 offset += count
 
         result = collections.OrderedDict()
-        for group in self._groups:
+        for group in groups:
             if group.name not in raw:
                 with tf.name_scope(group.name):
                     raw[group.name] = group.optimizer.compute_gradients(
@@ -481,3 +475,79 @@ class MultiOptimizerLossScale(object):
                     "those variables." % (group.name, group.loss, len(group.var_list)))
             result[group.name] = pairs
         return result
+
+    # -- applying -------------------------------------------------------------
+
+    def _apply_and_update(self, grads, group_finite, global_step, count_skipped, after):
+        """Guarded applies, global step and manager updates for one step.
+
+        Args:
+          grads: ordered dict, group name -> (gradient, variable) pairs to apply.
+          group_finite: ordered dict, group name -> bool decision.
+          global_step: variable or None.
+          count_skipped: whether global_step advances on skipped steps too.
+          after: tensors the manager updates must follow (the scale reads).
+
+        Returns:
+          A bool scalar, True when this step applied (any group).
+        """
+        groups = dict((g.name, g) for g in self._groups)
+
+        def apply_args(names):
+            return [(groups[n].optimizer, grads[n], n, groups[n].clip_norm) for n in names]
+
+        inner_step = None if count_skipped else global_step
+        if self._skip_policy == "all":
+            is_finite = _all_true(_unique(group_finite.values()))
+            applied = _step.guarded_apply(is_finite, apply_args(list(grads)), inner_step)
+            applied_ops = [applied]
+        else:
+            applied_ops = [_step.guarded_apply(group_finite[n], apply_args([n]),
+                                               name="apply_%s_if_finite" % n)
+                           for n in grads]
+            applied = tf.reduce_any(tf.stack(applied_ops))
+            if inner_step is not None:
+                applied_ops = [_step.increment(inner_step, by=applied)]
+        ops = list(applied_ops)
+        if count_skipped and global_step is not None:
+            with tf.control_dependencies(applied_ops):
+                ops.append(_step.increment(global_step))
+        for manager in _unique(g.manager for g in self._groups):
+            finite = _all_true(_unique(group_finite[g.name] for g in self._groups
+                                       if g.manager is manager))
+            ops.append(_step.update_manager(manager, finite, applied_ops + after))
+        with tf.control_dependencies(ops):
+            return tf.identity(applied, name="applied")
+
+    def _accumulate_then_apply(self, grads, flags, steps, global_step, count_skipped,
+                               after):
+        """Adds this run to the window; at its last run applies the mean.
+
+        Returns:
+          (applied, window_end) bool scalars.
+        """
+        accumulator = _accumulation.GradientAccumulator(grads, steps)
+        flag_vector = tf.stack([tf.zeros([]) if flags[n] is None else flags[n]
+                                for n in grads])
+        with tf.control_dependencies(accumulator.accumulate(grads, flag_vector) + after):
+            window_end = tf.equal(accumulator.micro_step.read_value(), steps - 1,
+                                  name="window_end")
+            window_flags = accumulator.window_flags.read_value()
+
+        def at_window_end():
+            window_finite = tf.equal(window_flags, 0.0)
+            group_finite = collections.OrderedDict(
+                (name, window_finite[i]) for i, name in enumerate(grads))
+            applied = self._apply_and_update(
+                accumulator.means(grads), group_finite, global_step, count_skipped, [])
+            with tf.control_dependencies([applied]):
+                resets = accumulator.reset()
+            with tf.control_dependencies(resets):
+                return tf.identity(applied)
+
+        def mid_window():
+            with tf.control_dependencies([accumulator.advance()]):
+                return tf.constant(False)
+
+        applied = tf.cond(window_end, at_window_end, mid_window, name="window")
+        return applied, window_end

@@ -12,7 +12,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import _validation
 from npu_lossscale import backends as _backends
-from npu_lossscale import builder as _builder
+from npu_lossscale import _step
 
 
 class LossScaleOptimizer(tf.train.Optimizer):
@@ -47,8 +47,8 @@ class LossScaleOptimizer(tf.train.Optimizer):
     """
 
     def __init__(self, opt, loss_scale_manager, backend="auto"):
-        _builder.check_optimizer(opt, argument="opt")
-        _builder.check_manager(loss_scale_manager)
+        _step.check_optimizer(opt, argument="opt")
+        _step.check_manager(loss_scale_manager)
         self._opt = opt
         self._manager = loss_scale_manager
         self._backend = _backends.resolve_backend(backend)
@@ -76,18 +76,16 @@ class LossScaleOptimizer(tf.train.Optimizer):
         """
         _validation.require_graph_mode("LossScaleOptimizer.compute_gradients")
         with tf.name_scope("loss_scale"):
-            scale = _builder.scale_snapshot(self._manager)
-            scaled_loss = _builder.scale_loss(loss, scale)
+            scale = _step.scale_snapshot(self._manager)
+            scaled_loss = _step.scale_loss(loss, scale)
+            inv_scale = _step.inverse_scale(self._manager, scale)
         grads_and_vars = self._opt.compute_gradients(
             scaled_loss, var_list=var_list, gate_gradients=gate_gradients,
             aggregation_method=aggregation_method,
             colocate_gradients_with_ops=colocate_gradients_with_ops,
             grad_loss=grad_loss)
         present = [(g, v) for g, v in grads_and_vars if g is not None]
-        inv_scale = None
-        if _builder.static_scale(self._manager) != 1.0:
-            inv_scale = tf.reciprocal(scale, name="inv_scale")
-        unscaled = iter(_builder.unscale(present, inv_scale))
+        unscaled = iter(_step.unscale(present, inv_scale))
         return [next(unscaled) if g is not None else (g, v) for g, v in grads_and_vars]
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -106,7 +104,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
           ValueError: if no gradient is given.
         """
         _validation.require_graph_mode("LossScaleOptimizer.apply_gradients")
-        _builder.check_global_step(global_step)
+        _step.check_global_step(global_step)
         present = [(g, v) for g, v in grads_and_vars if g is not None]
         if not present:
             raise ValueError(
@@ -115,11 +113,13 @@ class LossScaleOptimizer(tf.train.Optimizer):
                 % ([v.name for _, v in grads_and_vars],))
         with tf.name_scope(name, "loss_scale_apply"):
             grads = [g for g, _ in present]
-            is_finite, _ = _builder.decide(self._backend, self._manager, grads)
-            applied = _builder.guarded_apply(
-                is_finite, [(self._opt, present, name or self._opt.get_name())], global_step)
-            deps = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
-            update = _builder.update_manager(self._manager, is_finite, [applied] + deps)
+            flag = _step.overflow_flag(self._backend, self._manager, grads)
+            is_finite = _step.finite_from(flag, grads)
+            applied = _step.guarded_apply(
+                is_finite, [(self._opt, present, name or self._opt.get_name(), None)],
+                global_step)
+            deps = [applied] + [_step.dense_values(g) for g in grads]
+            update = _step.update_manager(self._manager, is_finite, deps)
             return tf.group(applied.op, update)
 
     def get_slot(self, var, name):
