@@ -36,6 +36,7 @@ from npu_lossscale import _step
 from npu_lossscale import _validation
 from npu_lossscale import accumulation as _accumulation
 from npu_lossscale import backends as _backends
+from npu_lossscale import distributed as _distributed
 
 SKIP_POLICIES = ("all", "per_group")
 
@@ -126,16 +127,33 @@ class MultiOptimizerLossScale(object):
         gradients, read B, clear. Forward ops run before A's read count for A,
         so an overflow in a forward op shared by both groups (or in B's
         forward pass, which TF may schedule early) is charged to A.
+      distributed: None, "horovod" or "hccl". Every worker then reaches the
+        same decision: the overflow flags are summed across workers before
+        the cond (zero means finite everywhere), and no collective is ever
+        placed inside a cond. With ``hvd.broadcast_global_variables(0)`` (or
+        the engine's equivalent) at start, weights and loss scales stay equal
+        on every worker.
+      allreduce_gradients: with ``distributed``, average the gradients across
+        workers (outside the cond). Pass False when the optimizers already do
+        it (``hvd.DistributedOptimizer``) or for worker-local gradients such
+        as SOK embeddings. With accumulation the gradients are reduced every
+        run (a collective at the window's end would need a cond around it).
 
     Raises:
-      TypeError: if the manager lacks the protocol.
-      ValueError: for an unknown backend or skip policy, "npu" without
-        npu_bridge, or eager mode.
+      TypeError: if the manager lacks the protocol, or a flag is not a bool.
+      ValueError: for an unknown backend, skip policy or engine, "npu"
+        without npu_bridge, an engine that is missing or not initialised, or
+        eager mode.
     """
 
-    def __init__(self, loss_scale_manager, backend="auto", skip_policy="all"):
+    def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
+                 distributed=None, allreduce_gradients=True):
         _validation.require_graph_mode("MultiOptimizerLossScale")
         _step.check_manager(loss_scale_manager)
+        if not isinstance(allreduce_gradients, bool):
+            raise TypeError(
+                "allreduce_gradients must be a bool, got %r. Pass False when the "
+                "optimizers already allreduce their gradients." % (allreduce_gradients,))
         if skip_policy not in SKIP_POLICIES:
             raise ValueError(
                 "skip_policy must be one of %r, got %r. Use 'all' to skip every "
@@ -144,6 +162,8 @@ class MultiOptimizerLossScale(object):
         self._manager = loss_scale_manager
         self._backend = _backends.resolve_backend(backend)
         self._skip_policy = skip_policy
+        self._engine = _distributed.resolve_engine(distributed)
+        self._allreduce_gradients = allreduce_gradients
         self._groups = []
         self._built = False
 
@@ -196,6 +216,8 @@ class MultiOptimizerLossScale(object):
                     "own optimizer instance (its slots belong to its variables); "
                     "create a second one." % (optimizer, group.name))
         var_list = self._check_var_list(var_list, name)
+        if self._engine is not None:
+            _distributed.check_not_already_reducing(optimizer, name, self._allreduce_gradients)
         if clip_norm is not None:
             _validation.check_number(
                 "clip_norm", clip_norm, minimum=0, min_open=True,
@@ -331,6 +353,8 @@ class MultiOptimizerLossScale(object):
                 (group.name, _step.unscale(scaled[group.name], scales[id(group.manager)][1]))
                 for group in self._groups)
             unique_flags = _unique(f for f in flags.values() if f is not None)
+            if self._engine is not None:
+                flags, unique_flags = self._reduce(flags, unique_flags, grads)
             decided = dict((id(f), _step.finite_from(f, all_grads, "group_is_finite"))
                            for f in unique_flags)
             true = _step.finite_from(None, all_grads)
@@ -475,6 +499,21 @@ class MultiOptimizerLossScale(object):
                     "those variables." % (group.name, group.loss, len(group.var_list)))
             result[group.name] = pairs
         return result
+
+    def _reduce(self, flags, unique_flags, grads):
+        """Sums the flags across workers and, if asked, averages the gradients
+        in place in ``grads``. Both collectives sit outside every cond."""
+        if unique_flags:
+            summed = dict(zip([id(f) for f in unique_flags],
+                              _distributed.reduce_flags(self._engine, unique_flags)))
+            flags = collections.OrderedDict(
+                (name, None if flag is None else summed[id(flag)])
+                for name, flag in flags.items())
+            unique_flags = _unique(f for f in flags.values() if f is not None)
+        if self._allreduce_gradients:
+            for name in grads:
+                grads[name] = _distributed.reduce_gradients(self._engine, grads[name])
+        return flags, unique_flags
 
     # -- applying -------------------------------------------------------------
 

@@ -1,0 +1,149 @@
+"""Data-parallel reduction: every worker reaches the same skip decision.
+
+Two things are reduced across workers, both *before* the apply ``cond`` and
+never inside it (workers that took different branches of a cond holding a
+collective would deadlock, tensorflow/tensorflow#46863):
+
+* the overflow flags, summed: zero after the sum means every worker was
+  finite, as Ascend's own adapter decides. (Summing "finite" flags and
+  testing > 0.5 would be wrong: it calls a step finite if any one worker was.)
+* the gradients, averaged with the engine's allreduce, unless the user's
+  optimizers already do it (``allreduce_gradients=False``).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import os
+
+import tensorflow.compat.v1 as tf
+
+ENGINES = ("horovod", "hccl")
+# Optimizer classes that already allreduce their gradients.
+_REDUCING_WRAPPERS = ("_DistributedOptimizer", "DistributedOptimizer",
+                      "NPUDistributedOptimizer")
+
+
+class HorovodEngine(object):
+    """Horovod's allreduce (MPI, Gloo or NCCL), after ``hvd.init()``."""
+
+    name = "horovod"
+
+    def __init__(self, hvd):
+        self._hvd = hvd
+
+    def size(self):
+        return self._hvd.size()
+
+    def sum(self, tensor):
+        """Allreduce-sum of a dense tensor."""
+        return self._hvd.allreduce(tensor, op=self._hvd.Sum)
+
+    def mean_gradient(self, grad):
+        """Allreduce-average of a gradient (IndexedSlices allgathered)."""
+        return self._hvd.allreduce(grad, op=self._hvd.Average)
+
+
+class HcclEngine(object):
+    """Ascend's HCCL allreduce from npu_bridge, across ``RANK_SIZE`` devices."""
+
+    name = "hccl"
+
+    def __init__(self, hccl_ops, rank_size):
+        self._hccl_ops = hccl_ops
+        self._rank_size = rank_size
+
+    def size(self):
+        return self._rank_size
+
+    def sum(self, tensor):
+        return self._hccl_ops.allreduce(tensor, "sum")
+
+    def mean_gradient(self, grad):
+        # HCCL reduces dense tensors only, as NPUDistributedOptimizer does.
+        grad = tf.convert_to_tensor(grad)
+        summed = self._hccl_ops.allreduce(grad, "sum")
+        return summed / tf.cast(self._rank_size, summed.dtype.base_dtype)
+
+
+def resolve_engine(distributed):
+    """Turns ``distributed`` into an engine object, or None.
+
+    Args:
+      distributed: None, "horovod" or "hccl".
+
+    Returns:
+      None, a ``HorovodEngine`` or an ``HcclEngine``.
+
+    Raises:
+      ValueError: for an unknown name, a missing package, or Horovod before
+        ``hvd.init()``.
+    """
+    if distributed is None:
+        return None
+    if distributed not in ENGINES:
+        raise ValueError(
+            "distributed must be None or one of %r, got %r. Use 'horovod' on "
+            "GPUs/CPUs, 'hccl' on Ascend." % (ENGINES, distributed))
+    if distributed == "horovod":
+        try:
+            import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+        except ImportError as error:
+            raise ValueError(
+                "distributed='horovod' needs Horovod, which failed to import: %s. "
+                "Install it with TensorFlow support (HOROVOD_WITH_TENSORFLOW=1 pip "
+                "install horovod), or pass distributed=None." % (error,))
+        try:
+            hvd.size()
+        except ValueError as error:
+            raise ValueError(
+                "distributed='horovod' was given before hvd.init() (%s). Call "
+                "hvd.init() at program start, before building the graph." % (error,))
+        return HorovodEngine(hvd)
+    try:
+        from npu_bridge.hccl import hccl_ops  # pylint: disable=import-outside-toplevel
+    except ImportError as error:
+        raise ValueError(
+            "distributed='hccl' needs Huawei's npu_bridge (CANN tf_adapter), which "
+            "failed to import: %s. Install it, or pass distributed=None." % (error,))
+    rank_size = os.environ.get("RANK_SIZE", "1")
+    try:
+        rank_size = int(rank_size)
+    except ValueError:
+        raise ValueError(
+            "distributed='hccl' reads the device count from the RANK_SIZE "
+            "environment variable, got %r. Set it to the number of devices, as "
+            "Ascend's launch scripts do." % (rank_size,))
+    return HcclEngine(hccl_ops, rank_size)
+
+
+def check_not_already_reducing(optimizer, group, allreduce_gradients):
+    """Raises ValueError when gradients would be allreduced twice."""
+    wrappers = [cls.__name__ for cls in type(optimizer).__mro__
+                if cls.__name__ in _REDUCING_WRAPPERS]
+    if allreduce_gradients and wrappers:
+        raise ValueError(
+            "the optimizer of group %r is a %s, which already allreduces its "
+            "gradients, and allreduce_gradients=True would reduce them a second "
+            "time. Pass allreduce_gradients=False to MultiOptimizerLossScale, or "
+            "give the group the unwrapped optimizer." % (group, wrappers[0]))
+
+
+def reduce_flags(engine, flags):
+    """Sums the overflow flags across workers in one collective.
+
+    Args:
+      engine: the engine.
+      flags: list of float32 scalars (0 = finite).
+
+    Returns:
+      The list of summed flags, in the same order.
+    """
+    with tf.name_scope("reduce_overflow_flags"):
+        summed = engine.sum(tf.stack(flags))
+        return [summed[i] for i in range(len(flags))]
+
+
+def reduce_gradients(engine, grads_and_vars):
+    """Averages every gradient across workers."""
+    with tf.name_scope("allreduce_gradients"):
+        return [(engine.mean_gradient(g), v) for g, v in grads_and_vars]
