@@ -14,6 +14,8 @@ selects rather than nested ``cond``s: one small fused graph per step.
 
 from __future__ import absolute_import, division, print_function
 
+import sys
+
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import _validation
@@ -34,6 +36,10 @@ _DEFAULT_DECR_RATIO = 0.8
 # keeps growing on a quiet model from reaching float32 overflow.
 _DEFAULT_MIN_LOSS_SCALE = 1.0
 _DEFAULT_MAX_LOSS_SCALE = 2.0 ** 24
+# A scale stuck at its floor while steps keep overflowing is the "loss scale
+# collapses" report users file (apex #834, fairseq #1529): no scale can help,
+# the overflow is in the forward pass or the data. Warn after this many.
+_DEFAULT_FLOOR_WARNING_AFTER = 20
 
 
 class LossScaleManager(object):
@@ -131,7 +137,8 @@ class _CountingLossScaleManager(LossScaleManager):
     """
 
     def __init__(self, init_loss_scale, grow_every, shrink_every, incr_ratio,
-                 min_loss_scale, max_loss_scale, name):
+                 min_loss_scale, max_loss_scale, floor_warning_after, name):
+        self._floor_warning_after = floor_warning_after
         self._grow_every = int(grow_every)
         self._shrink_every = int(shrink_every)
         self._incr_ratio = float(incr_ratio)
@@ -144,14 +151,19 @@ class _CountingLossScaleManager(LossScaleManager):
                                            name="good_steps")
             self._bad_steps = tf.Variable(0, dtype=tf.int32, trainable=False,
                                           name="bad_steps")
+            self._floor_streak = tf.Variable(0, dtype=tf.int32, trainable=False,
+                                             name="overflows_at_floor")
+            self._floor_warned = tf.Variable(False, trainable=False, name="floor_warned")
 
     def _shrunk(self, scale):
         raise NotImplementedError
 
     @property
     def variables(self):
-        """The manager's state variables: scale, good steps, bad steps."""
-        return [self._scale, self._good_steps, self._bad_steps]
+        """The state variables: scale, good steps, bad steps, then the
+        consecutive overflows at the floor and whether that was warned of."""
+        return [self._scale, self._good_steps, self._bad_steps, self._floor_streak,
+                self._floor_warned]
 
     def get_loss_scale(self):
         return self._scale.read_value()
@@ -176,11 +188,37 @@ class _CountingLossScaleManager(LossScaleManager):
                                 good + 1, zero)
             new_bad = tf.where(finite, tf.where(grow, zero, bad),
                                tf.where(shrink, zero, bad + 1))
+            streak = self._floor_streak.read_value()
+            at_floor = tf.logical_and(tf.logical_not(finite), scale <= self._min_loss_scale)
+            new_streak = tf.where(at_floor, streak + 1, tf.zeros_like(streak))
             # Every read above happens before any write below.
-            with tf.control_dependencies([new_scale, new_good, new_bad]):
-                return tf.group(self._scale.assign(new_scale),
-                                self._good_steps.assign(new_good),
-                                self._bad_steps.assign(new_bad))
+            with tf.control_dependencies([new_scale, new_good, new_bad, new_streak]):
+                updates = [self._scale.assign(new_scale),
+                           self._good_steps.assign(new_good),
+                           self._bad_steps.assign(new_bad),
+                           self._floor_streak.assign(new_streak)]
+                if self._floor_warning_after is not None:
+                    updates.append(self._warn_once(new_streak))
+                return tf.group(*updates)
+
+    def _warn_once(self, streak):
+        """Logs, once, that the scale sat at its floor while steps overflowed."""
+        warned = self._floor_warned.read_value()
+        due = tf.logical_and(tf.greater_equal(streak, self._floor_warning_after),
+                             tf.logical_not(warned))
+
+        def warn():
+            message = tf.print(
+                "npu_lossscale WARNING: the loss scale has sat at its floor (%g) for"
+                % self._min_loss_scale, streak,
+                "consecutive overflowing steps. No loss scale can fix this: a "
+                "float16 op overflows in the forward pass, or the data holds inf/nan."
+                " Keep softmax and losses in float32, lower the learning rate, or "
+                "check the input.", output_stream=sys.stderr)
+            with tf.control_dependencies([message]):
+                return tf.assign(self._floor_warned, True)
+
+        return tf.cond(due, warn, lambda: warned, name="warn_at_floor").op
 
 
 def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
@@ -195,6 +233,14 @@ def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
         init_name, init_value, minimum=min_loss_scale, maximum=max_loss_scale,
         hint="It must lie within [min_loss_scale, max_loss_scale] = [%r, %r]; "
              "lower it, or raise max_loss_scale." % (min_loss_scale, max_loss_scale))
+
+
+def _check_floor_warning(floor_warning_after):
+    if floor_warning_after is not None:
+        _validation.check_number(
+            "floor_warning_after", floor_warning_after, minimum=1, integer=True,
+            hint="Pass a number of consecutive overflowing steps such as 20, or "
+                 "None never to warn.")
 
 
 class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
@@ -218,6 +264,8 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
       decr_ratio: back-off factor, in (0, 1).
       min_loss_scale: floor of the scale (contrib's is 1).
       max_loss_scale: ceiling of the scale (contrib has none; 2**24 as in Apex).
+      floor_warning_after: log a warning, once, when this many consecutive
+        steps overflow with the scale at ``min_loss_scale``; None never warns.
 
     Raises:
       TypeError: if an argument has the wrong type.
@@ -228,8 +276,10 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
                  decr_every_n_nan_or_inf=_DEFAULT_DECR_EVERY_N_NAN_OR_INF,
                  incr_ratio=_DEFAULT_INCR_RATIO, decr_ratio=_DEFAULT_DECR_RATIO,
                  min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
-                 max_loss_scale=_DEFAULT_MAX_LOSS_SCALE):
+                 max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
+                 floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER):
         _validation.require_graph_mode("ExponentialUpdateLossScaleManager")
+        _check_floor_warning(floor_warning_after)
         _validation.check_number(
             "init_loss_scale", init_loss_scale, minimum=1,
             hint="Start at a power of two such as 2**15.")
@@ -249,7 +299,8 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
         self._decr_ratio = float(decr_ratio)
         super(ExponentialUpdateLossScaleManager, self).__init__(
             init_loss_scale, incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio,
-            min_loss_scale, max_loss_scale, name="exponential_loss_scale")
+            min_loss_scale, max_loss_scale, floor_warning_after,
+            name="exponential_loss_scale")
 
     def _shrunk(self, scale):
         return scale * self._decr_ratio
@@ -268,6 +319,8 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
       multiplier: growth and back-off factor, > 1.
       min_loss_scale: floor of the scale, 1 by default (Keras' floor).
       max_loss_scale: ceiling of the scale, 2**24 by default (as in Apex).
+      floor_warning_after: log a warning, once, when this many consecutive
+        steps overflow with the scale at ``min_loss_scale``; None never warns.
 
     Raises:
       TypeError: if an argument has the wrong type.
@@ -277,8 +330,10 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
     def __init__(self, initial_scale=_DEFAULT_INITIAL_SCALE,
                  growth_steps=_DEFAULT_GROWTH_STEPS, multiplier=_DEFAULT_MULTIPLIER,
                  min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
-                 max_loss_scale=_DEFAULT_MAX_LOSS_SCALE):
+                 max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
+                 floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER):
         _validation.require_graph_mode("DynamicLossScaleManager")
+        _check_floor_warning(floor_warning_after)
         _validation.check_number(
             "initial_scale", initial_scale, minimum=1,
             hint="Start at a power of two such as 2**15.")
@@ -292,7 +347,8 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
         self._multiplier = float(multiplier)
         super(DynamicLossScaleManager, self).__init__(
             initial_scale, growth_steps, 1, multiplier,
-            min_loss_scale, max_loss_scale, name="dynamic_loss_scale")
+            min_loss_scale, max_loss_scale, floor_warning_after,
+            name="dynamic_loss_scale")
 
     def _shrunk(self, scale):
         # Division, not a reciprocal multiply, to match TF's DynamicLossScale

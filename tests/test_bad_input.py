@@ -68,6 +68,7 @@ def test_exponential_manager_rejects(graph, kwargs, error, fragments):
     (dict(multiplier=1.0), ValueError, ["multiplier", "1.0"]),
     (dict(min_loss_scale=0.5), ValueError, ["min_loss_scale", "0.5"]),
     (dict(max_loss_scale=2.0 ** 10), ValueError, ["initial_scale", "max_loss_scale"]),
+    (dict(floor_warning_after=0), ValueError, ["floor_warning_after", "0", "None"]),
 ])
 def test_dynamic_manager_rejects(graph, kwargs, error, fragments):
     with _raises(error, *fragments):

@@ -16,7 +16,7 @@ def _stepper(manager):
 
     def step(value):
         sess.run(update, {finite: value})
-        return tuple(sess.run(manager.variables))
+        return tuple(sess.run(manager.variables[:3]))  # scale, good, bad
     return step
 
 
@@ -143,4 +143,26 @@ def test_state_is_nontrainable_global_and_checkpointed(tmp_path, make):
             tf.train.Saver().restore(sess, path)
             restored = sess.run(manager.variables)
     assert [float(x) for x in restored] == [float(x) for x in saved]
+    assert len(saved) == 5
     assert restored[0] < 2 ** 15  # it did move before the save
+
+
+def test_collapse_warning_is_logged_once(graph, capfd):
+    manager = nl.DynamicLossScaleManager(initial_scale=4, floor_warning_after=3)
+    finite = tf.placeholder(tf.bool, [])
+    update = manager.update_loss_scale(finite)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        # 4 -> 2 -> 1: the floor is reached on the 2nd overflow; the streak at
+        # the floor counts from the 3rd, so the warning is due on the 5th.
+        for i in range(4):
+            sess.run(update, {finite: False})
+        assert "WARNING" not in capfd.readouterr().err
+        sess.run(update, {finite: False})
+        first = capfd.readouterr().err
+        assert first.count("has sat at its floor (1)") == 1 and " 3 consecutive" in first
+        sess.run(update, {finite: True})  # a finite step resets the streak
+        for _ in range(6):
+            sess.run(update, {finite: False})
+        assert "WARNING" not in capfd.readouterr().err  # logged once only
+        assert sess.run(manager.get_loss_scale()) == 1.0
