@@ -120,12 +120,12 @@ def unscale(grads_and_vars, inv_scale):
     return result
 
 
-def overflow_flag(backend, manager, grads):
+def overflow_flag(backend, manager, grads, after=()):
     """The float32 overflow flag of ``grads`` (0 = finite), or None when the
-    manager disables the check."""
+    manager disables the check. ``after`` (the losses) orders a status read."""
     if not overflow_check_enabled(manager):
         return None
-    return backend.overflow_flag(grads)
+    return backend.overflow_flag(grads, after=after)
 
 
 def finite_from(flag, after, name="is_finite"):

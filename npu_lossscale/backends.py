@@ -37,15 +37,17 @@ class IsFiniteBackend(object):
 
     name = "is_finite"
 
-    def overflow_flag(self, tensors):
+    def overflow_flag(self, tensors, after=()):
         """Returns a float32 scalar: 0.0 if every tensor is finite, else 1.0.
 
         Args:
           tensors: gradients (tensors or IndexedSlices), none of them None.
+          after: unused here (the check reads the tensors themselves).
 
         Returns:
           A float32 scalar tensor.
         """
+        del after
         with tf.name_scope("is_finite_check"):
             sums = []
             for tensor in tensors:
@@ -77,17 +79,21 @@ class NpuFloatStatusBackend(object):
         self._gen_ops = gen_ops
         self.uses_v2 = hasattr(gen_ops, "npu_get_float_status_v2")
 
-    def overflow_flag(self, tensors):
+    def overflow_flag(self, tensors, after=()):
         """Returns a float32 scalar: 0.0 if the register is clear, else 1.0.
 
         Args:
-          tensors: the tensors the read must follow (the step's gradients).
+          tensors: the step's gradients; the read follows all of them.
+          after: more tensors the read must follow: the losses, so that a
+            forward overflow whose value no gradient needs (TF may prune or
+            fold that dependency) still lands before the read, not after
+            the clear.
 
         Returns:
           A float32 scalar tensor, ordered after the register is cleared.
         """
         gen = self._gen_ops
-        deps = [_values(t) for t in tensors]
+        deps = [_values(t) for t in list(tensors) + list(after)]
         with tf.name_scope("npu_float_status"):
             if self.uses_v2:
                 with tf.control_dependencies(deps):

@@ -428,7 +428,8 @@ class MultiOptimizerLossScale(object):
                     scaled.update(self._scaled_gradients([group], scales))
                 grads = [g for g, _ in scaled[group.name]]
                 with tf.name_scope(group.name):
-                    flags[group.name] = _step.overflow_flag(self._backend, group.manager, grads)
+                    flags[group.name] = _step.overflow_flag(
+                        self._backend, group.manager, grads, after=[group.loss])
                 if flags[group.name] is not None:
                     after = [flags[group.name]]  # ordered after this group's clear
             return scaled, flags
@@ -446,7 +447,8 @@ class MultiOptimizerLossScale(object):
                         [g for g, _ in scaled[group.name]])
         elif checked:
             shared = self._backend.overflow_flag(
-                [g for group in checked for g, _ in scaled[group.name]])
+                [g for group in checked for g, _ in scaled[group.name]],
+                after=_unique(group.loss for group in self._groups))
             for group in checked:
                 flags[group.name] = shared
         return scaled, flags

@@ -48,6 +48,10 @@ def npu_shim():
     try:
         yield
     finally:
+        emulation = sys.modules.get("npu_bridge._emulation")
+        if emulation is not None:
+            emulation.reset()
+            emulation.uninstall()
         sys.path.remove(SHIMS)
         for name in [m for m in sys.modules if m == "npu_bridge" or m.startswith("npu_bridge.")]:
             del sys.modules[name]

@@ -1,0 +1,21 @@
+"""CPU emulation ("shim") of the parts of Huawei's ``npu_bridge`` (Ascend TF
+1.15 adapter) that npu_lossscale uses.  NOT the real package.
+
+Only importable when ``shims/`` is put on ``sys.path`` explicitly.  Importing
+it installs the float-status emulation (an op-creation callback, for the
+importing thread) so that float16 ops built afterwards set the emulated
+overflow register; see ``npu_bridge._emulation`` (shim-only controls) and
+``shims/README.md``.
+
+Emulated public surface (mirrors the real module paths):
+  npu_bridge.helper.helper.get_gen_ops()
+  npu_bridge.hccl.hccl_ops.allreduce(...)
+  npu_bridge.estimator.npu.npu_plugin.is_inf_nan_enabled() / set_device_sat_mode()
+  npu_bridge.estimator.npu.npu_loss_scale_manager.{FixedLossScaleManager,
+      ExponentialUpdateLossScaleManager}
+"""
+from npu_bridge import _emulation
+
+IS_CPU_SHIM = True  # marker: the real npu_bridge has no such attribute
+
+_emulation.install()

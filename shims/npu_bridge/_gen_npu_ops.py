@@ -1,0 +1,190 @@
+"""Emulated adapter op module (what ``helper.get_gen_ops()`` returns).
+
+Signatures follow the TF-generated wrappers of the real op registrations
+(tf_adapter/ops/aicore/npu_mixed_precesion_ops.cc, tf_adapter/ops/hccl/
+hccl_ops.cc): inputs first, then attrs, then ``name=None``; an op without
+outputs returns its ``tf.Operation``.
+
+Op (real type)         | shim result
+-----------------------+---------------------------------------------------
+NpuAllocFloatStatus    | float32_ref [8], zeros: a per-step buffer
+                       | (TemporaryVariable + Assign) so that
+                       | NpuGetFloatStatus can write into it in place, as the
+                       | device does.  Real TF-side static shape is [1]
+                       | (shape fn Vector(1)); the device buffer has 8 floats.
+NpuGetFloatStatus(x)   | float32 [8] status; if ``x`` is a ref (the alloc
+                       | buffer) the status is also written into it.
+NpuClearFloatStatus(x) | float32 zeros shaped like ``x``; clears the register.
+NpuGetFloatStatusV2()  | int32 [8] status (word 0 = 1 after an overflow).
+NpuClearFloatStatusV2()| tf.Operation (no outputs); clears the register.
+HcomAllReduce(...)     | identity (one worker), same dtype/shape as input.
+
+The v2 functions are only visible when the shim op set is "v2" (see
+``npu_bridge._emulation.op_set``); this is checked on every attribute access.
+"""
+from __future__ import absolute_import, division, print_function
+
+import os
+
+import tensorflow.compat.v1 as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.framework import ops as _ops
+from tensorflow.python.ops import gen_array_ops as _gen_array_ops
+from tensorflow.python.ops import gen_lookup_ops as _gen_lookup_ops
+from tensorflow.python.ops import gen_state_ops as _gen_state_ops
+
+from npu_bridge import _emulation as _emu
+
+_HCOM_DTYPES = (tf.int8, tf.int16, tf.int32, tf.float16, tf.float32, tf.bfloat16)
+_HCOM_REDUCTIONS = ("min", "max", "prod", "sum")
+
+
+def _graph():
+    g = _ops.get_default_graph()
+    if tf.executing_eagerly():
+        raise RuntimeError("npu_bridge shim: float-status ops are emulated in graph mode only")
+    return g
+
+
+def _find_status(g, handle, name):
+    """Register read (LookupTableFindV2 -> int32[8]) that picks up the active
+    control dependencies itself (its constant inputs are built outside them)."""
+    with _emu._without_control_deps(g):  # pylint: disable=protected-access
+        keys = _emu.status_keys()
+        default = tf.constant(0, dtype=tf.int32, name="default")
+    return _gen_lookup_ops.lookup_table_find_v2(handle, keys, default, name=name)
+
+
+# ------------------------------------------------------------------ v1 ops
+def npu_alloc_float_status(name=None):
+    """Emulated NpuAllocFloatStatus: float32_ref [8] zero buffer (per step)."""
+    _graph()
+    with tf.name_scope(name, "NpuAllocFloatStatus") as scope:
+        buf = _gen_state_ops.temporary_variable(
+            shape=[_emu.STATUS_WORDS], dtype=tf.float32, name="buffer")
+        zeros = tf.zeros([_emu.STATUS_WORDS], dtype=tf.float32)
+        out = _gen_state_ops.assign(buf, zeros, name=scope)
+    _emu.tag_op(out.op, "NpuAllocFloatStatus")
+    return out
+
+
+def npu_get_float_status(input_float, name=None):
+    """Emulated NpuGetFloatStatus(addr): float32 [8] status words.
+
+    If ``input_float`` is a reference tensor (the npu_alloc_float_status
+    buffer) the status is written into it, so later readers of the buffer see
+    it, like the device writes the addr buffer in place.
+    """
+    g = _graph()
+    handle = _emu.register_handle(g)
+    with tf.name_scope(name, "NpuGetFloatStatus") as scope:
+        addr = input_float
+        if not isinstance(addr, tf.Tensor):
+            addr = tf.convert_to_tensor(addr, dtype=tf.float32)
+        if addr.dtype.base_dtype != tf.float32:
+            raise TypeError("NpuGetFloatStatus expects float32, got %s" % addr.dtype)
+        with g.control_dependencies([addr.op]):
+            words = _find_status(g, handle, "register_read")
+        status = tf.cast(words, tf.float32)
+        if addr.dtype._is_ref_dtype:  # pylint: disable=protected-access
+            written = _gen_state_ops.assign(addr, status, validate_shape=False)
+            out = _gen_array_ops.identity(written, name=scope)
+        else:
+            out = _gen_array_ops.identity(status, name=scope)
+    _emu.tag_op(out.op, "NpuGetFloatStatus")
+    _emu.retro_instrument(out.op)
+    return out
+
+
+def npu_clear_float_status(float_status, name=None):
+    """Emulated NpuClearFloatStatus: clears the register (after its input is
+    available) and returns float32 zeros shaped like the input."""
+    g = _graph()
+    handle = _emu.register_handle(g)
+    with tf.name_scope(name, "NpuClearFloatStatus") as scope:
+        x = float_status
+        if not isinstance(x, tf.Tensor):
+            x = tf.convert_to_tensor(x, dtype=tf.float32)
+        if x.dtype.base_dtype != tf.float32:
+            raise TypeError("NpuClearFloatStatus expects float32, got %s" % x.dtype)
+        with _emu._without_control_deps(g):  # pylint: disable=protected-access
+            keys = _emu.status_keys()
+            zero_words = tf.zeros([_emu.STATUS_WORDS], dtype=tf.int32)
+        with g.control_dependencies([x.op]):
+            cleared = _gen_lookup_ops.lookup_table_insert_v2(
+                handle, keys, zero_words, name="register_clear")
+        with g.control_dependencies([cleared]):
+            out = _gen_array_ops.identity(_gen_array_ops.zeros_like(x), name=scope)
+    _emu.tag_op(out.op, "NpuClearFloatStatus")
+    return out
+
+
+# ------------------------------------------------------------------ v2 ops
+def _npu_get_float_status_v2(name=None):
+    """Emulated NpuGetFloatStatusV2(): int32 [8] status words (no inputs)."""
+    g = _graph()
+    handle = _emu.register_handle(g)
+    with tf.name_scope(name, "NpuGetFloatStatusV2") as scope:
+        out = _find_status(g, handle, scope)
+    _emu.tag_op(out.op, "NpuGetFloatStatusV2")
+    _emu.retro_instrument(out.op)
+    return out
+
+
+def _npu_clear_float_status_v2(name=None):
+    """Emulated NpuClearFloatStatusV2(): no inputs, no outputs; returns the
+    tf.Operation that resets the register."""
+    g = _graph()
+    handle = _emu.register_handle(g)
+    with tf.name_scope(name, "NpuClearFloatStatusV2") as scope:
+        with _emu._without_control_deps(g):  # pylint: disable=protected-access
+            keys = _emu.status_keys()
+            zero_words = tf.zeros([_emu.STATUS_WORDS], dtype=tf.int32)
+        op = _gen_lookup_ops.lookup_table_insert_v2(handle, keys, zero_words, name=scope)
+    _emu.tag_op(op, "NpuClearFloatStatusV2")
+    return op
+
+
+_V2_OPS = {
+    "npu_get_float_status_v2": _npu_get_float_status_v2,
+    "npu_clear_float_status_v2": _npu_clear_float_status_v2,
+}
+
+
+# -------------------------------------------------------------------- hccl
+def hcom_all_reduce(input, reduction, group, fusion, fusion_id, name=None):  # pylint: disable=redefined-builtin
+    """Emulated HcomAllReduce for a single worker: identity."""
+    if reduction not in _HCOM_REDUCTIONS:
+        raise ValueError("HcomAllReduce: reduction must be one of %s, got %r"
+                         % (_HCOM_REDUCTIONS, reduction))
+    rank_size = int(os.environ.get("RANK_SIZE", "").strip() or 1)
+    if rank_size != 1:
+        raise NotImplementedError(
+            "npu_bridge shim: HcomAllReduce is only emulated for one worker "
+            "(RANK_SIZE=1); RANK_SIZE=%d" % rank_size)
+    x = tf.convert_to_tensor(input)
+    if x.dtype.base_dtype not in _HCOM_DTYPES:
+        raise TypeError("HcomAllReduce: dtype %s not in %s"
+                        % (x.dtype.name, [d.name for d in _HCOM_DTYPES]))
+    out = _gen_array_ops.identity(x, name=name or "HcomAllReduce")
+    op = out.op
+    _emu.tag_op(op, "HcomAllReduce")
+    op._set_attr("_npu_shim_reduction", attr_value_pb2.AttrValue(s=reduction.encode()))  # pylint: disable=protected-access
+    op._set_attr("_npu_shim_group", attr_value_pb2.AttrValue(s=str(group).encode()))  # pylint: disable=protected-access
+    op._set_attr("_npu_shim_fusion", attr_value_pb2.AttrValue(i=int(fusion)))  # pylint: disable=protected-access
+    op._set_attr("_npu_shim_fusion_id", attr_value_pb2.AttrValue(i=int(fusion_id)))  # pylint: disable=protected-access
+    return out
+
+
+# ------------------------------------------------------------ op-set gate
+def __getattr__(name):  # PEP 562
+    if name in _V2_OPS and _emu.get_op_set() == _emu.OP_SET_V2:
+        return _V2_OPS[name]
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def __dir__():
+    names = [n for n in globals() if not n.startswith("_")]
+    if _emu.get_op_set() == _emu.OP_SET_V2:
+        names.extend(_V2_OPS)
+    return sorted(names)
