@@ -1,0 +1,81 @@
+"""One rank of a two-rank data-parallel run (launched by horovodrun).
+
+Each rank trains the same two-group float16 model on different data through
+``MultiOptimizerLossScale(distributed="horovod")``. Rank 1 injects an overflow
+at step 2 (0-based). Every step's decision, scale and global step, and the
+final weights, go to ``<out>/rank<R>.json``; ``<out>/rank<R>.progress`` gets a
+line per finished step so a hung run can say which rank stalled.
+
+Usage: dp_worker.py OUT_DIR [--no-allreduce] [--accumulate N] [--steps N]
+"""
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import horovod.tensorflow as hvd  # noqa: E402
+
+import npu_lossscale as nl  # noqa: E402
+from models import two_group_gan  # noqa: E402
+
+INJECT_RANK, INJECT_STEP = 1, 2
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--no-allreduce", action="store_true")
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+
+    tf.disable_eager_execution()
+    hvd.init()
+    rank = hvd.rank()
+    progress = open(os.path.join(args.out, "rank%d.progress" % rank), "w")
+
+    model = two_group_gan(compute_dtype=tf.float16, seed=1)  # same init on every rank
+    manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 10, growth_steps=100)
+    scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite", distributed="horovod",
+                                        allreduce_gradients=not args.no_allreduce)
+    scaler.add(model.d_loss, tf.train.AdamOptimizer(0.01), var_list=model.d_vars, name="d")
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(0.01), var_list=model.g_vars, name="g")
+    gs = tf.train.get_or_create_global_step()
+    train = scaler.build(global_step=gs, accumulation_steps=args.accumulate)
+    broadcast = hvd.broadcast_global_variables(0)
+
+    data = np.random.RandomState(100 + rank)  # different data per rank
+    records = []
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(broadcast)
+        for step in range(args.steps):
+            feed = {model.x: data.normal(0, 1, [8, 4]).astype(np.float32)}
+            if rank == INJECT_RANK and step == INJECT_STEP:
+                feed[model.poison_g] = np.inf
+            out = sess.run({"update": train.update_op, "finite": train.is_finite,
+                            "scale_used": train.loss_scale, "applied": train.applied}, feed)
+            scale_now, step_now = sess.run([manager.get_loss_scale(), gs])
+            records.append({"step": step, "finite": bool(out["finite"]),
+                            "applied": bool(out["applied"]),
+                            "scale_used": float(out["scale_used"]),
+                            "scale_after": float(scale_now), "global_step": int(step_now)})
+            progress.write("step %d\n" % step)
+            progress.flush()
+        weights = {v.op.name: sess.run(v).tolist() for v in model.d_vars + model.g_vars}
+    with open(os.path.join(args.out, "rank%d.json" % rank), "w") as handle:
+        json.dump({"rank": rank, "size": hvd.size(), "records": records,
+                   "weights": weights}, handle)
+
+
+if __name__ == "__main__":
+    main()
