@@ -1,33 +1,58 @@
 # Two commands do all setup on a fresh machine:
 #   make demo   the main job: a float16 DCGAN trained through the builder
-#   make test   the test suite (creates its own venvs with pinned packages)
+#   make test   the test matrix (creates its own venvs with pinned packages)
 PYTHON ?= python3
+# TF 2.21.0: the primary runtime (fast float16 on this CPU).
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# TF 2.15.1: the last TF with tf.estimator, and what Horovod 0.28.1 builds against.
+VENV215 ?= .venv-tf215
+PY215 := $(VENV215)/bin/python
+# The Horovod wheel is built once per TF version and kept outside the clone,
+# so later runs (and fresh clones on the same machine) skip the ~4 min build.
+WHEELS ?= $(HOME)/.cache/npu_lossscale/wheels
+PIP_FLAGS := -q --disable-pip-version-check
 # The core suite also runs under v1 behaviour (ref variables, Switch/Merge).
 CORE_TESTS := tests/test_managers.py tests/test_builder.py tests/test_optimizer.py \
-              tests/test_bad_input.py tests/test_underflow.py tests/test_npu_backend.py
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+              tests/test_bad_input.py tests/test_underflow.py tests/test_npu_backend.py \
+              tests/test_features.py
+PYTEST_ARGS ?=
+pytest = $(1) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-.PHONY: venv demo test test-core test-v1 bench bench-quick clean
+.PHONY: venv venv215 demo test test-fast test-v1 test-tf215 bench bench-quick soak clean
 
 $(VENV)/.installed: requirements/tf221.txt setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements/tf221.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install $(PIP_FLAGS) -r requirements/tf221.txt
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+	touch $@
+
+$(VENV215)/.installed: requirements/tf215.txt setup.py tools/build_horovod.sh
+	$(PYTHON) -m venv $(VENV215)
+	$(PY215) -m pip install $(PIP_FLAGS) -r requirements/tf215.txt
+	bash tools/build_horovod.sh $(VENV215) $(WHEELS)
+	$(PY215) -m pip install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	touch $@
 
 venv: $(VENV)/.installed
+venv215: $(VENV215)/.installed
 
 demo: venv
 	$(PY) examples/gan/dcgan.py --precision fp16 --out out/demo
 
-test: venv
-	$(PYTEST) tests
-	NPU_LOSSSCALE_GRAPH_MODE=v1 $(PYTEST) $(CORE_TESTS)
+# The matrix: everything on TF 2.21 (v2 control flow), the core suite again
+# under v1 behaviour, then everything on TF 2.15.1 (Estimator and the
+# two-rank Horovod runs need it).
+test: test-fast test-v1 test-tf215
 
-test-core: venv
-	$(PYTEST) $(CORE_TESTS)
+test-fast: venv
+	$(call pytest,$(PY)) tests
+
+test-v1: venv
+	NPU_LOSSSCALE_GRAPH_MODE=v1 $(call pytest,$(PY)) $(CORE_TESTS)
+
+test-tf215: venv215
+	$(call pytest,$(PY215)) tests
 
 bench: venv
 	$(PY) benchmarks/run.py
@@ -35,5 +60,8 @@ bench: venv
 bench-quick: venv
 	$(PY) benchmarks/run.py --quick --out out/bench-quick
 
+soak: venv
+	$(PY) tools/soak.py --steps 100000
+
 clean:
-	rm -rf $(VENV) out .cache
+	rm -rf $(VENV) $(VENV215) out
