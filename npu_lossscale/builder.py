@@ -357,10 +357,10 @@ class MultiOptimizerLossScale(object):
                 flags, unique_flags = self._reduce(flags, unique_flags, grads)
             decided = dict((id(f), _step.finite_from(f, all_grads, "group_is_finite"))
                            for f in unique_flags)
-            true = _step.finite_from(None, all_grads)
+            if any(flag is None for flag in flags.values()):  # unchecked groups
+                decided[id(None)] = _step.finite_from(None, all_grads)
             group_finite = collections.OrderedDict(
-                (name, true if flag is None else decided[id(flag)])
-                for name, flag in flags.items())
+                (name, decided[id(flag)]) for name, flag in flags.items())
             is_finite = _all_true(_unique(group_finite.values()))
             is_finite = tf.identity(is_finite, name="is_finite")
             scale_reads = [scale for scale, _ in scales.values()]
