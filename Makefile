@@ -2,7 +2,7 @@
 #   make demo   the main job: a float16 DCGAN trained through the builder
 #   make test   the test matrix (creates its own venvs with pinned packages)
 PYTHON ?= python3
-# TF 2.21.0: the primary runtime (fast float16 on this CPU).
+# TF 2.21.0: the primary runtime (fast float16 matmul on this CPU).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # TF 2.15.1: the last TF with tf.estimator, and what Horovod 0.28.1 builds against.

@@ -1,0 +1,272 @@
+"""An adversarial autoencoder on 16x16 digits: an encoder-GAN in one fetch dict.
+
+The model structure of a GAN-style encoder training loop at small scale:
+
+* the encoder group (encoder + decoder) minimises a reconstruction loss plus
+  an adversarial loss that pushes its codes towards a N(0, 1) prior;
+* the discriminator group tells prior samples from the encoder's codes.
+
+Each group has its own Adam optimizer. Where such a loop calls ``minimize``
+twice and puts both ops in one fetch dict, here both groups go into one
+``MultiOptimizerLossScale`` and the fetch dict holds its single update op:
+one loss scale, one overflow check, both groups applied or neither.
+
+``--encoder-only`` drops the discriminator group and the adversarial term
+(the same builder, with one group).
+
+Run::
+
+  PYTHONPATH=. python examples/gan/encoder_gan.py --precision fp16
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import os
+import sys
+import time
+
+import numpy as np
+
+import common
+import digits
+
+LATENT_DIM = 8
+BASE_CHANNELS = 32
+HIDDEN_UNITS = 64
+DEFAULT_STEPS = 600
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_LEARNING_RATE = 1e-3
+DEFAULT_ADVERSARIAL_WEIGHT = 0.05
+ADAM_BETA1 = 0.5
+PROG = "encoder_gan.py"
+
+
+def parse_args(argv):
+    """Parses and checks the flags (no TensorFlow needed)."""
+    parser = common.OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    common.add_common_flags(parser, steps=DEFAULT_STEPS, batch_size=DEFAULT_BATCH_SIZE,
+                            log_every=50, out=os.path.join("runs", "encoder_gan"))
+    parser.add_argument("--encoder-only", action="store_true",
+                        help="train the autoencoder alone: no discriminator group, no "
+                             "adversarial term")
+    parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE,
+                        help="Adam learning rate of both groups (default: %(default)s)")
+    parser.add_argument("--adversarial-weight", type=float,
+                        default=DEFAULT_ADVERSARIAL_WEIGHT,
+                        help="weight of the adversarial term in the encoder's loss "
+                             "(default: %(default)s)")
+    args = parser.parse_args(argv)
+    if not (args.learning_rate > 0.0 and np.isfinite(args.learning_rate)):
+        parser.error("argument --learning-rate: must be > 0, got %r" % args.learning_rate)
+    if not (args.adversarial_weight >= 0.0 and np.isfinite(args.adversarial_weight)):
+        parser.error("argument --adversarial-weight: must be >= 0, got %r"
+                     % args.adversarial_weight)
+    return args
+
+
+def encoder(tf, images, impl):
+    """(N, 16, 16, 1) -> codes (N, LATENT_DIM), in the compute dtype."""
+    with tf.variable_scope("encoder", reuse=tf.AUTO_REUSE):
+        h = tf.nn.leaky_relu(common.conv(tf, images, BASE_CHANNELS, "conv1", impl), 0.2)
+        h = tf.nn.leaky_relu(common.conv(tf, h, 2 * BASE_CHANNELS, "conv2", impl), 0.2)
+        h = tf.reshape(h, [-1, 4 * 4 * 2 * BASE_CHANNELS])
+        return common.dense(tf, h, LATENT_DIM, "code")
+
+
+def decoder(tf, codes, impl):
+    """codes (N, LATENT_DIM) -> images (N, 16, 16, 1) in [-1, 1]."""
+    with tf.variable_scope("decoder", reuse=tf.AUTO_REUSE):
+        h = tf.nn.relu(common.dense(tf, codes, 4 * 4 * 2 * BASE_CHANNELS, "project"))
+        h = tf.reshape(h, [-1, 4, 4, 2 * BASE_CHANNELS])
+        h = tf.nn.relu(common.deconv(tf, h, BASE_CHANNELS, "deconv1", impl))
+        return tf.tanh(common.deconv(tf, h, 1, "deconv2", impl))
+
+
+def latent_discriminator(tf, codes):
+    """codes (N, LATENT_DIM) -> float32 logits (N,): prior sample or encoder code?"""
+    with tf.variable_scope("discriminator", reuse=tf.AUTO_REUSE):
+        h = tf.nn.leaky_relu(common.dense(tf, codes, HIDDEN_UNITS, "hidden1", 0.1), 0.2)
+        h = tf.nn.leaky_relu(common.dense(tf, h, HIDDEN_UNITS, "hidden2", 0.1), 0.2)
+        return tf.cast(tf.reshape(common.dense(tf, h, 1, "logit", 0.1), [-1]), tf.float32)
+
+
+class Graph(object):
+    """Placeholders, the two groups' losses, the TrainOps and summaries."""
+
+    def __init__(self, tf, nl, args):
+        dtype = tf.float16 if args.precision == "fp16" else tf.float32
+        impl = self.conv_impl = common.conv_impl(args)
+        self.encoder_only = args.encoder_only
+        tf.set_random_seed(args.seed)
+        self.images = tf.placeholder(tf.float32, [None, 16, 16, 1], name="images")
+        self.codes = encoder(tf, tf.cast(self.images, dtype), impl)
+        recon = tf.cast(decoder(tf, self.codes, impl), tf.float32)
+        # The reconstruction loss, in float32 ("loss_kp" in the seed's loop).
+        self.loss_recon = tf.reduce_mean(tf.square(recon - self.images), name="loss_recon")
+
+        self.global_step = tf.train.get_or_create_global_step()
+        self.manager = common.make_manager(nl, args.loss_scale)
+        scaler = nl.MultiOptimizerLossScale(self.manager, backend=args.backend)
+        e_vars = tf.trainable_variables("encoder") + tf.trainable_variables("decoder")
+        if self.encoder_only:
+            self.e_loss = tf.identity(self.loss_recon, name="e_loss")
+        else:
+            prior = tf.random_normal(tf.shape(self.codes), name="prior")
+            code_logits = latent_discriminator(tf, self.codes)
+            prior_logits = latent_discriminator(tf, tf.cast(prior, dtype))
+            # The encoder's adversarial term ("loss_disc" in the seed's loop).
+            self.loss_disc = common.xent(tf, code_logits, 1.0)
+            self.e_loss = tf.add(self.loss_recon, args.adversarial_weight * self.loss_disc,
+                                 name="e_loss")
+            self.d_loss = tf.add(common.xent(tf, prior_logits, 1.0),
+                                 common.xent(tf, code_logits, 0.0), name="d_loss")
+        # What replaces the two minimize() calls: one group per optimizer.
+        scaler.add(self.e_loss,
+                   tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
+                   var_list=e_vars, name="encoder")
+        if not self.encoder_only:
+            scaler.add(self.d_loss,
+                       tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
+                       var_list=tf.trainable_variables("discriminator"),
+                       name="discriminator")
+        self.backend = scaler.backend
+        self.train = scaler.build(global_step=self.global_step)
+        self.skipped, self.skipped_total = common.skipped_steps_counter(
+            tf, self.train.is_finite)
+        self.update_opt_op = tf.group(self.train.update_op, self.skipped_total,
+                                      name="update_opt_op")
+        self.current_scale = tf.cast(self.manager.get_loss_scale(), tf.float32)
+
+        scalars = [tf.summary.scalar("loss/encoder", self.e_loss),
+                   tf.summary.scalar("loss/reconstruction", self.loss_recon),
+                   tf.summary.scalar("loss_scale", self.train.loss_scale),
+                   tf.summary.scalar("skipped_steps", self.skipped_total)]
+        if not self.encoder_only:
+            scalars += [tf.summary.scalar("loss/discriminator", self.d_loss),
+                        tf.summary.scalar("loss/adversarial", self.loss_disc)]
+        pairs = tf.concat([self.images[:8], recon[:8]], axis=2)  # input | reconstruction
+        self.summary_occasional = tf.summary.merge(
+            scalars + [tf.summary.image("reconstructions", (pairs + 1.0) / 2.0,
+                                        max_outputs=8)])
+        self.init = tf.global_variables_initializer()
+        self.saver = tf.train.Saver(max_to_keep=1)
+
+
+def main(argv=None):
+    start_time = time.time()
+    args = parse_args(argv)
+    try:
+        common.check_npu_bridge(args)
+        try:
+            images = (digits.load_digits()[0] if args.data is None
+                      else digits.load_npz(args.data)[0])
+        except digits.DataError as error:
+            raise common.UsageError(str(error))
+        common.check_out_dir(args.out)
+        common.tensorflow_environment(args.device)
+        # Imported only now: a bad flag costs no TF start-up.
+        import tensorflow.compat.v1 as tf
+        common.graph_mode(tf)
+        common.check_gpu(tf, args)
+        nl = common.import_npu_lossscale()
+        common.load_npu_bridge(args)
+        graph = Graph(tf, nl, args)
+        config = common.session_config(tf, args)
+    except common.UsageError as error:
+        common.fail(PROG, error)
+    return train(tf, args, graph, config, images[..., None] * 2.0 - 1.0, start_time)
+
+
+def train(tf, args, graph, config, images, start_time):
+    from tqdm import tqdm
+    rng = np.random.RandomState(args.seed)
+    with tf.Session(config=config) as sess:
+        sess.run(graph.init)
+        writer = tf.summary.FileWriter(args.out, sess.graph)
+        bar = tqdm(total=args.steps, desc="encoder_gan %s" % args.precision, unit="step",
+                   dynamic_ncols=True, mininterval=0.5)
+        train_start = steady_start = time.time()
+        result = {}
+        for step in range(args.steps):
+            fetch_dict = {
+                "step": graph.global_step,
+                "e_loss": graph.e_loss,
+                # The meat: one update op for every group.
+                "e_opt": graph.update_opt_op,
+                "loss_recon": graph.loss_recon,
+                "loss_scale": graph.train.loss_scale,
+                "skipped": graph.skipped_total,
+            }
+            if not graph.encoder_only:
+                fetch_dict.update({
+                    "d_loss": graph.d_loss,
+                    "loss_disc": graph.loss_disc,
+                })
+            if (step + 1) % args.log_every == 0 or step == 0:
+                fetch_dict["summary_occasional"] = graph.summary_occasional
+            batch = images[rng.randint(0, len(images), args.batch_size)]
+            result = sess.run(fetch_dict, {graph.images: batch})
+            if step == 0:
+                steady_start = time.time()
+            if "summary_occasional" in result:
+                writer.add_summary(result["summary_occasional"], step + 1)
+            postfix = {"e_loss": "%.4f" % result["e_loss"],
+                       "scale": "%g" % result["loss_scale"],
+                       "skipped": int(result["skipped"])}
+            if not graph.encoder_only:
+                postfix["d_loss"] = "%.3f" % result["d_loss"]
+            bar.set_postfix(refresh=False, **postfix)
+            bar.update(1)
+        bar.close()
+        train_end = time.time()
+        graph.saver.save(sess, os.path.join(args.out, common.CHECKPOINT_BASENAME),
+                         global_step=args.steps)
+        writer.close()
+        codes, recon_loss = sess.run([graph.codes, graph.loss_recon], {graph.images: images})
+        applied, skipped, final_scale = sess.run(
+            [graph.global_step, graph.skipped, graph.current_scale])
+
+    codes = codes.astype(np.float64)
+    per_step = ((train_end - steady_start) / (args.steps - 1) if args.steps > 1
+                else train_end - train_start)
+    report = {
+        "steps": args.steps,
+        "global_step": int(applied),
+        "skipped_steps": int(skipped),
+        "final_loss_scale": float(final_scale),
+        "encoder_only": graph.encoder_only,
+        "final_e_loss": float(result["e_loss"]),
+        "final_loss_recon": float(result["loss_recon"]),
+        "reconstruction_mse_all_digits": float(recon_loss),
+        # With the adversarial term the codes should look like N(0, 1).
+        "code_mean_abs": round(float(np.mean(np.abs(codes.mean(axis=0)))), 4),
+        "code_std_mean": round(float(np.mean(codes.std(axis=0))), 4),
+        "seconds_per_step": round(per_step, 5),
+        "total_seconds": round(time.time() - start_time, 2),
+        "precision": args.precision,
+        "backend": graph.backend,
+        "device": args.device,
+        "conv": graph.conv_impl,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+    }
+    if not graph.encoder_only:
+        report["final_d_loss"] = float(result["d_loss"])
+        report["final_loss_disc"] = float(result["loss_disc"])
+    common.write_json(os.path.join(args.out, "metrics.json"), report)
+    losses = "e_loss %.4f (reconstruction %.4f)" % (report["final_e_loss"],
+                                                    report["final_loss_recon"])
+    if not graph.encoder_only:
+        losses += ", d_loss %.4f" % report["final_d_loss"]
+    print("encoder_gan %s%s: %d steps (%d skipped), loss scale %g, %s, codes: mean |mu| "
+          "%.3f, mean std %.3f"
+          % (args.precision, " --encoder-only" if graph.encoder_only else "", args.steps,
+             report["skipped_steps"], report["final_loss_scale"], losses,
+             report["code_mean_abs"], report["code_std_mean"]))
+    print("outputs in %s: metrics.json, checkpoint, TensorBoard events"
+          % os.path.abspath(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The GAN examples: smoke runs, resume, the quality metric, bad input.
+
+The examples run as subprocesses (``sys.executable``), each in its own TF
+process, with tiny step counts and batches. The metric module is imported
+directly (it needs no TensorFlow).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GAN_DIR = os.path.join(REPO, "examples", "gan")
+DCGAN = os.path.join(GAN_DIR, "dcgan.py")
+ENCODER_GAN = os.path.join(GAN_DIR, "encoder_gan.py")
+sys.path.insert(0, GAN_DIR)
+
+import digits  # noqa: E402
+import metrics  # noqa: E402
+
+TINY_DCGAN = ["--steps", "4", "--batch-size", "8", "--eval-samples", "40",
+              "--log-every", "2", "--ckpt-every", "2"]
+TINY_ENCODER = ["--steps", "3", "--batch-size", "8", "--log-every", "2"]
+METRICS_KEYS = {"steps", "skipped_steps", "final_loss_scale", "inception_score",
+                "class_coverage", "seconds_per_step", "precision", "backend",
+                "real_inception_score"}
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def run(script, *args):
+    return subprocess.run([sys.executable, script] + list(args), env=_env(),
+                          capture_output=True, text=True, timeout=240)
+
+
+def _check(proc, stdout, stderr):
+    assert proc.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (
+        proc.returncode, stdout, stderr[-4000:])
+    return stdout
+
+
+def ok(script, *args):
+    proc = run(script, *args)
+    return _check(proc, proc.stdout, proc.stderr)
+
+
+class Background(object):
+    """A script started at once; ``wait()`` asserts it succeeded, returns stdout."""
+
+    def __init__(self, script, *args):
+        self._proc = subprocess.Popen([sys.executable, script] + list(args), env=_env(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      universal_newlines=True)
+        self._output = None
+
+    def wait(self):
+        if self._output is None:
+            self._output = self._proc.communicate(timeout=300)
+        return _check(self._proc, *self._output)
+
+
+def read_metrics(out):
+    with open(os.path.join(str(out), "metrics.json")) as handle:
+        return json.load(handle)
+
+
+def checkpoint_variables(out):
+    prefix = tf.train.latest_checkpoint(str(out))
+    reader = tf.train.load_checkpoint(prefix)
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(prefix)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The four smoke runs, started together (each is mostly TF start-up)."""
+    root = tmp_path_factory.mktemp("runs")
+    outs = {name: root / name for name in ("dcgan", "dcgan_shim", "encoder", "encoder_shim")}
+    started = {
+        "dcgan": Background(DCGAN, "--precision", "fp16", "--backend", "is_finite",
+                            "--out", str(outs["dcgan"]), *TINY_DCGAN),
+        "dcgan_shim": Background(DCGAN, "--npu-shim", "--backend", "npu",
+                                 "--out", str(outs["dcgan_shim"]), *TINY_DCGAN),
+        "encoder": Background(ENCODER_GAN, "--backend", "is_finite",
+                              "--out", str(outs["encoder"]), *TINY_ENCODER),
+        "encoder_shim": Background(ENCODER_GAN, "--npu-shim", "--backend", "npu",
+                                   "--encoder-only", "--out", str(outs["encoder_shim"]),
+                                   *TINY_ENCODER),
+    }
+    yield {name: (started[name], outs[name]) for name in started}
+    for proc in started.values():
+        try:
+            proc.wait()
+        except AssertionError:
+            pass  # reported by the test that uses it
+
+
+# ---------------------------------------------------------------------------
+# Smoke runs.
+# ---------------------------------------------------------------------------
+
+def test_dcgan_fp16_is_finite_writes_every_output(runs):
+    proc, out = runs["dcgan"]
+    stdout = proc.wait()
+    result = read_metrics(out)
+    assert METRICS_KEYS <= set(result)
+    assert result["backend"] == "is_finite" and result["precision"] == "fp16"
+    assert result["steps"] == 4 == result["global_step"] + result["skipped_steps"]
+    assert 1.0 <= result["inception_score"] <= 10.0
+    for name in ("samples.png", "curves.png", "history.json", "checkpoint",
+                 "model.ckpt-4.index", "model.ckpt-2.index"):
+        assert os.path.isfile(os.path.join(str(out), name)), name
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(str(out)))
+    assert "outputs in" in stdout
+
+
+def test_dcgan_npu_shim_backend(runs):
+    proc, out = runs["dcgan_shim"]
+    proc.wait()
+    result = read_metrics(out)
+    assert result["backend"] == "npu"
+    assert result["global_step"] + result["skipped_steps"] == 4
+
+
+def test_encoder_gan_is_finite(runs):
+    proc, out = runs["encoder"]
+    proc.wait()
+    result = read_metrics(out)
+    assert result["backend"] == "is_finite" and result["encoder_only"] is False
+    assert result["global_step"] + result["skipped_steps"] == 3
+    assert np.isfinite(result["final_d_loss"])
+    assert any(name.startswith("discriminator/") for name in checkpoint_variables(out))
+
+
+def test_encoder_only_npu_shim_has_no_discriminator(runs):
+    proc, out = runs["encoder_shim"]
+    proc.wait()
+    result = read_metrics(out)
+    assert result["backend"] == "npu" and result["encoder_only"] is True
+    assert "final_d_loss" not in result
+    names = checkpoint_variables(out)
+    assert not any(name.startswith("discriminator/") for name in names)
+    assert any(name.startswith("encoder/") for name in names)
+
+
+# ---------------------------------------------------------------------------
+# Resume.
+# ---------------------------------------------------------------------------
+
+def test_resume_continues_global_step_and_loss_scale(runs):
+    proc, out = runs["dcgan"]
+    proc.wait()
+    first = checkpoint_variables(out)
+    first_metrics = read_metrics(out)
+    ok(DCGAN, "--precision", "fp16", "--backend", "is_finite", "--out", str(out),
+       "--resume", *(TINY_DCGAN[:1] + ["8"] + TINY_DCGAN[2:]))
+    second = checkpoint_variables(out)
+    result = read_metrics(out)
+    assert result["resumed"] is True and result["steps_this_run"] == 4
+    assert int(second["global_step"]) + int(second["skipped_steps"]) == 8
+    assert result["global_step"] == int(second["global_step"])
+    # The dynamic manager's state went on from the checkpoint: its count of
+    # good steps since the last change kept growing (a fresh start would be
+    # back at 4), and the scale the resumed run used first is the saved one.
+    applied_now = int(second["global_step"]) - int(first["global_step"])
+    assert int(second["dynamic_loss_scale/good_steps"]) == (
+        int(first["dynamic_loss_scale/good_steps"]) + applied_now)
+    with open(os.path.join(str(out), "history.json")) as handle:
+        rows = json.load(handle)["rows"]
+    assert [row[0] for row in rows] == list(range(1, 9))
+    assert rows[4][3] == float(first["dynamic_loss_scale/loss_scale"]) == \
+        first_metrics["final_loss_scale"]
+
+
+# ---------------------------------------------------------------------------
+# The metric.
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reference():
+    images, labels = digits.load_digits()
+    return images, metrics.reference(images, labels, seed=0)
+
+
+def test_real_digits_score_high_and_cover_every_class(reference):
+    images, ref = reference
+    assert ref.real_score > 8.0
+    assert ref.real_accuracy > 0.9
+    score, coverage = ref.classifier.score(images)
+    assert score > 8.0 and coverage == 10
+
+
+def test_constant_images_score_about_one(reference):
+    images, ref = reference
+    score, coverage = ref.classifier.score(np.repeat(images[:1], 500, axis=0))
+    assert score == pytest.approx(1.0, abs=1e-6) and coverage == 1
+    score, _ = ref.classifier.score(np.full((500, 16, 16), 0.3, np.float32))
+    assert score == pytest.approx(1.0, abs=1e-6)
+
+
+def test_inception_score_by_hand():
+    assert metrics.inception_score(np.eye(10)) == pytest.approx(10.0)
+    assert metrics.inception_score(np.full((7, 10), 0.1)) == pytest.approx(1.0)
+    two = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0]])
+    # KL(one-hot || (1/4, 3/4)) is log 4 for the first row, log 4/3 for the rest.
+    expected = np.exp((np.log(4.0) + 3 * np.log(4.0 / 3.0)) / 4)
+    assert metrics.inception_score(two) == pytest.approx(expected)
+    probs = np.zeros((200, 10))
+    probs[:, 0] = 1.0
+    probs[:3, 0], probs[:3, 1] = 0.0, 1.0  # 1.5% of the rows: covered
+    probs[3:4, 0], probs[3:4, 2] = 0.0, 1.0  # 0.5%: not covered
+    assert metrics.class_coverage(probs) == 2
+
+
+# ---------------------------------------------------------------------------
+# Bad input: non-zero exit, one line on stderr, no checkpoint written.
+# ---------------------------------------------------------------------------
+
+def _bad_cases(tmp):
+    blocker = tmp / "a_file"
+    blocker.write_text("not a directory")
+    no_x = tmp / "no_x.npz"
+    np.savez(str(no_x), y_train=np.arange(3))
+    flat = tmp / "flat.npz"
+    np.savez(str(flat), x_train=np.zeros((5, 784)))
+    out = str(tmp / "out")
+    return {
+        "precision": (["--precision", "fp8", "--out", out], out),
+        "backend": (["--backend", "gpu", "--out", out], out),
+        "device": (["--device", "tpu", "--out", out], out),
+        "loss_scale": (["--loss-scale", "fixed:0.5", "--out", out], out),
+        "loss_scale_kind": (["--loss-scale", "static", "--out", out], out),
+        "steps_zero": (["--steps", "0", "--out", out], out),
+        "steps_negative": (["--steps", "-5", "--out", out], out),
+        "unwritable_out": (["--out", str(blocker / "out")], str(blocker / "out")),
+        "resume_without_checkpoint": (["--resume", "--out", out], out),
+        "npu_without_npu_bridge": (["--device", "npu", "--out", out], out),
+        "backend_npu_without_npu_bridge": (["--backend", "npu", "--out", out], out),
+        "missing_data": (["--data", str(tmp / "missing.npz"), "--out", out], out),
+        "data_without_x_train": (["--data", str(no_x), "--out", out], out),
+        "data_wrong_shape": (["--data", str(flat), "--out", out], out),
+    }
+
+
+BAD_CASES = [
+    "precision", "backend", "device", "loss_scale", "loss_scale_kind", "steps_zero",
+    "steps_negative", "unwritable_out", "resume_without_checkpoint",
+    "npu_without_npu_bridge", "backend_npu_without_npu_bridge", "missing_data",
+    "data_without_x_train", "data_wrong_shape"]
+
+
+def _assert_clean_failure(proc, prog, out):
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("%s: error: " % prog), lines[0]
+    if os.path.isdir(out):
+        assert os.listdir(out) == [], os.listdir(out)
+
+
+NPU_CASES = ("npu_without_npu_bridge", "backend_npu_without_npu_bridge")
+
+
+def _npu_bridge_installed():
+    proc = subprocess.run([sys.executable, "-c",
+                           "import importlib.util, sys; "
+                           "sys.exit(importlib.util.find_spec('npu_bridge') is None)"],
+                          env=_env())
+    return proc.returncode == 0
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_dcgan_bad_input(tmp_path, case):
+    if case in NPU_CASES and _npu_bridge_installed():
+        pytest.skip("a real npu_bridge is installed here, so --device/--backend npu is valid")
+    args, out = _bad_cases(tmp_path)[case]
+    if case == "resume_without_checkpoint":
+        os.makedirs(out)
+    proc = run(DCGAN, *args)
+    _assert_clean_failure(proc, "dcgan.py", out)
+
+
+@pytest.mark.parametrize("case", ["precision", "steps_zero", "unwritable_out",
+                                  "npu_without_npu_bridge", "missing_data"])
+def test_encoder_gan_bad_input(tmp_path, case):
+    if case in NPU_CASES and _npu_bridge_installed():
+        pytest.skip("a real npu_bridge is installed here, so --device/--backend npu is valid")
+    args, out = _bad_cases(tmp_path)[case]
+    proc = run(ENCODER_GAN, *args)
+    _assert_clean_failure(proc, "encoder_gan.py", out)
