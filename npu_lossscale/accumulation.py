@@ -37,12 +37,6 @@ class GradientAccumulator(object):
                                     name=var.op.name.replace("/", "_"))
                         for _, var in pairs]
 
-    @property
-    def variables(self):
-        """Every state variable: counter, window flags, accumulators."""
-        slots = [v for name in sorted(self._slots) for v in self._slots[name]]
-        return [self.micro_step, self.window_flags] + slots
-
     def accumulate(self, groups, flags):
         """Ops adding this run's gradients and flags to the window.
 

@@ -18,14 +18,9 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale._step import dense_values
+
 BACKENDS = ("auto", "is_finite", "npu")
-
-
-def _values(tensor):
-    """The dense values of a gradient (IndexedSlices from embedding lookups)."""
-    if isinstance(tensor, tf.IndexedSlices):
-        return tensor.values
-    return tensor
 
 
 #: Dense gradients with fewer elements than this are read together with the
@@ -69,7 +64,7 @@ class IsFiniteBackend(object):
             sums = []
             small = collections.OrderedDict()
             for tensor in tensors:
-                values = _values(tensor)
+                values = dense_values(tensor)
                 shape = values.shape
                 if shape.is_fully_defined() and shape.num_elements() < SMALL_GRADIENT_ELEMENTS:
                     key = (values.dtype.base_dtype, tuple(shape.as_list()))
@@ -125,7 +120,7 @@ class NpuFloatStatusBackend(object):
           A float32 scalar tensor, ordered after the register is cleared.
         """
         gen = self._gen_ops
-        deps = [_values(t) for t in list(tensors) + list(after)]
+        deps = [dense_values(t) for t in list(tensors) + list(after)]
         with tf.name_scope("npu_float_status"):
             if self.uses_v2:
                 with tf.control_dependencies(deps):

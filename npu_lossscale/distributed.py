@@ -31,9 +31,6 @@ class HorovodEngine(object):
     def __init__(self, hvd):
         self._hvd = hvd
 
-    def size(self):
-        return self._hvd.size()
-
     def sum(self, tensor):
         """Allreduce-sum of a dense tensor."""
         return self._hvd.allreduce(tensor, op=self._hvd.Sum)
@@ -51,9 +48,6 @@ class HcclEngine(object):
     def __init__(self, hccl_ops, rank_size):
         self._hccl_ops = hccl_ops
         self._rank_size = rank_size
-
-    def size(self):
-        return self._rank_size
 
     def sum(self, tensor):
         return self._hccl_ops.allreduce(tensor, "sum")
