@@ -11,6 +11,8 @@ checkpoints a window in progress and a restore continues it exactly.
 
 from __future__ import absolute_import, division, print_function
 
+import collections
+
 import tensorflow.compat.v1 as tf
 
 
@@ -58,6 +60,28 @@ class GradientAccumulator(object):
                     ops.append(tf.assign_add(slot, tf.cast(grad, tf.float32)).op)
         return ops
 
+    def sums(self, groups):
+        """The window's summed gradients, float32 tensors read from the slots.
+
+        Args:
+          groups: the mapping of (gradient, variable) pairs (for the variables).
+
+        Returns:
+          Ordered mapping from group name to (float32 sum, variable) pairs.
+        """
+        return collections.OrderedDict(
+            (name, [(slot.read_value(), var)
+                    for slot, (_, var) in zip(self._slots[name], pairs)])
+            for name, pairs in groups.items())
+
+    def means_of(self, sums):
+        """Window means of ``sums`` (as from ``sums``), in each variable's dtype."""
+        inv = 1.0 / self.steps
+        return collections.OrderedDict(
+            (name, [(tf.cast(total * inv, var.dtype.base_dtype), var)
+                    for total, var in pairs])
+            for name, pairs in sums.items())
+
     def means(self, groups):
         """The window's mean gradients, in each variable's dtype.
 
@@ -67,13 +91,7 @@ class GradientAccumulator(object):
         Returns:
           Ordered mapping from group name to (mean gradient, variable) pairs.
         """
-        result = {}
-        inv = 1.0 / self.steps
-        for name, pairs in groups.items():
-            result[name] = [
-                (tf.cast(slot.read_value() * inv, var.dtype.base_dtype), var)
-                for slot, (_, var) in zip(self._slots[name], pairs)]
-        return result
+        return self.means_of(self.sums(groups))
 
     def reset(self):
         """Ops that zero the accumulators, the window flags and the counter."""

@@ -22,7 +22,10 @@ What ``build`` puts in the graph, under the name scope ``loss_scale/``:
 
 With ``accumulation_steps=N`` steps 1-4 run every time; the gradients are
 added to float32 accumulators, and the cond of step 5, with the manager
-updates, runs once per window of N runs, on the window's mean gradient.
+updates, runs once per window of N runs, on the window's mean gradient. With
+a ``distributed`` engine the window is closed by a run of ``update_op`` after
+N-1 runs of ``accumulate_op``, so that the flags and gradients are reduced
+once per window, at the top level of the graph.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -43,7 +46,8 @@ SKIP_POLICIES = ("all", "per_group")
 
 class TrainOps(collections.namedtuple(
         "TrainOps", ["update_op", "is_finite", "loss_scale", "grads_and_vars",
-                     "applied", "window_end", "group_is_finite", "loss_scales"])):
+                     "applied", "window_end", "group_is_finite", "loss_scales",
+                     "accumulate_op"])):
     """What ``MultiOptimizerLossScale.build`` returns.
 
     Fetch the tensors in the same ``session.run`` as ``update_op``.
@@ -51,8 +55,16 @@ class TrainOps(collections.namedtuple(
     Attributes:
       update_op: the single op to run each step, in place of the per-optimizer
         ``minimize`` ops. It applies every group (or none) and updates the
-        loss scale.
-      is_finite: bool scalar, this run's overflow decision (all groups).
+        loss scale. With accumulation and no ``distributed`` engine, run it
+        for every micro-batch: it closes the window by itself at the last
+        one. With accumulation and an engine, it *closes* the window: run
+        ``accumulate_op`` for the first ``accumulation_steps - 1``
+        micro-batches and ``update_op`` for the last (the one loop that also
+        works without an engine).
+      is_finite: bool scalar, this run's overflow decision (all groups). With
+        accumulation and an engine it is the window's decision, across all
+        workers; fetch it with ``update_op`` only (fetched with
+        ``accumulate_op`` it would run the collectives too).
       loss_scale: float32 scalar, the builder manager's scale used for this
         run (before the manager's update).
       grads_and_vars: dict from group name to the list of unscaled
@@ -64,6 +76,11 @@ class TrainOps(collections.namedtuple(
       group_is_finite: dict from group name to that group's bool decision for
         this run (all equal to ``is_finite`` on a single status read).
       loss_scales: dict from group name to the float32 scale that group used.
+      accumulate_op: with accumulation, the op that adds one micro-batch to
+        the window without closing it: local work only, no collective and no
+        cond. Running it for the window's last micro-batch (or ``update_op``
+        with an engine before the last one) fails the run with an
+        InvalidArgumentError and changes nothing. None without accumulation.
     """
 
 
@@ -136,8 +153,10 @@ class MultiOptimizerLossScale(object):
       allreduce_gradients: with ``distributed``, average the gradients across
         workers (outside the cond). Pass False when the optimizers already do
         it (``hvd.DistributedOptimizer``) or for worker-local gradients such
-        as SOK embeddings. With accumulation the gradients are reduced every
-        run (a collective at the window's end would need a cond around it).
+        as SOK embeddings. With accumulation the window's summed gradients
+        and flags are reduced once per window, by ``update_op``; the
+        micro-batches before it run ``accumulate_op``, which holds no
+        collective, so no collective ever needs a cond around it.
 
     Raises:
       TypeError: if the manager lacks the protocol, or a flag is not a bool.
@@ -301,11 +320,14 @@ class MultiOptimizerLossScale(object):
           global_step: an integer variable, or None. It advances by exactly one
             per applied step (per applied window with accumulation), never on a
             skipped one, however many groups there are.
-          accumulation_steps: each run of ``update_op`` is one micro-step; every
-            this many runs the mean of their unscaled gradients is applied once,
-            if every micro-step of the window was finite (all or nothing). The
-            loss scale is constant within a window and the managers update once
-            per window, at its end.
+          accumulation_steps: each run of ``update_op`` (or ``accumulate_op``)
+            is one micro-step; every this many runs the mean of their unscaled
+            gradients is applied once, if every micro-step of the window was
+            finite (all or nothing). The loss scale is constant within a window
+            and the managers update once per window, at its end. With a
+            ``distributed`` engine, close each window with ``update_op`` after
+            ``accumulation_steps - 1`` runs of ``accumulate_op`` (see
+            ``TrainOps``).
           count_skipped_steps: if True, ``global_step`` advances on every step
             (every window end), applied or skipped, as TF-GAN's separate step
             increment does.
@@ -352,34 +374,38 @@ class MultiOptimizerLossScale(object):
             grads = collections.OrderedDict(
                 (group.name, _step.unscale(scaled[group.name], scales[id(group.manager)][1]))
                 for group in self._groups)
-            unique_flags = _unique(f for f in flags.values() if f is not None)
-            if self._engine is not None:
-                flags, unique_flags = self._reduce(flags, unique_flags, grads)
-            decided = dict((id(f), _step.finite_from(f, all_grads, "group_is_finite"))
-                           for f in unique_flags)
-            if any(flag is None for flag in flags.values()):  # unchecked groups
-                decided[id(None)] = _step.finite_from(None, all_grads)
-            group_finite = collections.OrderedDict(
-                (name, decided[id(flag)]) for name, flag in flags.items())
-            is_finite = _all_true(_unique(group_finite.values()))
-            is_finite = tf.identity(is_finite, name="is_finite")
             scale_reads = [scale for scale, _ in scales.values()]
-
+            accumulate_op = None
+            if accumulation_steps > 1 and self._engine is not None:
+                (group_finite, applied, accumulate_op,
+                 reduced) = self._reduce_once_per_window(
+                     grads, flags, accumulation_steps, global_step,
+                     count_skipped_steps, scale_reads)
+                window_end = tf.constant(True, name="window_end")
+            else:
+                if self._engine is not None:
+                    flags = self._reduce(flags, grads)
+                group_finite = self._decisions(flags, all_grads)
+            is_finite = tf.identity(_all_true(_unique(group_finite.values())),
+                                    name="is_finite")
             if accumulation_steps == 1:
                 applied = self._apply_and_update(
                     grads, group_finite, global_step, count_skipped_steps, scale_reads)
                 window_end = tf.constant(True, name="window_end")
-            else:
-                applied, window_end = self._accumulate_then_apply(
+            elif self._engine is None:
+                applied, window_end, accumulate_op = self._accumulate_then_apply(
                     grads, flags, accumulation_steps, global_step,
                     count_skipped_steps, scale_reads)
+            else:
+                grads = reduced
             update_op = tf.group(applied.op, name="update")
 
         return TrainOps(
             update_op=update_op, is_finite=is_finite,
             loss_scale=scales[id(self._manager)][0], grads_and_vars=dict(grads),
             applied=applied, window_end=window_end, group_is_finite=dict(group_finite),
-            loss_scales=dict((g.name, scales[id(g.manager)][0]) for g in self._groups))
+            loss_scales=dict((g.name, scales[id(g.manager)][0]) for g in self._groups),
+            accumulate_op=accumulate_op)
 
     # -- scales and gradients -------------------------------------------------
 
@@ -502,20 +528,37 @@ class MultiOptimizerLossScale(object):
             result[group.name] = pairs
         return result
 
-    def _reduce(self, flags, unique_flags, grads):
-        """Sums the flags across workers and, if asked, averages the gradients
-        in place in ``grads``. Both collectives sit outside every cond."""
+    def _reduce(self, flags, grads):
+        """Sums the flags across workers (one collective) and, if asked,
+        averages the gradients in place in ``grads``. Both sit outside every
+        cond.
+
+        Returns:
+          The ordered dict of summed flags (None stays None).
+        """
+        unique_flags = _unique(f for f in flags.values() if f is not None)
         if unique_flags:
             summed = dict(zip([id(f) for f in unique_flags],
                               _distributed.reduce_flags(self._engine, unique_flags)))
             flags = collections.OrderedDict(
                 (name, None if flag is None else summed[id(flag)])
                 for name, flag in flags.items())
-            unique_flags = _unique(f for f in flags.values() if f is not None)
         if self._allreduce_gradients:
             for name in grads:
                 grads[name] = _distributed.reduce_gradients(self._engine, grads[name])
-        return flags, unique_flags
+        return flags
+
+    @staticmethod
+    def _decisions(flags, after):
+        """Group name -> bool decision, one tensor per distinct flag, each
+        ordered after every tensor in ``after`` (the step's gradients)."""
+        decided = {}
+        for flag in flags.values():
+            if id(flag) not in decided:
+                decided[id(flag)] = _step.finite_from(
+                    flag, after, "is_finite" if flag is None else "group_is_finite")
+        return collections.OrderedDict(
+            (name, decided[id(flag)]) for name, flag in flags.items())
 
     # -- applying -------------------------------------------------------------
 
@@ -565,11 +608,12 @@ class MultiOptimizerLossScale(object):
         """Adds this run to the window; at its last run applies the mean.
 
         Returns:
-          (applied, window_end) bool scalars.
+          (applied, window_end, accumulate_op): two bool scalars and the
+          op that adds a micro-batch without closing the window.
         """
         accumulator = _accumulation.GradientAccumulator(grads, steps)
-        flag_vector = tf.stack([tf.zeros([]) if flags[n] is None else flags[n]
-                                for n in grads])
+        flag_vector = _flag_vector(flags, grads)
+        accumulate_op = _accumulate_only(accumulator, grads, flag_vector)
         with tf.control_dependencies(accumulator.accumulate(grads, flag_vector) + after):
             window_end = tf.equal(accumulator.micro_step.read_value(), steps - 1,
                                   name="window_end")
@@ -591,4 +635,84 @@ class MultiOptimizerLossScale(object):
                 return tf.constant(False)
 
         applied = tf.cond(window_end, at_window_end, mid_window, name="window")
-        return applied, window_end
+        return applied, window_end, accumulate_op
+
+    def _reduce_once_per_window(self, grads, flags, steps, global_step, count_skipped,
+                                after):
+        """Accumulation with an engine: collectives once per window, never in a cond.
+
+        ``accumulate_op`` adds a micro-batch locally. The closing run (the
+        update op) adds the last one, then sums the window's flags across
+        workers in one collective and, if asked, averages the window's summed
+        gradients; all of it at the top level. Every worker then decides the
+        same way, applies the mean or nothing, and resets its window.
+
+        Returns:
+          (group_finite, applied, accumulate_op, means): the window's
+          decisions, the bool "applied", the accumulate op, and the ordered
+          dict of the (reduced) window-mean (gradient, variable) pairs.
+        """
+        accumulator = _accumulation.GradientAccumulator(grads, steps)
+        flag_vector = _flag_vector(flags, grads)
+        accumulate_op = _accumulate_only(accumulator, grads, flag_vector)
+        with tf.name_scope("close_window"):
+            last = _window_position_check(accumulator, last=True)
+            with tf.control_dependencies([last]):
+                adds = accumulator.accumulate(grads, flag_vector)
+            with tf.control_dependencies(adds):
+                sums = accumulator.sums(grads)
+                window_flags = accumulator.window_flags.read_value()
+        with tf.name_scope("reduce_overflow_flags"):
+            window_flags = self._engine.sum(window_flags)
+        if self._allreduce_gradients:
+            for name in sums:
+                sums[name] = _distributed.reduce_gradients(self._engine, sums[name])
+        means = accumulator.means_of(sums)
+        all_means = [g for pairs in means.values() for g, _ in pairs]
+        group_finite = self._decisions(collections.OrderedDict(
+            (name, None if flags[name] is None else window_flags[i])
+            for i, name in enumerate(grads)), all_means)
+        applied = self._apply_and_update(means, group_finite, global_step, count_skipped,
+                                         after)
+        # The window's values are read (and reduced) before they are zeroed.
+        with tf.control_dependencies([applied] + all_means):
+            resets = accumulator.reset()
+        with tf.control_dependencies(resets):
+            applied = tf.identity(applied, name="window_applied")
+        return group_finite, applied, accumulate_op, means
+
+
+def _flag_vector(flags, names):
+    """One float32 flag per group, in ``names`` order (0 for unchecked)."""
+    return tf.stack([tf.zeros([]) if flags[n] is None else flags[n] for n in names],
+                    name="flags")
+
+
+def _window_position_check(accumulator, last):
+    """An assert that this run is (``last``) or is not the window's last."""
+    position = accumulator.micro_step.read_value()
+    steps = accumulator.steps
+    if last:
+        ok = tf.equal(position, steps - 1)
+        message = ("update_op closes an accumulation window of %d micro-batches, "
+                   "so it must follow exactly %d runs of accumulate_op; it followed"
+                   % (steps, steps - 1))
+        fix = ("runs. Run accumulate_op for the first %d micro-batches of each "
+               "window and update_op for the last." % (steps - 1))
+    else:
+        ok = tf.less(position, steps - 1)
+        message = "accumulate_op ran after"
+        fix = ("runs of accumulate_op in a window of %d micro-batches; the last "
+               "micro-batch belongs to update_op, which closes the window. Run "
+               "update_op for the last micro-batch of each window." % steps)
+    return tf.Assert(ok, [message, position, fix], name="window_position")
+
+
+def _accumulate_only(accumulator, grads, flag_vector):
+    """The op adding one micro-batch that is not its window's last."""
+    with tf.name_scope("accumulate_only"):
+        check = _window_position_check(accumulator, last=False)
+        with tf.control_dependencies([check]):
+            adds = accumulator.accumulate(grads, flag_vector)
+        with tf.control_dependencies(adds):
+            return tf.group(accumulator.advance(), name="accumulate_op")

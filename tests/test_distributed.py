@@ -18,7 +18,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import REPO
+from conftest import REPO, snapshot_globals
 from graph_walk import collectives_inside_conds, collectives_outside_conds
 from models import two_group_gan
 
@@ -83,6 +83,12 @@ def test_two_ranks_with_accumulation(tmp_path):
     applied = [r["applied"] for r in rank0["records"]]
     assert applied == [False, True, False, False, False, True]  # window 2 holds step 2
     assert applied == [r["applied"] for r in rank1["records"]]
+    finite = [r["finite"] for r in rank0["records"][1::2]]  # the closing runs
+    assert finite == [r["finite"] for r in rank1["records"][1::2]] == [True, False, True]
+    # The reduction runs once per window, in the closing run: one flag sum
+    # and one allreduce per gradient (4 variables); micro-batches run none.
+    for records in (rank0["records"], rank1["records"]):
+        assert [r["collectives"] for r in records] == [0, 5, 0, 5, 0, 5]
     for name, value in rank0["weights"].items():
         assert np.array_equal(value, rank1["weights"][name]), name
 
@@ -125,6 +131,8 @@ def test_no_collective_inside_any_cond(engine, policy, accumulation, allreduce, 
             if engine == "hccl":  # one worker: the shim's allreduce is the identity
                 with tf.Session() as sess:
                     sess.run(tf.global_variables_initializer())
+                    for _ in range(accumulation - 1):  # the window's first micro-batches
+                        sess.run(train.accumulate_op, model.feed)
                     assert sess.run([train.update_op, train.is_finite], model.feed)[1]
     finally:
         if engine == "hccl":
@@ -182,3 +190,133 @@ def test_distributed_optimizer_with_allreduce_is_a_double_reduction(graph):
     # the conds this library builds holds a collective.
     assert collectives_inside_conds(tf.get_default_graph(), only_ours=True) == []
     assert collectives_inside_conds(tf.get_default_graph())  # Horovod's own
+
+
+# -- accumulation with an engine: one reduction per window --------------------
+
+WINDOW = 3
+
+
+def _window_model(distributed, policy="all", allreduce=True, backend="is_finite"):
+    """The two-group model under accumulation; returns (model, train, manager, gs)."""
+    model = two_group_gan(compute_dtype=tf.float16)
+    manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 10, growth_steps=2)
+    scaler = nl.MultiOptimizerLossScale(manager, backend=backend, skip_policy=policy,
+                                        distributed=distributed,
+                                        allreduce_gradients=allreduce)
+    scaler.add(model.d_loss, tf.train.AdamOptimizer(0.01), var_list=model.d_vars, name="d")
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(0.01), var_list=model.g_vars, name="g")
+    gs = tf.train.get_or_create_global_step()
+    return model, scaler.build(global_step=gs, accumulation_steps=WINDOW), manager, gs
+
+
+def _micro_batches(model, windows, poison=()):
+    """Feeds for ``windows`` windows; micro-batch indices in ``poison`` overflow."""
+    rng = np.random.RandomState(5)
+    feeds = []
+    for i in range(windows * WINDOW):
+        feed = {model.x: rng.normal(0, 1, model.x.shape.as_list()).astype(np.float32)}
+        if i in poison:
+            feed[model.poison_g] = np.inf
+        feeds.append(feed)
+    return feeds
+
+
+def _collective_names(graph):
+    """Collective ops by type, or by their own name for the shim's stand-ins
+    (not by name scope: "allreduce_gradients/truediv" is arithmetic)."""
+    from graph_walk import is_collective
+    return set(op.name for op in graph.get_operations()
+               if is_collective(op.type, op.name.rsplit("/", 1)[-1]))
+
+
+def _no_grappler():
+    # Grappler may fold the shim's identity-backed allreduce away; keep it.
+    config = tf.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
+
+
+@pytest.mark.parametrize("allreduce", [True, False])
+def test_window_reduces_once_per_window_and_never_inside_a_cond(npu_shim, allreduce):
+    with tf.Graph().as_default() as graph:
+        model, train, _, _ = _window_model("hccl", allreduce=allreduce)
+        assert collectives_inside_conds(graph) == []
+        collectives = _collective_names(graph)
+        executed = []
+        with tf.Session(config=_no_grappler()) as sess:
+            sess.run(tf.global_variables_initializer())
+            for i, feed in enumerate(_micro_batches(model, 2)):
+                op = train.update_op if i % WINDOW == WINDOW - 1 else train.accumulate_op
+                meta = tf.RunMetadata()
+                sess.run(op, feed, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                         run_metadata=meta)
+                names = set(node.node_name for dev in meta.step_stats.dev_stats
+                            for node in dev.node_stats)
+                executed.append(len(names & collectives))
+    # One flag reduction, plus one allreduce per gradient (4 variables), only
+    # in the run that closes each window.
+    per_window = 1 + (4 if allreduce else 0)
+    assert executed == [0, 0, per_window, 0, 0, per_window]
+
+
+@pytest.mark.parametrize("policy", ["all", "per_group"])
+def test_window_with_an_engine_equals_the_single_worker_window(npu_shim, policy):
+    """One worker: reducing once per window (hccl shim, identity allreduce) must
+    give bit for bit what the engine-free accumulation gives."""
+    def run(distributed):
+        with tf.Graph().as_default():
+            tf.set_random_seed(0)
+            model, train, manager, gs = _window_model(distributed, policy)
+            feeds = _micro_batches(model, 3, poison={4})  # window 2 overflows in g
+            records = []
+            with tf.Session() as sess:
+                sess.run(tf.global_variables_initializer())
+                for i, feed in enumerate(feeds):
+                    last = i % WINDOW == WINDOW - 1
+                    # The accumulate_op/update_op loop, which works with or
+                    # without an engine.
+                    if last:
+                        records.append(sess.run(
+                            [train.update_op, train.applied, train.group_is_finite], feed)[1:])
+                    else:
+                        sess.run(train.accumulate_op, feed)
+                return records, snapshot_globals(sess)
+
+    plain_records, plain = run(None)
+    window_records, windowed = run("hccl")
+    g_finite = [True, False, True]  # per window
+    assert [r[0] for r in window_records] == [r[0] for r in plain_records] == (
+        g_finite if policy == "all" else [True] * 3)
+    # With an engine group_is_finite is the window's decision; without one it
+    # is this run's (the closing micro-batch was finite in every window).
+    assert [r[1]["g"] for r in window_records] == g_finite
+    assert [r[1]["d"] for r in window_records] == (g_finite if policy == "all" else [True] * 3)
+    assert [r[1]["g"] for r in plain_records] == [True] * 3
+    assert sorted(plain) == sorted(windowed)
+    for name in plain:
+        assert np.array_equal(plain[name], windowed[name]), name
+
+
+def test_window_misuse_fails_the_run_and_changes_nothing(npu_shim):
+    with tf.Graph().as_default():
+        model, train, _, _ = _window_model("hccl")
+        feed = _micro_batches(model, 1)[0]
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            start = snapshot_globals(sess)
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="Run accumulate_op for the first 2 micro-batches"):
+                sess.run(train.update_op, feed)  # closes a window after 0 of 2
+            sess.run(train.accumulate_op, feed)
+            sess.run(train.accumulate_op, feed)
+            middle = snapshot_globals(sess)
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="Run update_op for the last micro-batch"):
+                sess.run(train.accumulate_op, feed)  # a third add: the window's last
+            after = snapshot_globals(sess)
+    for name in start:
+        if "accumulate/" not in name:
+            assert np.array_equal(start[name], middle[name]), name
+        assert np.array_equal(middle[name], after[name]), name
+    assert after["loss_scale/accumulate/micro_step"] == 2

@@ -279,3 +279,46 @@ def test_bad_per_group_manager(graph):
     with pytest.raises(TypeError, match="loss_scale_manager must have get_loss_scale"):
         scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars,
                    loss_scale_manager="dynamic")
+
+
+def test_accumulate_op_loop_equals_update_op_every_run(graph):
+    """accumulate_op for the first micro-batches and update_op for the last
+    (the loop an engine requires) gives bit for bit what running update_op
+    for every micro-batch gives; accumulate_op refuses a window's last."""
+    make_opt = lambda: tf.train.AdamOptimizer(0.1)
+
+    def run(use_accumulate_op):
+        with tf.Graph().as_default():
+            train, (x, y, _, w, b), _ = _accumulating(make_opt)
+            feeds = _micro_feeds(x, y)
+            with tf.Session() as sess:
+                sess.run(tf.global_variables_initializer())
+                for i, feed in enumerate(feeds * 2):  # two windows
+                    last = i % 4 == 3
+                    sess.run(train.accumulate_op if use_accumulate_op and not last
+                             else train.update_op, feed)
+                result = snapshot_globals(sess)
+                if use_accumulate_op:  # a third window, closed wrongly
+                    for feed in feeds[:3]:
+                        sess.run(train.accumulate_op, feed)
+                    before = snapshot_globals(sess)
+                    with pytest.raises(tf.errors.InvalidArgumentError,
+                                       match="Run update_op for the last micro-batch"):
+                        sess.run(train.accumulate_op, feeds[3])
+                    after = snapshot_globals(sess)
+                    for name in before:
+                        assert np.array_equal(before[name], after[name]), name
+                return result
+
+    every_run, split = run(False), run(True)
+    assert every_run["global_step"] == 2
+    assert sorted(every_run) == sorted(split)
+    for name in every_run:
+        assert np.array_equal(every_run[name], split[name]), name
+
+
+def test_accumulate_op_is_none_without_accumulation(graph):
+    model = two_group_gan()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8))
+    scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars)
+    assert scaler.build().accumulate_op is None

@@ -20,4 +20,4 @@ def test_all_is_pinned():
 def test_train_ops_fields():
     assert npu_lossscale.TrainOps._fields == (
         "update_op", "is_finite", "loss_scale", "grads_and_vars",
-        "applied", "window_end", "group_is_finite", "loss_scales")
+        "applied", "window_end", "group_is_finite", "loss_scales", "accumulate_op")

@@ -4,7 +4,10 @@ Each rank trains the same two-group float16 model on different data through
 ``MultiOptimizerLossScale(distributed="horovod")``. Rank 1 injects an overflow
 at step 2 (0-based). Every step's decision, scale and global step, and the
 final weights, go to ``<out>/rank<R>.json``; ``<out>/rank<R>.progress`` gets a
-line per finished step so a hung run can say which rank stalled.
+line per finished step so a hung run can say which rank stalled. With
+``--accumulate N`` the first N-1 micro-batches of a window run
+``accumulate_op`` and the last ``update_op``; each record counts the Horovod
+collectives that run executed.
 
 Usage: dp_worker.py OUT_DIR [--no-allreduce] [--accumulate N] [--steps N]
 """
@@ -52,6 +55,9 @@ def main():
     gs = tf.train.get_or_create_global_step()
     train = scaler.build(global_step=gs, accumulation_steps=args.accumulate)
     broadcast = hvd.broadcast_global_variables(0)
+    collectives = set(op.name for op in tf.get_default_graph().get_operations()
+                      if op.type.startswith("Horovod"))
+    trace = tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE)
 
     data = np.random.RandomState(100 + rank)  # different data per rank
     records = []
@@ -62,13 +68,21 @@ def main():
             feed = {model.x: data.normal(0, 1, [8, 4]).astype(np.float32)}
             if rank == INJECT_RANK and step == INJECT_STEP:
                 feed[model.poison_g] = np.inf
-            out = sess.run({"update": train.update_op, "finite": train.is_finite,
-                            "scale_used": train.loss_scale, "applied": train.applied}, feed)
+            meta = tf.RunMetadata()
+            if step % args.accumulate == args.accumulate - 1:  # closes a window
+                fetches = {"update": train.update_op, "finite": train.is_finite,
+                           "scale_used": train.loss_scale, "applied": train.applied}
+            else:  # local accumulation: no collective may run
+                fetches = {"update": train.accumulate_op, "scale_used": train.loss_scale}
+            out = sess.run(fetches, feed, options=trace, run_metadata=meta)
+            executed = set(node.node_name for dev in meta.step_stats.dev_stats
+                           for node in dev.node_stats)
             scale_now, step_now = sess.run([manager.get_loss_scale(), gs])
-            records.append({"step": step, "finite": bool(out["finite"]),
-                            "applied": bool(out["applied"]),
+            records.append({"step": step, "finite": bool(out.get("finite", True)),
+                            "applied": bool(out.get("applied", False)),
                             "scale_used": float(out["scale_used"]),
-                            "scale_after": float(scale_now), "global_step": int(step_now)})
+                            "scale_after": float(scale_now), "global_step": int(step_now),
+                            "collectives": len(executed & collectives)})
             progress.write("step %d\n" % step)
             progress.flush()
         weights = {v.op.name: sess.run(v).tolist() for v in model.d_vars + model.g_vars}
