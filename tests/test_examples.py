@@ -294,3 +294,17 @@ def test_encoder_gan_bad_input(tmp_path, case):
     args, out = _bad_cases(tmp_path)[case]
     proc = run(ENCODER_GAN, *args)
     _assert_clean_failure(proc, "encoder_gan.py", out)
+
+
+def test_dcgan_distributed_without_horovod(tmp_path):
+    """--distributed horovod where Horovod is missing: one clean error line.
+    (The two-rank run itself is in test_distributed.py, on TF 2.15.1.)"""
+    proc = subprocess.run([sys.executable, "-c",
+                           "import importlib.util, sys; "
+                           "sys.exit(importlib.util.find_spec('horovod') is None)"], env=_env())
+    if proc.returncode == 0:
+        pytest.skip("Horovod is installed here; test_distributed.py runs the example")
+    out = str(tmp_path / "out")
+    proc = run(DCGAN, "--distributed", "horovod", "--out", out)
+    _assert_clean_failure(proc, "dcgan.py", out)
+    assert "--distributed horovod needs Horovod" in proc.stderr

@@ -17,10 +17,19 @@ Run (about 3 minutes on 2 CPU cores)::
 Outputs in --out: samples.png, curves.png, metrics.json, history.json,
 checkpoints (model.ckpt-*) and TensorBoard events. --resume continues from the
 latest checkpoint there (same global step, loss scale and skipped count).
+
+Data-parallel with Horovod (each rank draws its own batches; rank 0 alone
+writes the outputs; every rank prints a digest of its variables at the end,
+equal on all ranks)::
+
+  horovodrun -np 2 -H localhost:2 --gloo python examples/gan/dcgan.py \
+      --distributed horovod --out runs/dcgan-dp
 """
 
 from __future__ import absolute_import, division, print_function
 
+import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -72,6 +81,10 @@ def parse_args(argv):
                         help="Adam learning rate of both networks (default: %(default)s)")
     parser.add_argument("--eval-samples", type=common.positive_int, default=EVAL_SAMPLES,
                         help="generated images scored at the end (default: %(default)s)")
+    parser.add_argument("--distributed", choices=("horovod",), default=None,
+                        help="data-parallel training under horovodrun: every rank "
+                             "trains on its own batches of --batch-size, rank 0 "
+                             "writes the outputs (default: one process)")
     args = parser.parse_args(argv)
     if not (args.learning_rate > 0.0 and np.isfinite(args.learning_rate)):
         parser.error("argument --learning-rate: must be > 0, got %r" % args.learning_rate)
@@ -146,10 +159,12 @@ def generator_average(tf, global_step, after):
 class Graph(object):
     """The training graph: placeholders, losses, the TrainOps and summaries."""
 
-    def __init__(self, tf, nl, args):
+    def __init__(self, tf, nl, args, workers=None):
         dtype = tf.float16 if args.precision == "fp16" else tf.float32
         impl = self.conv_impl = common.conv_impl(args)
-        tf.set_random_seed(args.seed)
+        # Each rank draws its own noise; its initial weights differ too until
+        # the broadcast below replaces them with rank 0's.
+        tf.set_random_seed(args.seed + (workers.rank if workers else 0))
         self.real = tf.placeholder(tf.float32, [None, 16, 16, 1], name="real")
         batch = tf.shape(self.real)[0]
         z = tf.random_normal(tf.stack([batch, Z_DIM]), name="z")
@@ -168,7 +183,8 @@ class Graph(object):
         self.g_loss = tf.identity(common.xent(tf, fake_logits, 1.0), name="g_loss")
 
         self.manager = common.make_manager(nl, args.loss_scale)
-        scaler = nl.MultiOptimizerLossScale(self.manager, backend=args.backend)
+        scaler = nl.MultiOptimizerLossScale(self.manager, backend=args.backend,
+                                            distributed=args.distributed)
         scaler.add(self.d_loss,
                    tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
                    var_list=tf.trainable_variables("discriminator"), name="discriminator")
@@ -202,6 +218,10 @@ class Graph(object):
         ])
         self.init = tf.global_variables_initializer()
         self.saver = tf.train.Saver(max_to_keep=3)
+        # Every rank starts from rank 0's weights, Adam slots, loss scale and
+        # counters (after its initialisation or rank 0's restore).
+        self.broadcast = workers.broadcast_global_variables(0) if workers else None
+        self.all_variables = tf.global_variables()
 
 
 # ---------------------------------------------------------------------------
@@ -297,37 +317,89 @@ def load_data(args):
     return images[..., None] * 2.0 - 1.0, score_images, score_labels
 
 
+class Workers(object):
+    """The ranks of a ``--distributed horovod`` run, after ``hvd.init()``."""
+
+    def __init__(self, hvd):
+        self._hvd = hvd
+        self.rank = hvd.rank()
+        self.size = hvd.size()
+        self.local_rank = hvd.local_rank()
+
+    def broadcast_global_variables(self, root_rank):
+        return self._hvd.broadcast_global_variables(root_rank)
+
+
+HOROVOD_MISSING = ("--distributed horovod needs Horovod with TensorFlow support (%s); "
+                   "`make test` builds it into .venv-tf215")
+
+
+def check_horovod(args):
+    """Fails fast, before TF starts, when --distributed horovod cannot work."""
+    if args.distributed is not None and importlib.util.find_spec("horovod") is None:
+        raise common.UsageError(HOROVOD_MISSING % "no module named 'horovod'")
+
+
+def start_workers(args):
+    """``hvd.init()`` for --distributed horovod; None for one process."""
+    if args.distributed is None:
+        return None
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as error:
+        raise common.UsageError(HOROVOD_MISSING % error)
+    hvd.init()
+    return Workers(hvd)
+
+
 def main(argv=None):
     start_time = time.time()
     args = parse_args(argv)
     try:
         common.check_npu_bridge(args)
+        check_horovod(args)
         resume_from = common.check_resume(args)
         try:
             train_images, score_images, score_labels = load_data(args)
         except digits.DataError as error:
             raise common.UsageError(str(error))
-        common.check_out_dir(args.out)
+        if args.distributed is None:
+            common.check_out_dir(args.out)
         common.tensorflow_environment(args.device)
         # Imported only now: a bad flag costs no TF start-up.
         import tensorflow.compat.v1 as tf
         common.graph_mode(tf)
         common.check_gpu(tf, args)
+        workers = start_workers(args)
+        if workers is not None and workers.rank == 0:
+            common.check_out_dir(args.out)  # only rank 0 writes
         nl = common.import_npu_lossscale()
         common.load_npu_bridge(args)
-        graph = Graph(tf, nl, args)
+        graph = Graph(tf, nl, args, workers)
         config = common.session_config(tf, args)
+        if workers is not None and args.device == "gpu":
+            config.gpu_options.visible_device_list = str(workers.local_rank)
         return train(tf, args, graph, config, resume_from, train_images,
-                     score_images, score_labels, start_time)
+                     score_images, score_labels, start_time, workers)
     except common.UsageError as error:
         common.fail(PROG, error)
 
 
+def variables_digest(values):
+    """A short sha256 of every variable's value (equal ranks, equal digests)."""
+    digest = hashlib.sha256()
+    for value in values:
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()[:16]
+
+
 def train(tf, args, graph, config, resume_from, train_images, score_images,
-          score_labels, start_time):
+          score_labels, start_time, workers=None):
     from tqdm import tqdm
+    rank = workers.rank if workers else 0
+    lead = rank == 0  # the one process that writes outputs and checkpoints
     with tf.Session(config=config) as sess:
-        if resume_from:
+        if resume_from and lead:
             try:
                 graph.saver.restore(sess, resume_from)
             except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
@@ -337,19 +409,22 @@ def train(tf, args, graph, config, resume_from, train_images, score_images,
                     % (resume_from,))
         else:
             sess.run(graph.init)
+        if graph.broadcast is not None:
+            sess.run(graph.broadcast)
         applied, skipped = (int(v) for v in sess.run([graph.global_step, graph.skipped]))
         start = applied + skipped
         if start >= args.steps:
             raise common.UsageError(
                 "--resume: the checkpoint is already at step %d and --steps is %d; pass "
                 "a larger --steps to train further" % (start, args.steps))
-        history = load_history(args.out, start) if resume_from else []
-        writer = tf.summary.FileWriter(args.out, None if resume_from else sess.graph)
-        rng = np.random.RandomState(args.seed + 7919 * start)
+        history = load_history(args.out, start) if resume_from and lead else []
+        writer = (tf.summary.FileWriter(args.out, None if resume_from else sess.graph)
+                  if lead else None)
+        rng = np.random.RandomState(args.seed + 7919 * start + 104729 * rank)
         ckpt_path = os.path.join(args.out, common.CHECKPOINT_BASENAME)
 
         bar = tqdm(total=args.steps, initial=start, desc="dcgan %s" % args.precision,
-                   unit="step", dynamic_ncols=True, mininterval=0.5)
+                   unit="step", dynamic_ncols=True, mininterval=0.5, disable=not lead)
         train_start = steady_start = time.time()
         result = {}
         for step in range(start, args.steps):
@@ -363,7 +438,7 @@ def train(tf, args, graph, config, resume_from, train_images, score_images,
                 "skipped": graph.skipped_total,
                 "train": graph.step_op,  # the ONE update op for both networks
             }
-            if (step + 1) % args.log_every == 0 or step == start:
+            if lead and ((step + 1) % args.log_every == 0 or step == start):
                 fetch_dict["summary"] = graph.summary
             result = sess.run(fetch_dict, {graph.real: batch})
             if step == start:
@@ -376,12 +451,20 @@ def train(tf, args, graph, config, resume_from, train_images, score_images,
                             scale="%g" % result["loss_scale"], skipped=int(result["skipped"]),
                             refresh=False)
             bar.update(1)
-            if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
+            if lead and (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
                 graph.saver.save(sess, ckpt_path, global_step=step + 1)
                 save_history(args.out, history)
         bar.close()
         train_end = time.time()
         steps_run = args.steps - start
+        if workers is not None:
+            print("rank %d/%d: global step %d, loss scale %g, variables digest %s"
+                  % (rank, workers.size, sess.run(graph.global_step),
+                     sess.run(graph.current_scale),
+                     variables_digest(sess.run(graph.all_variables))))
+            sys.stdout.flush()
+            if not lead:
+                return 0
         graph.saver.save(sess, ckpt_path, global_step=args.steps)
         save_history(args.out, history)
         writer.flush()
@@ -420,6 +503,7 @@ def train(tf, args, graph, config, resume_from, train_images, score_images,
         "loss_scale_manager": args.loss_scale[0] if args.loss_scale[1] is None
         else "fixed:%g" % args.loss_scale[1],
         "batch_size": args.batch_size,
+        "ranks": workers.size if workers else 1,
         "learning_rate": args.learning_rate,
         "seed": args.seed,
         "resumed": bool(resume_from),
