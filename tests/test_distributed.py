@@ -33,6 +33,19 @@ WORKER = os.path.join(REPO, "tests", "distributed", "dp_worker.py")
 RUN_TIMEOUT = 240
 
 
+def _fail_stalled(out_dir):
+    stalled = []
+    for rank in (0, 1):
+        path = os.path.join(str(out_dir), "rank%d.progress" % rank)
+        lines = open(path).read().split() if os.path.exists(path) else []
+        stalled.append("rank %d: %s" % (rank, " ".join(lines[-2:]) or "no step finished"))
+    pytest.fail("2-rank run hung for %ds; last progress: %s" % (RUN_TIMEOUT, "; ".join(stalled)))
+
+
+def _results(out_dir):
+    return [json.load(open(os.path.join(str(out_dir), "rank%d.json" % r))) for r in (0, 1)]
+
+
 def _horovodrun(out_dir, *worker_args):
     """Runs dp_worker.py on 2 ranks; a hang fails and names the stalled rank."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -43,14 +56,36 @@ def _horovodrun(out_dir, *worker_args):
         done = subprocess.run(command + list(worker_args), capture_output=True, text=True,
                               timeout=RUN_TIMEOUT, env=env, cwd=REPO)
     except subprocess.TimeoutExpired:
-        stalled = []
-        for rank in (0, 1):
-            path = os.path.join(str(out_dir), "rank%d.progress" % rank)
-            lines = open(path).read().split() if os.path.exists(path) else []
-            stalled.append("rank %d: %s" % (rank, " ".join(lines[-2:]) or "no step finished"))
-        pytest.fail("2-rank run hung for %ds; last progress: %s" % (RUN_TIMEOUT, "; ".join(stalled)))
+        _fail_stalled(out_dir)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return [json.load(open(os.path.join(str(out_dir), "rank%d.json" % r))) for r in (0, 1)]
+    return _results(out_dir)
+
+
+def _hccl_run(out_dir, *worker_args):
+    """Runs dp_worker.py as two HCCL ranks on the npu shim (saturation mode),
+    one process per rank as on Ascend; a hang fails and names the stalled rank."""
+    rendezvous = os.path.join(str(out_dir), "hccl")
+    os.makedirs(rendezvous)
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3",
+                   RANK_SIZE="2", RANK_ID=str(rank), NPU_SHIM_HCCL_DIR=rendezvous,
+                   NPU_SHIM_HCCL_TIMEOUT=str(RUN_TIMEOUT // 2), INF_NAN_MODE_ENABLE="0")
+        procs.append(subprocess.Popen(
+            [sys.executable, WORKER, str(out_dir), "--engine", "hccl"] + list(worker_args),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+            env=env, cwd=REPO))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=RUN_TIMEOUT)[0])
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        _fail_stalled(out_dir)
+    for rank, (proc, output) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, "rank %d:\n%s" % (rank, output[-4000:])
+    return _results(out_dir)
 
 
 @needs_horovod
@@ -88,6 +123,35 @@ def test_two_ranks_with_accumulation(tmp_path):
     # The reduction runs once per window, in the closing run: one flag sum
     # and one allreduce per gradient (4 variables); micro-batches run none.
     for records in (rank0["records"], rank1["records"]):
+        assert [r["collectives"] for r in records] == [0, 5, 0, 5, 0, 5]
+    for name, value in rank0["weights"].items():
+        assert np.array_equal(value, rank1["weights"][name]), name
+
+
+def test_hccl_ranks_agree_on_an_overflow_only_one_register_saw(tmp_path):
+    """Ascend's float-status register is per device. Rank 1's overflow
+    saturates (finite values), so only its register sees it; the summed flag
+    makes rank 0 skip too, and the ranks stay identical."""
+    rank0, rank1 = _hccl_run(tmp_path)
+    for a, b in zip(rank0["records"], rank1["records"]):
+        assert a["finite"] == b["finite"] == (a["step"] != 2), (a, b)
+        assert a["scale_after"] == b["scale_after"] and a["global_step"] == b["global_step"]
+    assert [r["scale_after"] for r in rank0["records"]] == [1024.0, 1024.0, 512.0, 512.0]
+    for name, value in rank0["weights"].items():
+        assert np.array_equal(value, rank1["weights"][name]), name
+
+
+def test_hccl_without_gradient_allreduce_rank0_still_skips(tmp_path):
+    rank0, rank1 = _hccl_run(tmp_path, "--no-allreduce")
+    assert [r["applied"] for r in rank0["records"]] == [True, True, False, True]
+    assert [r["applied"] for r in rank1["records"]] == [True, True, False, True]
+    assert any(not np.array_equal(v, rank1["weights"][k]) for k, v in rank0["weights"].items())
+
+
+def test_hccl_ranks_reduce_once_per_window(tmp_path):
+    rank0, rank1 = _hccl_run(tmp_path, "--accumulate", "2", "--steps", "6")
+    for records in (rank0["records"], rank1["records"]):
+        assert [r["applied"] for r in records] == [False, True, False, False, False, True]
         assert [r["collectives"] for r in records] == [0, 5, 0, 5, 0, 5]
     for name, value in rank0["weights"].items():
         assert np.array_equal(value, rank1["weights"][name]), name

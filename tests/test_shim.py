@@ -557,3 +557,34 @@ def test_v1_behaviour_ref_variables_subprocess():
     assert out["reads_inf_nan"] == 1 and out["reads_saturation"] == 1
     assert out["v1_has_v2"] is False
     assert out["v1_protocol"] == [True, False, True]
+
+
+def test_hccl_allreduce_across_processes_through_files(npu, monkeypatch, tmp_path):
+    """RANK_SIZE=2 with NPU_SHIM_HCCL_DIR: this process is rank 0 and rank 1's
+    contribution is written by hand, as the other process would write it.
+    (tests/test_distributed.py runs two real processes.)"""
+    hccl = npu.hccl
+    gen_ops = sys.modules["npu_bridge._gen_npu_ops"]
+    monkeypatch.setenv("RANK_SIZE", "2")
+    monkeypatch.setenv("NPU_SHIM_HCCL_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK_ID", "2")
+    with tf.Graph().as_default():
+        t = tf.constant([1.5, -2.0, 3.0], tf.float16)
+        with pytest.raises(ValueError, match=r"RANK_ID must be in \[0, 2\), got '2'"):
+            hccl.allreduce(t, "sum")
+    monkeypatch.setenv("RANK_ID", "0")
+    monkeypatch.setattr(gen_ops, "HCCL_TIMEOUT", 0.5)
+    with tf.Graph().as_default():
+        t = tf.constant([1.5, -2.0, 3.0], tf.float16)
+        summed, largest = hccl.allreduce(t, "sum"), hccl.allreduce(t, "max")
+        assert summed.shape.as_list() == [3] and summed.dtype == tf.float16
+        other = np.array([0.25, 4.0, -8.0], np.float16)
+        np.save(str(tmp_path / "hcom0.0.1.npy"), other)  # rank 1, first call
+        np.save(str(tmp_path / "hcom1.0.1.npy"), other)
+        with tf.Session() as sess:
+            s, m = sess.run([summed, largest])
+            np.testing.assert_array_equal(s, np.array([1.5, -2.0, 3.0], np.float16) + other)
+            np.testing.assert_array_equal(m, [1.5, 4.0, 3.0])
+            # Rank 1 never arrives for the second call: a timeout naming it.
+            with pytest.raises(tf.errors.OpError, match=r"call 1\) on rank 0 waited .*\[1\]"):
+                sess.run(summed)

@@ -178,6 +178,8 @@ _SKIP_TYPES = frozenset([
     "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
     "PartitionedCall", "StatefulPartitionedCall", "SymbolicGradient",
     "Reshape", "Squeeze", "ExpandDims", "NoOp",
+    # Host-side Python (the shim's multi-process HcomAllReduce among them).
+    "PyFunc", "EagerPyFunc",
 ])
 _SKIP_PREFIXES = ("Stack", "TensorArray", "TensorList", "Queue", "Iterator",
                   "MultiDeviceIterator", "Optional", "Assign", "Scatter", "Debug",

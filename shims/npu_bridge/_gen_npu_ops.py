@@ -17,7 +17,11 @@ NpuGetFloatStatus(x)   | float32 [8] status; if ``x`` is a ref (the alloc
 NpuClearFloatStatus(x) | float32 zeros shaped like ``x``; clears the register.
 NpuGetFloatStatusV2()  | int32 [8] status (word 0 = 1 after an overflow).
 NpuClearFloatStatusV2()| tf.Operation (no outputs); clears the register.
-HcomAllReduce(...)     | identity (one worker), same dtype/shape as input.
+HcomAllReduce(...)     | identity (one worker), same dtype/shape as input;
+                       | with RANK_SIZE > 1 and NPU_SHIM_HCCL_DIR set, a
+                       | real reduction across the RANK_SIZE processes
+                       | through files in that directory (see
+                       | ``_FileAllReduce``).
 
 The v2 functions are only visible when the shim op set is "v2" (see
 ``npu_bridge._emulation.op_set``); this is checked on every attribute access.
@@ -25,7 +29,9 @@ The v2 functions are only visible when the shim op set is "v2" (see
 from __future__ import absolute_import, division, print_function
 
 import os
+import time
 
+import numpy as np
 import tensorflow.compat.v1 as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as _ops
@@ -153,20 +159,19 @@ _V2_OPS = {
 
 # -------------------------------------------------------------------- hccl
 def hcom_all_reduce(input, reduction, group, fusion, fusion_id, name=None):  # pylint: disable=redefined-builtin
-    """Emulated HcomAllReduce for a single worker: identity."""
+    """Emulated HcomAllReduce: identity for one worker, else across processes."""
     if reduction not in _HCOM_REDUCTIONS:
         raise ValueError("HcomAllReduce: reduction must be one of %s, got %r"
                          % (_HCOM_REDUCTIONS, reduction))
     rank_size = int(os.environ.get("RANK_SIZE", "").strip() or 1)
-    if rank_size != 1:
-        raise NotImplementedError(
-            "npu_bridge shim: HcomAllReduce is only emulated for one worker "
-            "(RANK_SIZE=1); RANK_SIZE=%d" % rank_size)
     x = tf.convert_to_tensor(input)
     if x.dtype.base_dtype not in _HCOM_DTYPES:
         raise TypeError("HcomAllReduce: dtype %s not in %s"
                         % (x.dtype.name, [d.name for d in _HCOM_DTYPES]))
-    out = _gen_array_ops.identity(x, name=name or "HcomAllReduce")
+    if rank_size == 1:
+        out = _gen_array_ops.identity(x, name=name or "HcomAllReduce")
+    else:
+        out = _multi_process_all_reduce(x, reduction, rank_size, name or "HcomAllReduce")
     op = out.op
     _emu.tag_op(op, "HcomAllReduce")
     op._set_attr("_npu_shim_reduction", attr_value_pb2.AttrValue(s=reduction.encode()))  # pylint: disable=protected-access
@@ -174,6 +179,92 @@ def hcom_all_reduce(input, reduction, group, fusion, fusion_id, name=None):  # p
     op._set_attr("_npu_shim_fusion", attr_value_pb2.AttrValue(i=int(fusion)))  # pylint: disable=protected-access
     op._set_attr("_npu_shim_fusion_id", attr_value_pb2.AttrValue(i=int(fusion_id)))  # pylint: disable=protected-access
     return out
+
+
+# Seconds a rank waits for the others at one allreduce before failing.
+HCCL_TIMEOUT = float(os.environ.get("NPU_SHIM_HCCL_TIMEOUT", "120"))
+_NUMPY_REDUCE = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}
+
+
+def _multi_process_all_reduce(x, reduction, rank_size, name):
+    directory = os.environ.get("NPU_SHIM_HCCL_DIR", "").strip()
+    if not directory:
+        raise NotImplementedError(
+            "npu_bridge shim: HcomAllReduce across RANK_SIZE=%d processes needs "
+            "NPU_SHIM_HCCL_DIR, a directory shared by all of them (the shim "
+            "exchanges tensors through files there); RANK_SIZE=1 is the identity"
+            % rank_size)
+    try:
+        rank = int(os.environ.get("RANK_ID", ""))
+    except ValueError:
+        rank = -1
+    if not 0 <= rank < rank_size:
+        raise ValueError("npu_bridge shim: RANK_ID must be in [0, %d), got %r"
+                         % (rank_size, os.environ.get("RANK_ID")))
+    graph = tf.get_default_graph()
+    # Every rank builds the same graph, so the n-th allreduce built is the
+    # same collective on every rank.
+    index = len(graph.get_collection(_HCOM_COLLECTION))
+    graph.add_to_collection(_HCOM_COLLECTION, index)
+    reducer = _FileAllReduce(directory, rank, rank_size, "hcom%d" % index, reduction)
+    out = tf.py_func(reducer, [x], x.dtype.base_dtype, stateful=True, name=name)
+    out.set_shape(x.shape)
+    return out
+
+
+_HCOM_COLLECTION = "npu_shim_hcom_all_reduce"
+
+
+class _FileAllReduce(object):
+    """One emulated collective: each call is one allreduce across the ranks.
+
+    Call ``n`` of rank ``r`` writes ``<dir>/<key>.<n>.<r>.npy`` (through a
+    rename, so it appears whole), waits until every rank's file for call
+    ``n`` exists, and reduces them in rank order, so every rank computes the
+    same result bit for bit. A rank that has read every file of call ``n``
+    knows every rank finished call ``n - 1``, so it then removes its own file
+    of call ``n - 1``. A rank that does not arrive within ``HCCL_TIMEOUT``
+    seconds fails the run with the missing ranks' ids, like a hung HCCL job
+    reports its timeout, instead of hanging.
+    """
+
+    def __init__(self, directory, rank, rank_size, key, reduction):
+        self._directory = directory
+        self._rank = rank
+        self._rank_size = rank_size
+        self._key = key
+        self._reduction = reduction
+        self._calls = 0
+
+    def _path(self, call, rank):
+        return os.path.join(self._directory, "%s.%d.%d.npy" % (self._key, call, rank))
+
+    def __call__(self, value):
+        call = self._calls
+        self._calls += 1
+        mine = self._path(call, self._rank)
+        with open(mine + ".tmp", "wb") as handle:
+            np.save(handle, value)
+        os.replace(mine + ".tmp", mine)
+        deadline = time.time() + HCCL_TIMEOUT
+        values = []
+        for rank in range(self._rank_size):
+            path = self._path(call, rank)
+            while not os.path.exists(path):
+                if time.time() > deadline:
+                    missing = [r for r in range(self._rank_size)
+                               if not os.path.exists(self._path(call, r))]
+                    raise RuntimeError(
+                        "npu_bridge shim: HcomAllReduce %s (call %d) on rank %d waited "
+                        "%gs for rank(s) %s" % (self._key, call, self._rank,
+                                                HCCL_TIMEOUT, missing))
+                time.sleep(0.001)
+            values.append(np.load(path))
+        if call > 0:
+            os.remove(self._path(call - 1, self._rank))
+        stacked = np.stack(values)
+        result = _NUMPY_REDUCE[self._reduction](stacked, axis=0)
+        return np.asarray(result, dtype=value.dtype)
 
 
 # ------------------------------------------------------------ op-set gate

@@ -10,6 +10,11 @@ line per finished step so a hung run can say which rank stalled. With
 collectives that run executed.
 
 Usage: dp_worker.py OUT_DIR [--no-allreduce] [--accumulate N] [--steps N]
+                    [--engine horovod|hccl]
+
+``--engine hccl`` runs on the npu shim's multi-process HcomAllReduce instead
+(started once per rank with RANK_ID, RANK_SIZE and NPU_SHIM_HCCL_DIR, no
+Horovod needed).
 """
 
 import argparse
@@ -25,12 +30,56 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import horovod.tensorflow as hvd  # noqa: E402
-
 import npu_lossscale as nl  # noqa: E402
 from models import two_group_gan  # noqa: E402
 
 INJECT_RANK, INJECT_STEP = 1, 2
+SHIMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shims")
+
+
+class Horovod(object):
+    """Rank, broadcast and collective op types of a horovodrun worker."""
+
+    backend = "is_finite"
+    poison = np.inf
+
+    def __init__(self):
+        import horovod.tensorflow as hvd
+        hvd.init()
+        self._hvd = hvd
+        self.rank, self.size = hvd.rank(), hvd.size()
+
+    def broadcast(self):
+        return self._hvd.broadcast_global_variables(0)
+
+    @staticmethod
+    def is_collective(op):
+        return op.type.startswith("Horovod")
+
+
+class Hccl(object):
+    """An HCCL worker on the npu shim (RANK_ID, RANK_SIZE, NPU_SHIM_HCCL_DIR).
+
+    The shim runs in saturation mode (INF_NAN_MODE_ENABLE=0): the injected
+    overflow saturates to a finite 65504, so only this rank's float-status
+    register sees it, and the other rank learns of it through the summed flag.
+    """
+
+    backend = "npu"
+    poison = 1e5  # float16 max is 65504
+
+    def __init__(self):
+        sys.path.insert(0, SHIMS)
+        import npu_bridge  # noqa: F401  (installs the emulation)
+        self.rank, self.size = int(os.environ["RANK_ID"]), int(os.environ["RANK_SIZE"])
+
+    @staticmethod
+    def broadcast():
+        return None  # same seed on every rank: the initial weights are equal
+
+    @staticmethod
+    def is_collective(op):
+        return op.name.rsplit("/", 1)[-1].startswith("HcomAllReduce")
 
 
 def main():
@@ -39,35 +88,38 @@ def main():
     parser.add_argument("--no-allreduce", action="store_true")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--engine", choices=("horovod", "hccl"), default="horovod")
     args = parser.parse_args()
 
     tf.disable_eager_execution()
-    hvd.init()
-    rank = hvd.rank()
+    engine = (Horovod if args.engine == "horovod" else Hccl)()
+    rank = engine.rank
     progress = open(os.path.join(args.out, "rank%d.progress" % rank), "w")
 
     model = two_group_gan(compute_dtype=tf.float16, seed=1)  # same init on every rank
     manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 10, growth_steps=100)
-    scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite", distributed="horovod",
+    scaler = nl.MultiOptimizerLossScale(manager, backend=engine.backend,
+                                        distributed=args.engine,
                                         allreduce_gradients=not args.no_allreduce)
     scaler.add(model.d_loss, tf.train.AdamOptimizer(0.01), var_list=model.d_vars, name="d")
     scaler.add(model.g_loss, tf.train.AdamOptimizer(0.01), var_list=model.g_vars, name="g")
     gs = tf.train.get_or_create_global_step()
     train = scaler.build(global_step=gs, accumulation_steps=args.accumulate)
-    broadcast = hvd.broadcast_global_variables(0)
+    broadcast = engine.broadcast()
     collectives = set(op.name for op in tf.get_default_graph().get_operations()
-                      if op.type.startswith("Horovod"))
+                      if engine.is_collective(op))
     trace = tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE)
 
     data = np.random.RandomState(100 + rank)  # different data per rank
     records = []
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
-        sess.run(broadcast)
+        if broadcast is not None:
+            sess.run(broadcast)
         for step in range(args.steps):
             feed = {model.x: data.normal(0, 1, [8, 4]).astype(np.float32)}
             if rank == INJECT_RANK and step == INJECT_STEP:
-                feed[model.poison_g] = np.inf
+                feed[model.poison_g] = engine.poison
             meta = tf.RunMetadata()
             if step % args.accumulate == args.accumulate - 1:  # closes a window
                 fetches = {"update": train.update_op, "finite": train.is_finite,
@@ -87,7 +139,7 @@ def main():
             progress.flush()
         weights = {v.op.name: sess.run(v).tolist() for v in model.d_vars + model.g_vars}
     with open(os.path.join(args.out, "rank%d.json" % rank), "w") as handle:
-        json.dump({"rank": rank, "size": hvd.size(), "records": records,
+        json.dump({"rank": rank, "size": engine.size, "records": records,
                    "weights": weights}, handle)
 
 
