@@ -19,7 +19,6 @@ VARIANT_LABELS = {
     "builder_npu": "builder, npu on the CPU shim",
     "peer_a": "peer A: TF MixedPrecisionLossScaleOptimizer x groups",
     "peer_b": "peer B: per-optimizer npu pattern, is_finite",
-    "builder_proposal": "builder + proposal.py (not in the library)",
 }
 
 
@@ -176,7 +175,7 @@ def markdown(results):
                     model, variant, item.get("reason", "?")))
                 continue
             verdict = ""
-            if variant in ("builder", "builder_proposal"):
+            if variant == "builder":
                 v = row_targets(config, variant)
                 verdict = "floor %s, A %s, build %s" % (
                     _yes(v["floor"]), _yes(v["peer_a"]), _yes(v["build"]))
@@ -243,9 +242,9 @@ def plot(results, path):
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
     configs = results["configs"]
-    shown = ["builder", "peer_a", "peer_b", "builder_proposal"]
+    shown = ["builder", "peer_a", "peer_b"]
     colors = {"builder": "tab:blue", "peer_a": "tab:orange", "peer_b": "tab:green",
-              "builder_proposal": "tab:purple", "floor": "black"}
+              "floor": "black"}
     fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
 
     ax = axes[0]

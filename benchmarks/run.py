@@ -51,8 +51,6 @@ def _parse(argv):
                         help="output folder (default: the benchmarks/ folder)")
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds R")
     parser.add_argument("--steps", type=int, default=None, help="timed steps K per round")
-    parser.add_argument("--proposal", action="store_true",
-                        help="add the row builder_proposal (proposal.py patched in)")
     parser.add_argument("--no-npu", action="store_true", help="leave out the shim row")
     parser.add_argument("--onednn", action="store_true",
                         help="keep TF's oneDNN graph rewrites on (see ONEDNN_NOTE)")
@@ -120,15 +118,8 @@ def plan(quick):
 # Building.
 # ---------------------------------------------------------------------------
 
-def _builders(with_proposal):
-    builders = collections.OrderedDict((v, variants.BUILDERS[v]) for v in variants.VARIANTS)
-    if with_proposal:
-        def build_proposal(model):
-            import proposal  # pylint: disable=import-outside-toplevel
-            with proposal.patched():
-                return variants.build_builder(model)
-        builders["builder_proposal"] = build_proposal
-    return builders
+def _builders():
+    return collections.OrderedDict((v, variants.BUILDERS[v]) for v in variants.VARIANTS)
 
 
 def build_graph(spec, build, seed):
@@ -290,7 +281,7 @@ def _paired(a, b):
     return harness.median_iqr(ratios)
 
 
-def summarize(configs, entries, checks, settings, meta, proposal):
+def summarize(configs, entries, checks, settings, meta):
     results = {"meta": meta, "settings": settings_for_json(settings), "configs": [],
                "check_efficiency": [], "build_scaling": {}, "targets": []}
     for config in configs:
@@ -350,7 +341,7 @@ def summarize(configs, entries, checks, settings, meta, proposal):
         results["check_efficiency"].append(item)
 
     sweep = [row for row in results["configs"] if row["axis"] == "tensors"]
-    for variant in variants.TARGET_VARIANTS + (("builder_proposal",) if proposal else ()):
+    for variant in variants.TARGET_VARIANTS:
         points = [(row["spec"]["tensors"], row["variants"][variant]["build_ms"])
                   for row in sweep if row["variants"].get(variant, {}).get("status") == "ok"]
         if len(points) >= 2:
@@ -381,7 +372,7 @@ def main(args):
         settings["rounds"] = args.rounds
     if args.steps:
         settings["steps"] = args.steps
-    builders = _builders(args.proposal)
+    builders = _builders()
     if args.no_npu:
         npu_reason = "left out (--no-npu)"
     else:
@@ -425,7 +416,7 @@ def main(args):
 
     time_all(configs, entries, checks, settings)
     meta["load_avg_end"] = _loadavg()
-    results = summarize(configs, entries, checks, settings, meta, args.proposal)
+    results = summarize(configs, entries, checks, settings, meta)
     meta["runtime_s"] = round(time.time() - started, 1)
     report.write_all(results, out)
     for entry in entries.values():

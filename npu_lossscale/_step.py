@@ -4,8 +4,11 @@ decision, the guarded apply and the manager update."""
 
 from __future__ import absolute_import, division, print_function
 
+import collections
+
 import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import gen_array_ops
+from tensorflow.python.ops import gen_control_flow_ops
 from tensorflow.python.ops import resource_variable_ops
 
 _LOSS_SCALE_WRAPPERS = ("LossScaleOptimizer", "NPULossScaleOptimizer",
@@ -146,41 +149,155 @@ def _clipped(grads_and_vars, clip_norm):
     return list(zip(grads, [v for _, v in grads_and_vars]))
 
 
+def run_if(pred, build, name, data=None):
+    """Runs the ops ``build`` makes only on steps where ``pred`` is True.
+
+    Not a ``tf.cond``: a lowered cond puts a ``Switch`` on every tensor its
+    branch captures (for an apply: each gradient, each variable and slot
+    handle, about four per Adam variable) and runs every branch constant each
+    step. Here one ``Switch`` of ``pred`` makes the pivot ``pivot_t``, and
+    ``build`` runs under ``control_dependencies([pivot_t])``, which gives the
+    pivot as a control input to every op it creates that has no input created
+    under it; the others depend on those through their inputs. When ``pred``
+    is False the pivot is dead, and the executor skips every op downstream of
+    a dead input, control edges included, as it does for a v1 cond's branch
+    constants. A v1 cond inside ``build`` switches on a ``pred_id`` made under
+    the pivot, and a v2 ``If`` is an op like the others, so they follow too.
+    Ops made under ``init_scope`` (slots, beta powers) escape the control
+    dependency, as they escape a cond: they are only their initialisers.
+
+    Args:
+      pred: bool scalar.
+      build: called with the name scope (no trailing "/") under the pivot;
+        returns the ops or tensors the result must follow.
+      name: the name scope of the Switch (``<name>/switch``), the pivot and
+        the result's ``Merge`` (``<name>/merge``).
+
+      data: the tensor switched and returned; ``pred`` if None.
+
+    Returns:
+      ``data``'s value, live on every step: on True steps it follows
+      everything ``build`` returned.
+    """
+    with tf.name_scope(name) as scope:
+        pred = tf.convert_to_tensor(pred)
+        data = pred if data is None else data
+        when_false, when_true = gen_control_flow_ops.switch(data, pred, name="switch")
+        pivot = tf.identity(when_true, name="pivot_t")
+    with tf.control_dependencies([pivot]):
+        done = build(scope.rstrip("/"))
+        with tf.control_dependencies(done), tf.name_scope(scope):
+            ran = tf.identity(pivot, name="ran")
+    with tf.name_scope(scope):
+        return gen_control_flow_ops.merge([when_false, ran], name="merge")[0]
+
+
 def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite"):
-    """Applies every group under one cond; nothing changes when not finite.
+    """Applies every group, or nothing at all when not finite (``run_if``).
 
     Args:
       is_finite: bool scalar.
       applies: list of (optimizer, grads_and_vars, name, clip_norm); the
-        gradients are clipped by their global norm inside the cond, so only
-        on finite steps.
-      global_step: a variable advanced by one inside the cond, or None.
-      name: the cond's name.
+        gradients are clipped by their global norm on finite steps only.
+      global_step: a variable advanced by one on finite steps, or None.
+      name: the name scope of the gate.
 
     Returns:
       A bool scalar tensor: True when this run applied the updates.
     """
-    def apply_all():
-        scope = tf.get_default_graph().get_name_scope()
+    def apply_all(scope):
         # Optimizer state (Adam's beta powers) is named after the name scope
         # current at apply_gradients(). From the root scope it gets the names
         # plain training gives it, so checkpoints stay interchangeable; the
         # update ops still go under this scope through `name`.
         with tf.name_scope(None):
             updates = [optimizer.apply_gradients(
-                _clipped(grads_and_vars, clip_norm),
-                name="%s/%s" % (scope, group) if scope else group)
+                _clipped(grads_and_vars, clip_norm), name="%s/%s" % (scope, group))
                 for optimizer, grads_and_vars, group, clip_norm in applies]
         if global_step is not None:
             with tf.control_dependencies(updates):
                 updates = [increment(global_step)]
-        with tf.control_dependencies(updates):
-            return tf.constant(True)
+        return updates
 
-    def skip():
-        return tf.constant(False)
+    return run_if(is_finite, apply_all, name)
 
-    return tf.cond(is_finite, apply_all, skip, name=name)
+
+#: Dense gradients with fewer elements than this that share shape and dtype
+#: are unscaled (and checked) as one stacked tensor.
+PACK_BELOW_ELEMENTS = 16384
+
+
+class Packing(object):
+    """Small same-shaped dense gradients, stacked once per domain.
+
+    Unscaling k of them then costs three ops (``Pack``, ``Mul``, ``Unpack``;
+    ``Unpack`` along axis 0 shares the product's buffer when rows are 64-byte
+    aligned) instead of k, and checking them one ``Sum`` of the pack.
+    Values are bit-identical: the same elementwise products. Packs never
+    cross domains, and a pack is checked as a whole, so a domain must hold
+    only gradients that are checked together (one group's, or every checked
+    group's under one decision; unchecked ones in a domain of their own).
+
+    Args:
+      domains: lists of gradients; each list is packed on its own.
+    """
+
+    def __init__(self, domains):
+        self._where = {}
+        self._packs = []
+        self._rows = {}
+        for grads in domains:
+            same = collections.OrderedDict()
+            for grad in grads:
+                if isinstance(grad, tf.IndexedSlices) or id(grad) in self._where:
+                    continue
+                shape = grad.shape
+                if (shape.is_fully_defined() and grad.dtype.base_dtype.is_floating
+                        and shape.num_elements() < PACK_BELOW_ELEMENTS):
+                    same.setdefault((grad.dtype.base_dtype, tuple(shape.as_list())),
+                                    []).append(grad)
+            for members in same.values():
+                if len(members) < 2:
+                    continue
+                for row, grad in enumerate(members):
+                    self._where[id(grad)] = (len(self._packs), row)
+                self._packs.append(tf.stack(members, name="packed_grads"))
+
+    def to_check(self, grads):
+        """``grads`` with the packed ones replaced by their packs (once each)."""
+        result, seen = [], set()
+        for grad in grads:
+            where = self._where.get(id(grad))
+            if where is None:
+                result.append(grad)
+            elif where[0] not in seen:
+                seen.add(where[0])
+                result.append(self._packs[where[0]])
+        return result
+
+    def unscale(self, grads_and_vars, inv_scale):
+        """``unscale``, taking packed gradients from their unscaled pack."""
+        if inv_scale is None:
+            return list(grads_and_vars)
+        result, loose = [], []
+        for grad, var in grads_and_vars:
+            where = self._where.get(id(grad))
+            if where is None:
+                loose.append(len(result))
+                result.append((grad, var))
+            else:
+                result.append((self._unscaled(where[0], inv_scale)[where[1]], var))
+        for index, pair in zip(loose, unscale([result[i] for i in loose], inv_scale)):
+            result[index] = pair
+        return result
+
+    def _unscaled(self, index, inv_scale):
+        key = (index, id(inv_scale))
+        if key not in self._rows:
+            pack = self._packs[index]
+            product = pack * tf.cast(inv_scale, pack.dtype.base_dtype)
+            self._rows[key] = tf.unstack(product, name="unscaled_grads")
+        return self._rows[key]
 
 
 def increment(global_step, by=None):

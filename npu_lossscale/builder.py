@@ -16,16 +16,19 @@ What ``build`` puts in the graph, under the name scope ``loss_scale/``:
    one per group, serialised, with ``skip_policy="per_group"`` on the npu
    backend);
 4. the unscaled gradients, in each variable's dtype;
-5. one ``cond``: on a finite step every group's ``apply_gradients`` (clipped
-   if asked) and the global-step increment, on an overflow nothing at all;
+5. one gate (``_step.run_if``: a Switch of the decision whose pivot every
+   update depends on, and a Merge; cheaper than a ``cond``): on a finite step
+   every group's ``apply_gradients`` (clipped if asked) and the global-step
+   increment, on an overflow nothing at all;
 6. each manager's update, fed with its groups' decision.
 
 With ``accumulation_steps=N`` steps 1-4 run every time; the gradients are
-added to float32 accumulators, and the cond of step 5, with the manager
-updates, runs once per window of N runs, on the window's mean gradient. With
-a ``distributed`` engine the window is closed by a run of ``update_op`` after
-N-1 runs of ``accumulate_op``, so that the flags and gradients are reduced
-once per window, at the top level of the graph.
+added to float32 accumulators, and the gate of step 5, with the manager
+updates, runs once per window of N runs (inside the ``window`` cond), on the
+window's mean gradient. With a ``distributed`` engine the window is closed by
+a run of ``update_op`` after N-1 runs of ``accumulate_op`` instead, so that
+the flags and gradients are reduced once per window, at the top level of the
+graph (no cond at all; only the gate).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -120,7 +123,7 @@ class MultiOptimizerLossScale(object):
     Each ``add`` registers a group: a loss, its optimizer and its variables.
     ``build`` returns one update op that computes every group's scaled
     gradients, checks them for overflow once, and applies all groups or none
-    under a single ``cond``. The loss scale, the skip decision and the global
+    behind a single gate. The loss scale, the skip decision and the global
     step are shared by all groups unless you ask otherwise.
 
     Example::
@@ -146,12 +149,12 @@ class MultiOptimizerLossScale(object):
         forward pass, which TF may schedule early) is charged to A.
       distributed: None, "horovod" or "hccl". Every worker then reaches the
         same decision: the overflow flags are summed across workers before
-        the cond (zero means finite everywhere), and no collective is ever
-        placed inside a cond. With ``hvd.broadcast_global_variables(0)`` (or
-        the engine's equivalent) at start, weights and loss scales stay equal
-        on every worker.
+        the apply gate (zero means finite everywhere), and no collective is
+        ever placed inside a cond or the gate. With
+        ``hvd.broadcast_global_variables(0)`` (or the engine's equivalent) at
+        start, weights and loss scales stay equal on every worker.
       allreduce_gradients: with ``distributed``, average the gradients across
-        workers (outside the cond). Pass False when the optimizers already do
+        workers (outside the gate). Pass False when the optimizers already do
         it (``hvd.DistributedOptimizer``) or for worker-local gradients such
         as SOK embeddings. With accumulation the window's summed gradients
         and flags are reduced once per window, by ``update_op``; the
@@ -369,10 +372,10 @@ class MultiOptimizerLossScale(object):
 
         with tf.name_scope("loss_scale"):
             scales = self._scale_snapshots()
-            scaled, flags = self._gradients_and_flags(scales)
+            scaled, flags, packing = self._gradients_and_flags(scales)
             all_grads = [g for pairs in scaled.values() for g, _ in pairs]
             grads = collections.OrderedDict(
-                (group.name, _step.unscale(scaled[group.name], scales[id(group.manager)][1]))
+                (group.name, packing.unscale(scaled[group.name], scales[id(group.manager)][1]))
                 for group in self._groups)
             scale_reads = [scale for scale, _ in scales.values()]
             accumulate_op = None
@@ -442,10 +445,11 @@ class MultiOptimizerLossScale(object):
         """Scaled gradients and overflow flags per group.
 
         Returns:
-          (scaled, flags): ordered dicts from group name to the scaled
+          (scaled, flags, packing): ordered dicts from group name to the scaled
           (gradient, variable) pairs, and to the group's float32 overflow flag
-          (None when its manager disables the check). Groups covered by one
-          status read share the same flag tensor.
+          (None when its manager disables the check; groups covered by one
+          status read share the same flag tensor), and the ``_step.Packing``
+          of the small gradients, to unscale them with.
         """
         if self._serialised_reads():
             scaled, flags, after = collections.OrderedDict(), collections.OrderedDict(), []
@@ -458,7 +462,7 @@ class MultiOptimizerLossScale(object):
                         self._backend, group.manager, grads, after=[group.loss])
                 if flags[group.name] is not None:
                     after = [flags[group.name]]  # ordered after this group's clear
-            return scaled, flags
+            return scaled, flags, _step.Packing([[g for g, _ in scaled[n]] for n in scaled])
 
         scaled = self._scaled_gradients(self._groups, scales)
         checked = [g for g in self._groups if _step.overflow_check_enabled(g.manager)]
@@ -467,17 +471,24 @@ class MultiOptimizerLossScale(object):
                       or len(_unique(g.manager for g in checked)) > 1))
         flags = collections.OrderedDict((g.name, None) for g in self._groups)
         if per_group:
+            packing = _step.Packing([[g for g, _ in scaled[n]] for n in scaled])
             for group in checked:
                 with tf.name_scope(group.name):
                     flags[group.name] = self._backend.overflow_flag(
-                        [g for g, _ in scaled[group.name]])
-        elif checked:
+                        packing.to_check([g for g, _ in scaled[group.name]]))
+        else:
+            # Checked and unchecked groups never share a pack: a pack is
+            # checked as a whole.
+            unchecked = [g for g in self._groups if g not in checked]
+            packing = _step.Packing([[g for group in part for g, _ in scaled[group.name]]
+                                     for part in (checked, unchecked)])
+        if checked and not per_group:
             shared = self._backend.overflow_flag(
-                [g for group in checked for g, _ in scaled[group.name]],
+                packing.to_check([g for group in checked for g, _ in scaled[group.name]]),
                 after=_unique(group.loss for group in self._groups))
             for group in checked:
                 flags[group.name] = shared
-        return scaled, flags
+        return scaled, flags, packing
 
     def _scaled_gradients(self, groups, scales):
         """Scaled (gradient, variable) pairs per group, None gradients dropped.
@@ -531,7 +542,7 @@ class MultiOptimizerLossScale(object):
     def _reduce(self, flags, grads):
         """Sums the flags across workers (one collective) and, if asked,
         averages the gradients in place in ``grads``. Both sit outside every
-        cond.
+        cond and gate.
 
         Returns:
           The ordered dict of summed flags (None stays None).

@@ -1,8 +1,8 @@
 """Data-parallel reduction: every worker reaches the same skip decision.
 
-Two things are reduced across workers, both *before* the apply ``cond`` and
-never inside it (workers that took different branches of a cond holding a
-collective would deadlock, tensorflow/tensorflow#46863):
+Two things are reduced across workers, both *before* the apply gate and
+never inside it or any cond (workers that took different branches of a cond
+holding a collective would deadlock, tensorflow/tensorflow#46863):
 
 * the overflow flags, summed: zero after the sum means every worker was
   finite, as Ascend's own adapter decides. (Summing "finite" flags and

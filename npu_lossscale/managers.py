@@ -18,6 +18,7 @@ import sys
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import _step
 from npu_lossscale import _validation
 
 # TF's DynamicLossScale and Keras' LossScaleOptimizer start at 2**15: the
@@ -202,23 +203,35 @@ class _CountingLossScaleManager(LossScaleManager):
                 return tf.group(*updates)
 
     def _warn_once(self, streak):
-        """Logs, once, that the scale sat at its floor while steps overflowed."""
-        warned = self._floor_warned.read_value()
-        due = tf.logical_and(tf.greater_equal(streak, self._floor_warning_after),
-                             tf.logical_not(warned))
+        """Logs, once, that the scale sat at its floor while steps overflowed.
 
-        def warn():
-            message = tf.print(
-                "npu_lossscale WARNING: the loss scale has sat at its floor (%g) for"
-                % self._min_loss_scale, streak,
-                "consecutive overflowing steps. No loss scale can fix this: a "
-                "float16 op overflows in the forward pass, or the data holds inf/nan."
-                " Keep softmax and losses in float32, lower the learning rate, or "
-                "check the input.", output_stream=sys.stderr)
-            with tf.control_dependencies([message]):
-                return tf.assign(self._floor_warned, True)
+        Gated with ``_step.run_if``, not a cond: a step below the threshold
+        runs its compare, one Switch and one Merge, nothing else. Whether the
+        warning was already given is read only past the threshold.
+        """
+        def warn_unless_warned(scope):
+            with tf.name_scope(scope + "/"):
+                warned = self._floor_warned.read_value()
+                return [_step.run_if(tf.logical_not(warned), warn, "not_warned")]
 
-        return tf.cond(due, warn, lambda: warned, name="warn_at_floor").op
+        def warn(scope):
+            with tf.name_scope(scope + "/"):
+                return [self._warning(streak)]
+
+        due = tf.greater_equal(streak, self._floor_warning_after)
+        return _step.run_if(due, warn_unless_warned, "warn_at_floor", data=streak)
+
+    def _warning(self, streak):
+        """Prints the warning, then records that it was given."""
+        message = tf.print(
+            "npu_lossscale WARNING: the loss scale has sat at its floor (%g) for"
+            % self._min_loss_scale, streak,
+            "consecutive overflowing steps. No loss scale can fix this: a "
+            "float16 op overflows in the forward pass, or the data holds inf/nan."
+            " Keep softmax and losses in float32, lower the learning rate, or "
+            "check the input.", output_stream=sys.stderr)
+        with tf.control_dependencies([message]):
+            return tf.assign(self._floor_warned, True)
 
 
 def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):

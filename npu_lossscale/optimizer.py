@@ -20,7 +20,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
 
     ``compute_gradients`` scales the loss and returns unscaled gradients.
     ``apply_gradients`` checks the gradients it is given (one float-status
-    read on the npu backend), applies them under a ``cond`` only when finite,
+    read on the npu backend), applies them behind a gate only when finite,
     advances ``global_step`` only then, and updates the loss scale. Each method
     stands on its own: nothing computed in one is read by the other.
 

@@ -1,4 +1,4 @@
-"""Graph inspections used by the tests: collectives inside conds."""
+"""Graph inspections used by the tests: collectives inside conds and gates."""
 
 # Op types of the collectives a data-parallel step may contain.
 COLLECTIVE_MARKERS = ("allreduce", "allgather", "broadcast", "hcom", "hccl")
@@ -10,27 +10,66 @@ def is_collective(op_type, op_name=""):
     return any(marker in text for marker in COLLECTIVE_MARKERS)
 
 
-# Names of the conds npu_lossscale builds (the apply, per-group applies, the
-# accumulation window, the floor warning).
+# Names of the conds and gates npu_lossscale builds (the apply, per-group
+# applies, the accumulation window, the floor warning).
 OUR_CONDS = ("apply_if_finite", "_if_finite", "window", "warn_at_floor")
 
 
+def _consumers(graph):
+    """op -> the ops that take one of its outputs or it as a control input."""
+    consumers = {}
+    for op in graph.get_operations():
+        for source in [t.op for t in op.inputs] + list(op.control_inputs):
+            consumers.setdefault(source, []).append(op)
+    return consumers
+
+
+def gate_pivots(graph):
+    """The true pivots of the apply gates (``_step.guarded_apply``): an
+    ``Identity`` named ``<gate>/pivot_t`` of a ``Switch`` output."""
+    return [op for op in graph.get_operations()
+            if op.type == "Identity" and op.name.endswith("/pivot_t")
+            and op.inputs[0].op.type == "Switch"]
+
+
+def gated_ops(graph, pivots=None):
+    """Ops of the top-level graph inside an apply gate: every op downstream of
+    a gate's true pivot, through data or control edges, short of the gate's
+    own ``Merge`` (``<gate>/merge``, live on every step). v1 cond contexts and
+    v2 branch functions are the other walks' business."""
+    consumers = _consumers(graph)
+    inside = set()
+    for pivot in gate_pivots(graph) if pivots is None else pivots:
+        merge = pivot.name[:-len("pivot_t")] + "merge"
+        stack = [pivot]
+        while stack:
+            for op in consumers.get(stack.pop(), ()):
+                if op not in inside and op.name != merge:
+                    inside.add(op)
+                    stack.append(op)
+    return inside
+
+
 def collectives_inside_conds(graph, only_ours=False):
-    """Names of collective ops that sit inside a cond branch.
+    """Names of collective ops that sit inside a cond branch or an apply gate.
 
     v1 control flow: an op inside a cond has a control-flow context. v2
     control flow: cond branches are functions in the graph's library, so any
-    collective node in a function body counts. With ``only_ours``, only the
-    conds npu_lossscale builds are searched.
+    collective node in a function body counts. Both: the apply gate is not a
+    cond but a Switch whose true pivot every gated op depends on, so any
+    collective downstream of a gate's pivot counts (``gated_ops``). With
+    ``only_ours``, only the conds and gates npu_lossscale builds are searched.
     """
     def ours(name):
         return not only_ours or any(marker in name for marker in OUR_CONDS)
 
-    found = []
+    pivots = [p for p in gate_pivots(graph) if ours(p.name)]
+    found = sorted(op.name for op in gated_ops(graph, pivots)
+                   if is_collective(op.type, op.name))
     for op in graph.get_operations():
         context = op._get_control_flow_context()  # pylint: disable=protected-access
         if (context is not None and is_collective(op.type, op.name)
-                and ours(context.name)):
+                and ours(context.name) and op.name not in found):
             found.append(op.name)
     for function in graph.as_graph_def().library.function:
         for node in function.node_def:
@@ -40,10 +79,12 @@ def collectives_inside_conds(graph, only_ours=False):
 
 
 def collectives_outside_conds(graph):
-    """Names of collective ops at the top level of the graph."""
+    """Names of collective ops at the top level of the graph, outside every
+    apply gate."""
+    inside = gated_ops(graph)
     return [op.name for op in graph.get_operations()
             if op._get_control_flow_context() is None  # pylint: disable=protected-access
-            and is_collective(op.type, op.name)]
+            and op not in inside and is_collective(op.type, op.name)]
 
 
 def count_ops(graph, marker):

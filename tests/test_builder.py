@@ -6,6 +6,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from conftest import snapshot_globals
+from graph_walk import gated_ops
 from models import two_group_gan
 
 
@@ -91,6 +92,44 @@ def test_skipped_step_changes_nothing_but_the_manager(graph, bad, where):
     scale_name = manager.variables[0].op.name
     assert after[scale_name] == 2.0 ** 7  # only the manager moved, by its rule
     assert after["global_step"] == 1
+
+
+# Ops that change state: apply kernels, assigns (ref and resource), and the
+# increments.
+_MUTATING = ("Apply", "Assign", "ScatterAdd", "ScatterSub", "ScatterUpdate")
+
+
+@pytest.mark.parametrize("policy", ["all", "per_group"])
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_every_state_change_is_behind_the_gate(graph, policy, clip):
+    """The apply gate is a Switch, not a cond: every op apply_gradients makes
+    must depend on its true pivot, or it would run on a skipped step. Outside
+    the gate there may only be variable initialisers (slots and beta powers
+    are made under init_scope, as a cond would lift them) and the manager."""
+    model = two_group_gan()
+    manager = nl.DynamicLossScaleManager()
+    scaler = nl.MultiOptimizerLossScale(manager, skip_policy=policy)
+    scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars, name="d",
+               clip_norm=clip)
+    scaler.add(model.g_loss, tf.train.MomentumOptimizer(0.1, 0.9), var_list=model.g_vars,
+               name="g", clip_norm=clip)
+    step = tf.train.get_or_create_global_step()
+    scaler.build(global_step=step)
+    inside = gated_ops(graph)
+    initialisers = {v.initializer for v in tf.global_variables()}
+    outside = [op for op in graph.get_operations()
+               if any(m in op.type for m in _MUTATING) and op not in inside
+               and op not in initialisers and "update_loss_scale" not in op.name
+               and "warn_at_floor" not in op.name]
+    if policy == "per_group":
+        # One gate per group; the step advances by "any group applied", after them.
+        assert [op.inputs[0].op for op in outside] == [step.op]
+    else:
+        assert [op.name for op in outside] == []
+    gated_types = {op.type for op in inside}
+    assert any("Adam" in t for t in gated_types) and any("Momentum" in t for t in gated_types)
+    # Nothing the initialisers need is gated: they run without the decision.
+    assert not any(op in inside for op in initialisers)
 
 
 def test_global_step_counts_applied_steps_only(graph):

@@ -208,6 +208,36 @@ def test_no_collective_inside_any_cond(engine, policy, accumulation, allreduce, 
                 del sys.modules[name]
 
 
+class _CollectiveInApply(tf.train.GradientDescentOptimizer):
+    """Puts a stand-in collective (an op named like an allreduce) in its apply."""
+
+    def _apply_dense(self, grad, var):
+        return super(_CollectiveInApply, self)._apply_dense(
+            tf.identity(grad, name="fake_allreduce"), var)
+
+    def _resource_apply_dense(self, grad, handle):
+        return super(_CollectiveInApply, self)._resource_apply_dense(
+            tf.identity(grad, name="fake_allreduce"), handle)
+
+
+@pytest.mark.parametrize("policy", ["all", "per_group"])
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_the_walk_finds_a_collective_under_the_apply_gate(graph, policy, accumulation):
+    """Negative control: the apply gate is no cond, so the walk must follow
+    its pivot; a collective placed under it is found, in our gate."""
+    model = two_group_gan()
+    scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), skip_policy=policy)
+    scaler.add(model.d_loss, _CollectiveInApply(0.1), var_list=model.d_vars, name="d")
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars, name="g")
+    scaler.build(accumulation_steps=accumulation)
+    for only_ours in (False, True):
+        found = collectives_inside_conds(graph, only_ours=only_ours)
+        assert len(found) == len(model.d_vars), found
+        assert all("fake_allreduce" in name for name in found), found
+    if accumulation == 1:
+        assert collectives_outside_conds(graph) == []
+
+
 def test_unknown_engine(graph):
     with pytest.raises(ValueError, match=r"distributed must be None or one of .* got 'nccl'"):
         nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), distributed="nccl")

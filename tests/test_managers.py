@@ -147,10 +147,40 @@ def test_state_is_nontrainable_global_and_checkpointed(tmp_path, make):
     assert restored[0] < 2 ** 15  # it did move before the save
 
 
-def test_collapse_warning_is_logged_once(graph, capfd):
-    manager = nl.DynamicLossScaleManager(initial_scale=4, floor_warning_after=3)
+def _executed(sess, fetch, feed):
+    from tensorflow.core.protobuf import config_pb2
+    options = tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE)
+    metadata = config_pb2.RunMetadata()
+    sess.run(fetch, feed, options=options, run_metadata=metadata)
+    return [node.node_name for dev in metadata.step_stats.dev_stats
+            for node in dev.node_stats]
+
+
+def _warning_manager(initial_scale, after):
+    """(manager, finite placeholder, update op)."""
+    manager = nl.DynamicLossScaleManager(initial_scale=initial_scale,
+                                         floor_warning_after=after)
     finite = tf.placeholder(tf.bool, [])
-    update = manager.update_loss_scale(finite)
+    return manager, finite, manager.update_loss_scale(finite)
+
+
+def test_floor_warning_costs_a_switch_and_a_merge_until_due(graph, capfd):
+    manager, finite, update = _warning_manager(1, 2)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for ok in (True, False):  # below the threshold either way
+            ran = [n for n in _executed(sess, update, {finite: ok}) if "warn_at_floor" in n]
+            assert sorted(ran) == ["update_loss_scale/warn_at_floor/merge",
+                                   "update_loss_scale/warn_at_floor/switch"], ran
+        assert "WARNING" not in capfd.readouterr().err
+        ran = [n for n in _executed(sess, update, {finite: False}) if "warn_at_floor" in n]
+        assert any("PrintV2" in n for n in ran), ran
+        assert "WARNING" in capfd.readouterr().err
+        assert sess.run(manager.variables[-1])
+
+
+def test_collapse_warning_is_logged_once(graph, capfd):
+    manager, finite, update = _warning_manager(4, 3)
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         # 4 -> 2 -> 1: the floor is reached on the 2nd overflow; the streak at
