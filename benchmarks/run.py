@@ -52,6 +52,8 @@ def _parse(argv):
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds R")
     parser.add_argument("--steps", type=int, default=None, help="timed steps K per round")
     parser.add_argument("--no-npu", action="store_true", help="leave out the shim row")
+    parser.add_argument("--no-ablation", action="store_true",
+                        help="skip the overhead ladder of ablation.py (ablation.md)")
     parser.add_argument("--onednn", action="store_true",
                         help="keep TF's oneDNN graph rewrites on (see ONEDNN_NOTE)")
     parser.add_argument("--seed", type=int, default=0)
@@ -428,6 +430,12 @@ def main(args):
                                           for e in ("json", "md", "png")),
                                  time.time() - started))
     print(report.markdown(results))
+    if not args.no_ablation:
+        # Where the medium GAN's overhead goes, piece by piece (ablation.py),
+        # in this same process.
+        import ablation  # pylint: disable=import-outside-toplevel
+        rounds = ["--rounds", "3", "--steps", "2"] if args.quick else []
+        ablation.main(["--model", "medium", "--out", out] + rounds)
     return 0
 
 

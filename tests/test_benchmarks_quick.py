@@ -32,7 +32,7 @@ def quick_run(tmp_path_factory):
 
 def test_outputs_exist(quick_run):
     out, _, _ = quick_run
-    for name in ("results.json", "results.md", "results.png"):
+    for name in ("results.json", "results.md", "results.png", "ablation.json", "ablation.md"):
         path = os.path.join(str(out), name)
         assert os.path.getsize(path) > 0, name
     with open(os.path.join(str(out), "results.png"), "rb") as handle:
@@ -86,3 +86,13 @@ def test_check_efficiency_and_targets_are_reported(quick_run):
     assert "| target | measured | met? |" in text
     for variant in VARIANTS:
         assert "| %s |" % variant in text
+
+
+def test_ablation_ladder_is_complete(quick_run):
+    out, _, _ = quick_run
+    with open(os.path.join(str(out), "ablation.json")) as handle:
+        ladder = json.load(handle)
+    rungs = [row["rung"] for row in ladder["rows"]]
+    assert rungs == ["floor", "+scale", "+unscale", "+check", "+gate", "builder"]
+    for row in ladder["rows"]:
+        assert row["executed_ops"] > 0 and math.isfinite(row["ms"]), row
