@@ -51,6 +51,7 @@ if __name__ == "__main__":
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 import npu_lossscale as nl  # noqa: E402
+from graph_mode import set_graph_mode  # noqa: E402
 from models import two_group_gan  # noqa: E402
 
 BATCH, DIM = 8, 4
@@ -248,18 +249,6 @@ class Result(object):
                               + [float(v) for v in row[4:]]) for row in data["log"]]
             restored = int(data["restored"])
         self.restored = None if restored < 0 else restored
-
-
-def set_graph_mode():
-    """The test suite's graph mode: NPU_LOSSSCALE_GRAPH_MODE=v1 or v2."""
-    mode = os.environ.get("NPU_LOSSSCALE_GRAPH_MODE", "v2")
-    if mode == "v1":
-        tf.disable_v2_behavior()
-    elif mode == "v2":
-        tf.disable_eager_execution()
-    else:
-        raise ValueError("NPU_LOSSSCALE_GRAPH_MODE must be v1 or v2, got %r" % mode)
-    tf.logging.set_verbosity(tf.logging.ERROR)
 
 
 def main(argv=None):

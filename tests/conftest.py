@@ -1,11 +1,8 @@
 """Test setup: graph mode, quiet TF logs, and small shared helpers.
 
 The graph mode is process-global in TF, so it is chosen once, by the
-environment variable NPU_LOSSSCALE_GRAPH_MODE:
-
-* ``v2`` (default): v2 control flow and resource variables inside a tf.Graph
-  (``disable_eager_execution`` only);
-* ``v1``: ``disable_v2_behavior()``: ref variables and Switch/Merge conds.
+environment variable NPU_LOSSSCALE_GRAPH_MODE (v2 by default, or v1; see
+graph_mode.py).
 
 ``make test`` runs the core suite under both.
 """
@@ -19,14 +16,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-GRAPH_MODE = os.environ.get("NPU_LOSSSCALE_GRAPH_MODE", "v2")
-if GRAPH_MODE == "v1":
-    tf.disable_v2_behavior()
-elif GRAPH_MODE == "v2":
-    tf.disable_eager_execution()
-else:
-    raise ValueError("NPU_LOSSSCALE_GRAPH_MODE must be v1 or v2, got %r" % GRAPH_MODE)
-tf.logging.set_verbosity(tf.logging.ERROR)
+from graph_mode import set_graph_mode  # noqa: E402
+
+GRAPH_MODE = set_graph_mode()
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIMS = os.path.join(REPO, "shims")

@@ -71,14 +71,16 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+for _path in (REPO, os.path.join(REPO, "tests")):  # tests/: graph_mode.py
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 import npu_lossscale as nl  # noqa: E402
+from graph_mode import set_graph_mode  # noqa: E402
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -489,18 +491,6 @@ def summary(report):
     ]
     lines.extend("    " + v for v in report.violations[:50])
     return "\n".join(lines)
-
-
-def set_graph_mode():
-    """Graph mode as the tests choose it: NPU_LOSSSCALE_GRAPH_MODE=v1 or v2."""
-    mode = os.environ.get("NPU_LOSSSCALE_GRAPH_MODE", "v2")
-    if mode == "v1":
-        tf.disable_v2_behavior()
-    elif mode == "v2":
-        tf.disable_eager_execution()
-    else:
-        raise ValueError("NPU_LOSSSCALE_GRAPH_MODE must be v1 or v2, got %r" % mode)
-    tf.logging.set_verbosity(tf.logging.ERROR)
 
 
 def main(argv=None):
