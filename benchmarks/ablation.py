@@ -58,7 +58,6 @@ from npu_lossscale import _step  # noqa: E402  (the builder's own packing)
 def _ungated_step(model, unscale=False, check=False):
     """The floor with the loss scaled by a runtime scale (a variable read),
     plus the unscale and/or the check if asked; never gated."""
-    gs = tf.train.get_or_create_global_step()
     scale = tf.Variable(variants.INITIAL_SCALE, trainable=False, name="scale")
     scale_read = scale.read_value()
     grads = variants._shared_gradients(  # pylint: disable=protected-access
@@ -74,21 +73,12 @@ def _ungated_step(model, unscale=False, check=False):
     if unscale:
         inv = tf.reciprocal(scale_read)
         grads = dict((name, packing.unscale(pairs, inv)) for name, pairs in grads.items())
-    with tf.control_dependencies([variants._barrier(after)]):  # pylint: disable=protected-access
-        applies = [variants._adam().apply_gradients(grads[g.name], name="apply_" + g.name)  # pylint: disable=protected-access
-                   for g in model.groups]
-    with tf.control_dependencies(applies):
-        train = tf.assign_add(gs, 1).op
-    return variants.Built(train, gs)
+    return variants.apply_after(model, grads, after)
 
 
 def _builder_fixed(model):
-    gs = tf.train.get_or_create_global_step()
-    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(variants.INITIAL_SCALE),
-                                        backend="is_finite")
-    for g in model.groups:
-        scaler.add(g.loss, variants._adam(), var_list=g.var_list, name=g.name)  # pylint: disable=protected-access
-    return variants.Built(scaler.build(global_step=gs).update_op, gs)
+    return variants.build_builder(
+        model, manager=nl.FixedLossScaleManager(variants.INITIAL_SCALE))
 
 
 RUNGS = [

@@ -90,11 +90,11 @@ def _barrier(tensors, name="all_gradients"):
     return tf.group(*tensors, name=name)
 
 
-def build_floor(model):
+def apply_after(model, grads, after):
+    """One Adam apply per group once every tensor in ``after`` exists, then
+    the step increment: the floor's tail, also used by ablation.py."""
     gs = tf.train.get_or_create_global_step()
-    grads = _shared_gradients(model.groups)
-    all_grads = [g for gv in grads.values() for g, _ in gv]
-    with tf.control_dependencies([_barrier(all_grads)]):
+    with tf.control_dependencies([_barrier(after)]):
         applies = [_adam().apply_gradients(grads[g.name], name="apply_" + g.name)
                    for g in model.groups]
     with tf.control_dependencies(applies):
@@ -102,10 +102,16 @@ def build_floor(model):
     return Built(train, gs)
 
 
-def build_builder(model, backend="is_finite"):
+def build_floor(model):
+    grads = _shared_gradients(model.groups)
+    return apply_after(model, grads, [g for gv in grads.values() for g, _ in gv])
+
+
+def build_builder(model, backend="is_finite", manager=None):
     gs = tf.train.get_or_create_global_step()
-    manager = nl.DynamicLossScaleManager(initial_scale=INITIAL_SCALE,
-                                         growth_steps=GROWTH_STEPS)
+    if manager is None:
+        manager = nl.DynamicLossScaleManager(initial_scale=INITIAL_SCALE,
+                                             growth_steps=GROWTH_STEPS)
     scaler = nl.MultiOptimizerLossScale(manager, backend=backend)
     for g in model.groups:
         scaler.add(g.loss, _adam(), var_list=g.var_list, name=g.name)

@@ -378,29 +378,26 @@ class MultiOptimizerLossScale(object):
                 (group.name, packing.unscale(scaled[group.name], scales[id(group.manager)][1]))
                 for group in self._groups)
             scale_reads = [scale for scale, _ in scales.values()]
-            accumulate_op = None
+            accumulate_op = window_end = None
             if accumulation_steps > 1 and self._engine is not None:
-                (group_finite, applied, accumulate_op,
-                 reduced) = self._reduce_once_per_window(
-                     grads, flags, accumulation_steps, global_step,
-                     count_skipped_steps, scale_reads)
-                window_end = tf.constant(True, name="window_end")
+                group_finite, applied, accumulate_op, grads = self._reduce_once_per_window(
+                    grads, flags, accumulation_steps, global_step,
+                    count_skipped_steps, scale_reads)
             else:
                 if self._engine is not None:
                     flags = self._reduce(flags, grads)
                 group_finite = self._decisions(flags, all_grads)
+                if accumulation_steps == 1:
+                    applied = self._apply_and_update(
+                        grads, group_finite, global_step, count_skipped_steps, scale_reads)
+                else:
+                    applied, window_end, accumulate_op = self._accumulate_then_apply(
+                        grads, flags, accumulation_steps, global_step,
+                        count_skipped_steps, scale_reads)
+            if window_end is None:  # every run closes its window
+                window_end = tf.constant(True, name="window_end")
             is_finite = tf.identity(_all_true(_unique(group_finite.values())),
                                     name="is_finite")
-            if accumulation_steps == 1:
-                applied = self._apply_and_update(
-                    grads, group_finite, global_step, count_skipped_steps, scale_reads)
-                window_end = tf.constant(True, name="window_end")
-            elif self._engine is None:
-                applied, window_end, accumulate_op = self._accumulate_then_apply(
-                    grads, flags, accumulation_steps, global_step,
-                    count_skipped_steps, scale_reads)
-            else:
-                grads = reduced
             update_op = tf.group(applied.op, name="update")
 
         return TrainOps(

@@ -458,10 +458,10 @@ def train(tf, args, graph, config, resume_from, train_images, score_images,
         train_end = time.time()
         steps_run = args.steps - start
         if workers is not None:
+            step_now, scale_now, values = sess.run(
+                [graph.global_step, graph.current_scale, graph.all_variables])
             print("rank %d/%d: global step %d, loss scale %g, variables digest %s"
-                  % (rank, workers.size, sess.run(graph.global_step),
-                     sess.run(graph.current_scale),
-                     variables_digest(sess.run(graph.all_variables))))
+                  % (rank, workers.size, step_now, scale_now, variables_digest(values)))
             sys.stdout.flush()
             if not lead:
                 return 0

@@ -181,6 +181,8 @@ def hcom_all_reduce(input, reduction, group, fusion, fusion_id, name=None):  # p
     return out
 
 
+# Graph collection counting the multi-process allreduces built so far.
+_HCOM_COLLECTION = "npu_shim_hcom_all_reduce"
 # Seconds a rank waits for the others at one allreduce before failing.
 HCCL_TIMEOUT = float(os.environ.get("NPU_SHIM_HCCL_TIMEOUT", "120"))
 _NUMPY_REDUCE = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}
@@ -210,9 +212,6 @@ def _multi_process_all_reduce(x, reduction, rank_size, name):
     out = tf.py_func(reducer, [x], x.dtype.base_dtype, stateful=True, name=name)
     out.set_shape(x.shape)
     return out
-
-
-_HCOM_COLLECTION = "npu_shim_hcom_all_reduce"
 
 
 class _FileAllReduce(object):
