@@ -8,7 +8,8 @@ every rank was finite.
 * ``IsFiniteBackend`` (CPU/GPU, and Ascend in INF/NaN mode) reads every
   gradient once.
 * ``NpuFloatStatusBackend`` (Ascend in saturation mode) reads the device's
-  float-status register once and clears it, ordered after all gradients.
+  float-status register after all gradients; the graph's one clear runs
+  before anything a read follows.
   There, an overflowing float16 result becomes +-65504 instead of inf, so the
   register is the only witness of the overflow.
 
@@ -21,7 +22,6 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 import warnings
-import weakref
 
 import tensorflow.compat.v1 as tf
 
@@ -99,14 +99,28 @@ class IsFiniteBackend(object):
 
 
 class NpuFloatStatusBackend(object):
-    """Reads Ascend's float-status register once, then clears it.
+    """Reads Ascend's float-status register; clears it once per run, first.
+
+    The register is one sticky word per device: every overflowing op sets
+    it, a read reports whether anything set it since the last clear, and
+    only a clear resets it. npu_bridge's ``NPULossScaleOptimizer`` reads
+    after its gradients and clears right after its read, so two of them in
+    one ``session.run`` race: one's clear can land between the other's
+    overflow and its read (seed 003). This backend never clears after a
+    read. Each graph has one clear (``clear_status``), and every op that
+    a read follows is made to follow that clear: every op among the read's
+    ancestors that takes a graph input (a placeholder, a variable, a
+    constant) gets the clear as a control input, and every other op
+    descends from one of those. So in any run the clear runs once, before
+    any computation of any reading step, and nothing clears after it: a
+    read sees every overflow of its own step, whatever else the run fetches.
+    What it can also see is an overflow of another step of the same run
+    that landed before it, which makes it skip (conservative), never apply.
 
     Uses the v2 ops (``npu_get_float_status_v2``/``npu_clear_float_status_v2``)
     when the installed npu_bridge has them, else the v1 ops
     (``npu_alloc_float_status``/``npu_get_float_status``/
-    ``npu_clear_float_status``), in the same pattern as npu_bridge's own
-    NPULossScaleOptimizer. The read is ordered after every tensor passed in,
-    so it covers the whole forward and backward computation of the step.
+    ``npu_clear_float_status``), as npu_bridge's optimizer chooses.
 
     Args:
       gen_ops: the module returned by ``npu_bridge.helper.helper.get_gen_ops()``.
@@ -127,87 +141,207 @@ class NpuFloatStatusBackend(object):
     def overflow_flag(self, tensors, after=()):
         """Returns a float32 scalar: 0.0 if the register is clear, else 1.0.
 
+        Orders the graph's clear before every op the read follows (see the
+        class), then reads without clearing.
+
         Args:
           tensors: the step's gradients; the read follows all of them.
           after: more tensors the read must follow: the losses, so that a
             forward overflow whose value no gradient needs (TF may prune or
-            fold that dependency) still lands before the read, not after
-            the clear.
+            fold that dependency) still lands before the read.
 
         Returns:
-          A float32 scalar tensor, ordered after the register is cleared.
+          A float32 scalar tensor.
         """
         gen = self._gen_ops
         deps = [dense_values(t) for t in list(tensors) + list(after)]
+        order_after_clear(self.clear_status(), deps)
         with tf.name_scope("npu_float_status"):
             if self.uses_v2:
                 with tf.control_dependencies(deps):
                     status = gen.npu_get_float_status_v2()
-                with tf.control_dependencies([status]):
-                    cleared = gen.npu_clear_float_status_v2()
-                with tf.control_dependencies([cleared]):
-                    overflow = tf.reduce_any(tf.not_equal(status, tf.zeros_like(status)))
+                overflow = tf.reduce_any(tf.not_equal(status, tf.zeros_like(status)))
             else:
+                # The device writes the status into the allocated buffer, and
+                # npu_bridge decides on the buffer (compared with
+                # NpuClearFloatStatus's output, zeros: "The float element
+                # tensor set to zero"), while the read's own output is
+                # documented as "The one float status element tensor"
+                # (tf_adapter ops/aicore/npu_mixed_precesion_ops.cc). Either
+                # non-zero is an overflow; nothing is cleared.
                 buffer = gen.npu_alloc_float_status()
                 with tf.control_dependencies(deps):
                     status = gen.npu_get_float_status(buffer)
-                cleared = gen.npu_clear_float_status(status)
-                # As in npu_bridge: the step is finite when the allocated
-                # buffer and the cleared status agree everywhere.
-                with tf.control_dependencies([cleared]):
-                    overflow = tf.logical_not(tf.reduce_all(tf.equal(buffer, cleared)))
+                with tf.control_dependencies([status]):
+                    in_buffer = tf.reduce_any(tf.not_equal(buffer, tf.zeros_like(buffer)))
+                overflow = tf.logical_or(
+                    in_buffer, tf.reduce_any(tf.not_equal(status, tf.zeros_like(status))))
             return tf.cast(overflow, tf.float32)
 
-
     def clear_status(self):
-        """An op that clears the register, to run outside the training step.
+        """The graph's one register clear (made on first use, then shared).
 
-        An overflow in a run that reads no status (an evaluation run, the
-        first run after a restart) stays in the register, and the next
-        training step's read would blame itself for it.
+        Every register-reading step of the library runs it before its first
+        op, so it need not be run by hand between steps or after an
+        evaluation run. Run it alone to clear the register explicitly.
 
         Returns:
-          An op.
+          An op named ``loss_scale/clear_status``.
         """
-        gen = self._gen_ops
-        with tf.name_scope("clear_status"):
-            if self.uses_v2:
-                return tf.group(gen.npu_clear_float_status_v2())
-            return tf.group(gen.npu_clear_float_status(gen.npu_alloc_float_status()))
+        graph = tf.get_default_graph()
+        record = _register(graph)
+        if record.clear is None:
+            gen = self._gen_ops
+            # Outside any control context or dependency of the caller: the
+            # clear must be free to run first.
+            with graph.control_dependencies(None), graph.name_scope("loss_scale/"):
+                with tf.name_scope("clear_status") as scope:
+                    if self.uses_v2:
+                        cleared = gen.npu_clear_float_status_v2()
+                    else:
+                        cleared = gen.npu_clear_float_status(gen.npu_alloc_float_status())
+                    record.clear = tf.group(cleared, name=scope)
+        return record.clear
 
 
 class _Reader(collections.namedtuple("_Reader", ["owner", "what"])):
     """An object that reads the float-status register, and its description."""
 
 
-#: The readers of the float-status register of each graph: graph -> [_Reader].
-#: Kept beside the graph, not in a graph collection, so that exporting the
-#: meta graph has no Python objects to (fail to) serialise.
-_REGISTER_READERS = weakref.WeakKeyDictionary()
+class _Register(object):
+    """What the library put in one graph for the float-status register.
+
+    Attributes:
+      clear: the graph's one clear op, or None before the first read.
+      readers: the ``_Reader`` records, in claim order.
+      ordered: the ops given ``clear`` as a control input, in order.
+    """
+
+    def __init__(self):
+        self.clear = None
+        self.readers = []
+        self.ordered = []
+
+
+def _register(graph):
+    """The ``_Register`` of ``graph``, kept on the graph object itself: it
+    lives and dies with the graph (a table keyed by graph would keep every
+    graph alive through its ops), and a graph collection would put Python
+    objects into exported meta graphs."""
+    record = getattr(graph, "_npu_lossscale_register", None)
+    if record is None:
+        record = _Register()
+        graph._npu_lossscale_register = record  # pylint: disable=protected-access
+    return record
+
+
+def order_after_clear(clear, tensors):
+    """Makes every op that ``tensors`` depend on run after ``clear``.
+
+    Adds ``clear`` as a control input to each ancestor of ``tensors`` that
+    takes an input (data or control) from a graph input: an op with no
+    inputs of its own (placeholder, variable, constant, iterator) or a
+    ``placeholder_with_default`` (a run that feeds it cuts it out, and its
+    control inputs with it; it gets none, since a constant default cannot
+    overflow). Every other ancestor depends on one of those. The consumers
+    of an op that only passes a graph input on (a ref variable's ``read``
+    Identity, a Reshape of a placeholder) get it too: grappler's arithmetic
+    optimizer may move a following cast above such an op, away from its
+    control inputs. Ops that already follow ``clear`` are left alone, and
+    the walk does not pass through ``clear`` itself.
+
+    Any other tensor fed in ``session.run`` cuts its producer out of the run
+    the same way, so its consumers are not ordered: feed placeholders.
+
+    Args:
+      clear: an op.
+      tensors: tensors (or operations).
+    """
+    record = _register(clear.graph)
+    seen, stack = set([clear]), [getattr(t, "op", t) for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        parents = [tensor.op for tensor in op.inputs] + list(op.control_inputs)
+        # Not on a feedable op itself: grappler's dependency optimizer drops
+        # a consumer's edge from the clear as implied by the feedable op's,
+        # and feeding the op then cuts both out of the run.
+        if (op.type not in _FEEDABLE_TYPES and clear not in parents
+                and any(_is_graph_input(parent) or _passes_on_input(parent)
+                        for parent in parents)):
+            op._add_control_input(clear)  # pylint: disable=protected-access
+            record.ordered.append(op)
+        stack.extend(parent for parent in parents if parent not in seen)
+
+
+def _is_graph_input(op):
+    return op.type in _FEEDABLE_TYPES or (
+        len(op.inputs) == 0 and len(op.control_inputs) == 0)
+
+
+def _passes_on_input(op):
+    """Whether ``op`` hands a graph input on unchanged (a ref variable's
+    ``read``): grappler's arithmetic optimizer may move a cast above it, out
+    of reach of its control inputs, so its consumers are ordered too."""
+    return op.type in _VALUE_PRESERVING_TYPES and all(
+        _is_graph_input(tensor.op) for tensor in op.inputs)
+
+
+#: Ops grappler may swap a cast with (tensorflow core/grappler/op_types.cc,
+#: IsValueAndOrderAndShapePreserving / IsValueAndOrderPreserving /
+#: IsValuePreserving). Not Enter: its consumers are in a loop's frame, which
+#: a control edge from outside may not enter.
+_VALUE_PRESERVING_TYPES = frozenset([
+    "Identity", "RefIdentity", "Snapshot", "CheckNumerics", "PreventGradient",
+    "StopGradient", "Print", "DebugGradientIdentity", "DeepCopy", "ExpandDims",
+    "Reshape", "Squeeze", "Transpose"])
+
+#: Ops with inputs that a run typically feeds instead of running.
+_FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"])
+
+
+def ordering_mark(graph=None):
+    """How many ops of ``graph`` have been ordered after its clear so far."""
+    return len(_register(graph or tf.get_default_graph()).ordered)
+
+
+def undo_ordering(mark, graph=None):
+    """Removes the clear from the control inputs of the ops ordered after
+    ``mark`` (an ``ordering_mark``), for a build that failed half-way."""
+    record = _register(graph or tf.get_default_graph())
+    for op in record.ordered[mark:]:
+        kept = [dep for dep in op.control_inputs if dep is not record.clear]
+        op._remove_all_control_inputs()  # pylint: disable=protected-access
+        op._add_control_inputs(kept)  # pylint: disable=protected-access
+    del record.ordered[mark:]
 
 
 def claim_register(owner, what):
     """Records that ``owner`` reads the float-status register in this graph,
     and warns when another object already does.
 
-    Two readers fetched in one ``session.run`` race on the one device-wide
-    register: one reads and clears it, the other misses an overflow and
-    applies a saturated step (the seed-003 failure).
+    The library's readers share one clear per run, so fetched together none
+    misses an overflow; but each may then skip for the other's overflow, and
+    the two managers lower their scales for it.
 
     Args:
       owner: the reading object (a builder or a ``LossScaleOptimizer``).
       what: a short description of it, for the message.
     """
-    readers = _REGISTER_READERS.setdefault(tf.get_default_graph(), [])
+    readers = _register(tf.get_default_graph()).readers
     if any(reader.owner is owner for reader in readers):
         return
     if readers:
         warnings.warn(
             "%s reads Ascend's float-status register, and so does %s in the same graph. "
-            "Fetched in one session.run the two reads race (one clears what the other "
-            "should see) and an overflowing step can be applied. Register every "
-            "optimizer with one MultiOptimizerLossScale (build(per_group_ops=True) for "
-            "alternating runs), or never fetch both in one run." % (what, readers[0].what),
+            "The register cannot tell their overflows apart: fetched in one session.run, "
+            "neither misses an overflow (the run clears the register once, first), but "
+            "each also skips its step and lowers its loss scale for the other's "
+            "overflow. Register every optimizer with one MultiOptimizerLossScale "
+            "(build(per_group_ops=True) for alternating runs), or fetch one of them per "
+            "run." % (what, readers[0].what),
             UserWarning, stacklevel=3)
     readers.append(_Reader(owner, what))
 

@@ -15,8 +15,8 @@ the name scope ``loss_scale/``:
 1. ``gradients``: each scale read once, scaled losses, one backprop per
    distinct loss, unscaled gradients;
 2. ``overflow``: one flag per check (one float-status read for all groups
-   on Ascend, or one is_finite pass), summed across workers, then the bool
-   decisions;
+   on Ascend, after the run's one clear; or one is_finite pass), summed
+   across workers, then the bool decisions;
 3. ``commit``: the gate (a Switch of the decision whose pivot every update
    depends on, and a Merge; or a ``tf.cond`` with ``gate="cond"``), one
    for all groups (one per group with ``skip_policy="per_group"``): every
@@ -87,21 +87,21 @@ class TrainOps(collections.namedtuple(
         to an op that computes, checks and applies that group alone (its own
         overflow check, the same manager and counters), for loops that run
         ``sess.run(train.per_group["d"])`` and then
-        ``sess.run(train.per_group["g"])`` with different feeds. Run one per
-        ``session.run``; ``update_op`` stays the joint step. On the register
-        backend a run that fetches two of these steps (or one and
-        ``update_op``) fails with an InvalidArgumentError, since their reads
-        would race; at most one of them reads the register and may apply
-        (``overflow.RegisterOwner``). Empty otherwise.
+        ``sess.run(train.per_group["g"])`` with different feeds; ``update_op``
+        stays the joint step. Fetch one per ``session.run``. Fetching several
+        (or one and ``update_op``) in one run is safe on every backend, no
+        check misses its own overflow, but on the float-status register each
+        may also skip for an overflow of another one in that run (the
+        register cannot tell them apart). Empty otherwise.
       skipped_steps: int64 scalar, the number of steps (windows) on which
         some group did not apply, before this run (as ``loss_scale`` is the
         scale before this run's update); fetching it alone runs no step. It
         reads a checkpointed variable, ``loss_scale/skipped_steps``.
-      clear_status: an op that clears Ascend's float-status register (a
-        no-op on the is_finite backend). Run it once after the variables are
-        initialised and after any run that computes float16 ops without
-        ``update_op`` (an evaluation run), so that an overflow there cannot
-        make the next training step skip.
+      clear_status: the op that clears Ascend's float-status register (a
+        no-op on the is_finite backend). Every step that reads the register
+        runs it first, before any op the read follows, so an overflow left
+        by an earlier run (an evaluation run, a step of another reader)
+        never reaches the next step's check; it need not be run by hand.
     """
 
 
@@ -133,11 +133,13 @@ class MultiOptimizerLossScale(object):
         "float_status" (always the register). ``backend`` tells the result.
       skip_policy: "all" (default): an overflow in any group skips every
         group. "per_group": each group applies if and only if its own
-        gradients are finite. On the npu backend this reads the status once
-        per group, serialised: group A's gradients, read A, clear, group B's
-        gradients, read B, clear. Forward ops run before A's read count for A,
-        so an overflow in a forward op shared by both groups (or in B's
-        forward pass, which TF may schedule early) is charged to A.
+        gradients are finite. On the float-status register, which cannot
+        tell groups apart, the status is read once per group, each group's
+        backprop after the previous group's read, and never cleared between:
+        a group skips when it or a group added before it overflowed, or when
+        any op that ran before its read did (a forward op it shares with a
+        later group, or that group's forward pass, which TF may schedule
+        early). No group misses its own overflow.
       distributed: None, "horovod", "hccl" or False. With "horovod" or
         "hccl" every worker reaches the
         same decision: the overflow flags are summed across workers before
@@ -339,9 +341,11 @@ class MultiOptimizerLossScale(object):
         plan = self._plan(global_step, accumulation_steps, count_skipped_steps)
         update_ops = self._check_update_ops(update_ops, plan, per_group_ops)
         self._built = True
-        # The pivot gate adds a control input to the user's update ops; a
-        # failed build must not leave that behind.
+        # The pivot gate adds a control input to the user's update ops, and
+        # the register backend orders the user's forward ops after its
+        # clear; a failed build must not leave either behind.
         saved = [(op, list(op.control_inputs)) for ops in update_ops.values() for op in ops]
+        mark = _backends.ordering_mark()
         try:
             return self._build(plan, global_step, update_ops, per_group_ops)
         except Exception:
@@ -349,6 +353,7 @@ class MultiOptimizerLossScale(object):
             for op, inputs in saved:
                 op._remove_all_control_inputs()  # pylint: disable=protected-access
                 op._add_control_inputs(inputs)  # pylint: disable=protected-access
+            _backends.undo_ordering(mark)
             raise
 
     def _check_update_ops(self, update_ops, plan, per_group_ops):
@@ -431,12 +436,8 @@ class MultiOptimizerLossScale(object):
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
-            # Several steps reading the one register: one per run, enforced.
-            owner = (_overflow.RegisterOwner()
-                     if per_group_ops and self._backend.reads_register else None)
             train = self._build_step(plan, global_step, skipped_steps,
-                                     [op for ops in update_ops.values() for op in ops],
-                                     owner and owner.claim("update_op"))
+                                     [op for ops in update_ops.values() for op in ops])
             clear_status = self._backend.clear_status()
         per_group = {}
         if per_group_ops:
@@ -445,8 +446,7 @@ class MultiOptimizerLossScale(object):
                 with tf.name_scope("loss_scale_%s" % group.name):
                     # Copies: the originals already belong to update_op's gate.
                     step = self._build_step(alone, global_step, skipped_steps,
-                                            _commit.Copies(update_ops.get(group.name, ())),
-                                            owner and owner.claim(group.name))
+                                            _commit.Copies(update_ops.get(group.name, ())))
                 per_group[group.name] = step.update_op
         return train._replace(per_group=per_group, skipped_steps=skipped_steps.before,
                               clear_status=clear_status)
@@ -459,10 +459,10 @@ class MultiOptimizerLossScale(object):
             allreduce_gradients=plan.reduction.allreduce_gradients,
             count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind)
 
-    def _build_step(self, plan, global_step, skipped_steps, update_ops, guard=None):
+    def _build_step(self, plan, global_step, skipped_steps, update_ops):
         """The pipeline: gradients, overflow, window, commit, manager update."""
         scales = _gradients.read_scales(plan)
-        checked = _overflow.check(plan, self._backend, scales, guard)
+        checked = _overflow.check(plan, self._backend, scales)
         grads = _gradients.unscale_all(plan, scales, checked.scaled, checked.packing)
 
         def finish(flags, grads, after, to_apply):

@@ -46,10 +46,6 @@ def summaries(train_ops, family="loss_scale"):
 class LossScaleHook(tf.train.SessionRunHook):
     """Logs the loss scale and the skipped steps every N runs.
 
-    Also runs ``TrainOps.clear_status`` once the session exists, so that an
-    overflow left in Ascend's float-status register before training (by
-    initialisation or a restore) cannot skip the first step.
-
     Example::
 
       train = scaler.build(global_step=tf.train.get_or_create_global_step())
@@ -75,10 +71,6 @@ class LossScaleHook(tf.train.SessionRunHook):
         self._every = every_n_steps
         self._runs = 0
         self.last = None  #: the last logged values, a dict (for tests and tools)
-
-    def after_create_session(self, session, coord):
-        del coord
-        session.run(self._train.clear_status)
 
     def before_run(self, run_context):
         del run_context

@@ -30,7 +30,8 @@ def all_finite(grads, backend="auto"):
       grads: gradients (tensors or IndexedSlices; None entries are left out).
       backend: "auto", "is_finite", "npu" or "float_status", as for the
         builder. With the register (Ascend, saturation mode) the read follows
-        every gradient and clears the register, so call it once per step.
+        every gradient, and the graph's one register clear (``clear_status``
+        of the backend) is ordered before everything the gradients follow.
 
     Returns:
       A bool scalar tensor, True when no gradient overflowed.
@@ -63,21 +64,21 @@ class Checked(collections.namedtuple("Checked", ["scaled", "flags", "packing"]))
         return [grad for pairs in self.scaled.values() for grad, _ in pairs]
 
 
-def check(plan, backend, scales, guard=None):
+def check(plan, backend, scales):
     """Computes the scaled gradients and one overflow flag per check.
 
     With one shared check (or per-group is_finite checks) every gradient is
     computed first and each check reads its own. With ``plan.serial_reads``
-    (per-group skips on a shared status register) the groups are computed
-    one after another, each after the previous group's read and clear, so
-    each read sees its own group's overflows only.
+    (per-group skips on the shared status register) each group's backprop
+    follows the previous group's read. The register is never cleared
+    between reads, so a read sees its own group's overflows and those of
+    the groups read before it: a group skips when it or an earlier group
+    (in ``add()`` order) overflowed, and never misses its own overflow.
 
     Args:
       plan: the ``plan.Plan``.
       backend: the overflow backend.
       scales: the ``gradients.read_scales`` result.
-      guard: None, or a function of the tensors a status read follows that
-        returns one more op it must follow (``RegisterOwner.claim``).
 
     Returns:
       A ``Checked``.
@@ -90,9 +91,8 @@ def check(plan, backend, scales, guard=None):
             scaled.update(_gradients.scaled_gradients(plan, scales, item.groups, after))
             with tf.name_scope(item.name):
                 grads = [grad for grad, _ in scaled[group.name]]
-                flags[item.name] = backend.overflow_flag(
-                    grads, after=_guarded([group.loss], grads, guard))
-            after = [flags[item.name]]  # the next group follows this clear
+                flags[item.name] = backend.overflow_flag(grads, after=[group.loss])
+            after = [flags[item.name]]  # the next group follows this read
         # Unchecked groups follow the last read.
         rest = tuple(name for name in plan.group_names if name not in scaled)
         if rest:
@@ -107,72 +107,8 @@ def check(plan, backend, scales, guard=None):
         # A scope of its own only when there are several checks to tell apart.
         scope = tf.name_scope(item.name) if len(plan.checks) > 1 else contextlib.suppress()
         with scope:
-            flags[item.name] = backend.overflow_flag(
-                grads, after=_guarded(list(plan.losses), grads, guard))
+            flags[item.name] = backend.overflow_flag(grads, after=list(plan.losses))
     return Checked(scaled, flags, packing)
-
-
-def _guarded(after, grads, guard):
-    """``after`` plus the guard's op, made after the losses and gradients."""
-    if guard is None:
-        return after
-    return after + [guard(after + [_gradients.dense_values(g) for g in grads])]
-
-
-class RegisterOwner(object):
-    """Makes a run that fetches two register-reading steps of one builder fail.
-
-    ``update_op`` and each of ``TrainOps.per_group`` read the one device-wide
-    float-status register. Fetched together, one would read and clear what
-    the other should see (seed 003). Each step therefore writes its own
-    number into ``<scope>/register_owner`` (an op with no input, so it is
-    ready as soon as the run starts) and asserts, after its losses and
-    gradients and just before its status read, that the number is still its
-    own. With two such steps in one run the other step's write, ready from
-    the start, lands while this one's backward pass runs, so at most one step
-    (the last writer) passes its assert and reads the register; every other
-    one stops the run with an InvalidArgumentError before its read. No read
-    is raced: the passing step's read sees every overflow of the run, its own
-    included, and no other step clears the register. A run with one step
-    passes, and nothing persists to a later run. This relies on the
-    executor running the other step's write before this step's backward pass
-    ends, which TF does not promise (on TF 2.x graphs it usually does; under
-    v1 behaviour it was seen to miss every time in one run): it is a
-    tripwire for a misuse, not a guarantee, and ``audit`` reports the same
-    fetches statically (NLS001).
-    """
-
-    def __init__(self):
-        self.variable = tf.Variable(0.0, dtype=tf.float32, trainable=False,
-                                    name="register_owner")
-        self._count = 0
-
-    def claim(self, name):
-        """The guard of the step ``name``: a function of the tensors its
-        status read follows, returning the assert the read must follow too."""
-        self._count += 1
-        number = float(self._count)
-        with tf.name_scope("register_owner_%s" % name):
-            write = tf.assign(self.variable, number).op
-
-        def guard(after):
-            with tf.name_scope("register_owner_%s" % name):
-                with tf.control_dependencies([write] + list(after)):
-                    owner = self.variable.read_value()
-                return self._assert(owner, number, name)
-
-        return guard
-
-    @staticmethod
-    def _assert(owner, number, name):
-        return tf.Assert(
-                tf.equal(owner, number),
-                ["Two steps of one MultiOptimizerLossScale that read Ascend's "
-                 "float-status register (update_op, per_group[...]) were fetched in "
-                 "one session.run: their reads would race. Fetch one per run "
-                 "(alternating loop: per_group['d'], then per_group['g']), or "
-                 "update_op alone. Step:", name],
-                name="one_register_reader_per_run")
 
 
 def reduce_across_workers(reduction, flags, grads):

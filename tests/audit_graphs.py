@@ -72,8 +72,9 @@ def optimizer_wrapper(backend="is_finite"):
 # -- NLS001: two per-optimizer loss-scale wrappers in one run ------------------------
 
 def per_optimizer_wrappers(backend=REGISTER_BACKEND, manager=None):
-    """Huawei's FAQ case: one loss-scale optimizer per network, both fetched
-    in one session.run (two status reads and clears, unordered)."""
+    """Huawei's FAQ case with this library's wrapper: one LossScaleOptimizer
+    per network, both fetched in one session.run (two status reads after the
+    graph's one clear; two scales and gates)."""
     graph = tf.Graph()
     with graph.as_default():
         model, step = gan()
@@ -85,6 +86,29 @@ def per_optimizer_wrappers(backend=REGISTER_BACKEND, manager=None):
         tf.train.Saver()
     return Case(graph, [d_train, g_train, model.d_loss, model.g_loss],
                 {"d_train": d_train, "g_train": g_train})
+
+
+def serial_reads_with_a_clear_between():
+    """The per-group reads of npu_lossscale 0.2's ``skip_policy="per_group"``:
+    D's gradients, read, clear, then G's backprop after that clear, read. The
+    clear comes before G's read but not before G's forward ops (which D's
+    loss shares), so it can wipe G's forward overflow."""
+    from npu_bridge.helper import helper  # pylint: disable=import-outside-toplevel
+    gen = helper.get_gen_ops()
+    graph = tf.Graph()
+    with graph.as_default():
+        model, _ = gan()
+        d_grads = tf.gradients(model.d_loss, model.d_vars)
+        with tf.control_dependencies(d_grads + [model.d_loss]):
+            d_status = gen.npu_get_float_status_v2()
+        with tf.control_dependencies([d_status]):
+            cleared = gen.npu_clear_float_status_v2()
+        with tf.control_dependencies([cleared]):
+            g_loss = tf.identity(model.g_loss)
+        g_grads = tf.gradients(g_loss, model.g_vars)
+        with tf.control_dependencies(g_grads + [g_loss]):
+            g_status = gen.npu_get_float_status_v2()
+    return Case(graph, [d_status, g_status], {})
 
 
 def npu_loss_scale_optimizer_gan(per_optimizer=True):

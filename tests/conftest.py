@@ -59,3 +59,100 @@ def snapshot_globals(sess, exclude=()):
     variables = [v for v in tf.global_variables() if v.op.name not in exclude]
     values = sess.run(variables)
     return {v.op.name: np.array(val) for v, val in zip(variables, values)}
+
+
+def op_ancestors(op):
+    """Every op ``op`` needs to run (data and control inputs), itself included."""
+    return _ancestors(_op_parents, [op])
+
+
+def _op_parents(op):
+    return [t.op for t in op.inputs] + list(op.control_inputs)
+
+
+def _ancestors(parents, starts):
+    seen, stack = set(), list(starts)
+    while stack:
+        current = stack.pop()
+        if current not in seen:
+            seen.add(current)
+            stack.extend(parents(current))
+    return seen
+
+
+def _not_after(parents, roots, first, exempt):
+    """The ancestors of ``roots`` that need not wait for ``first`` (except
+    ``first``'s own ancestors and the ``exempt`` ones)."""
+    before = _ancestors(parents, [first])
+    pending = [a for a in _ancestors(parents, roots) if a not in before]
+    after, changed = set([first]), True
+    while changed:  # more than one pass only for v1 loop back edges
+        changed = False
+        for current in pending:
+            if current not in after and any(p in after for p in parents(current)):
+                after.add(current)
+                changed = True
+    return [a for a in pending if a not in after and not exempt(a)]
+
+
+def ops_not_after(op, first):
+    """The ops ``op`` follows that compute but need not wait for ``first``.
+
+    Walks ``op``'s ancestors (data and control inputs). Left out: graph
+    inputs (ops without inputs, and ``placeholder_with_default``, which a
+    run can feed), ``first`` and its own ancestors, and the shim's status
+    buffer (``NpuAllocFloatStatus`` takes no input on the device: tf_adapter
+    ops/aicore/npu_mixed_precesion_ops.cc). An empty result means ``first``
+    runs before every computation ``op`` depends on, in any run.
+    """
+    def exempt(current):
+        return (not _op_parents(current) or current.type == "PlaceholderWithDefault"
+                or _shim_op_type(current) == "NpuAllocFloatStatus")
+
+    return sorted(a.name for a in _not_after(_op_parents, [op], first, exempt))
+
+
+def _shim_op_type(op):
+    try:
+        return op.get_attr("_npu_shim_op_type").decode("utf-8")
+    except (ValueError, TypeError):
+        return None
+
+
+#: Node types of a partition graph that compute nothing that can overflow.
+_PLUMBING = frozenset(["Const", "_Arg", "_Retval", "_Recv", "_Send", "_HostRecv", "_HostSend",
+                       "NoOp", "PlaceholderWithDefault"])
+
+
+def partition_nodes_not_after(run_metadata, clear, roots=None):
+    """``ops_not_after`` on the graph TF actually ran, after grappler.
+
+    Args:
+      run_metadata: a ``RunMetadata`` filled by a run with
+        ``RunOptions(output_partition_graphs=True)``.
+      clear: the name of the clear node (the register write itself, which
+        survives grappler's removal of NoOps).
+      roots: a predicate on node names; only the ancestors of the matching
+        nodes are checked. None: every node of the run.
+
+    Returns:
+      The sorted names of computing nodes that need not wait for ``clear``.
+    """
+    nodes = {}
+    for partition in run_metadata.partition_graphs:
+        for node in partition.node:
+            nodes[node.name] = node
+
+    def parents(name):
+        names = [i.lstrip("^").split(":")[0] for i in nodes[name].input]
+        return [n for n in names if n in nodes]
+
+    def exempt(name):
+        node = nodes[name]
+        shim_type = node.attr["_npu_shim_op_type"].s if "_npu_shim_op_type" in node.attr else b""
+        return (not parents(name) or node.op in _PLUMBING
+                or shim_type == b"NpuAllocFloatStatus")
+
+    assert clear in nodes, "the run did not run %s" % clear
+    roots = [n for n in nodes if roots(n)] if roots else list(nodes)
+    return sorted(_not_after(parents, roots, clear, exempt))

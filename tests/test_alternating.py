@@ -7,7 +7,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import SKIPPED_STEPS, snapshot_globals
+from conftest import SKIPPED_STEPS, ops_not_after, partition_nodes_not_after, snapshot_globals
 from models import add_gan_groups, two_group_gan
 
 SCALE = 2.0 ** 10  # a power of two: scaling and unscaling are exact
@@ -227,52 +227,117 @@ def test_skipped_steps_counts_each_skip_and_is_checkpointed(graph, tmp_path):
 
 # -- the register's hygiene (saturation mode) ----------------------------------------
 
-def test_clear_status_keeps_an_eval_overflow_out_of_the_next_step(graph, npu_shim):
-    """An overflow in a run that reads no status stays in the register (the
-    real register is sticky until cleared); clear_status removes it."""
+def _saturation():
     from npu_bridge.estimator.npu import npu_plugin
     npu_plugin.set_device_sat_mode(0)  # tf_adapter npu_plugin.py: saturation
+
+
+def test_an_eval_overflow_never_reaches_the_next_step(graph, npu_shim):
+    """An overflow in a run that reads no status stays in the register (the
+    real register is sticky until cleared, tf_adapter
+    ops/aicore/npu_mixed_precesion_ops.cc: only NpuClearFloatStatus[V2] sets
+    it to 0). The next step clears it before its first op, unasked."""
+    from npu_bridge import _emulation
+    _saturation()
     model = two_group_gan(compute_dtype=tf.float16)
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend="npu")
     add_gan_groups(scaler, model)
-    train = scaler.build()
+    gs = tf.train.get_or_create_global_step()
+    train = scaler.build(global_step=gs)
+    peek = _emulation.register_tensor(graph)
     evaluation = model.g_loss  # an eval fetch: float16 ops, no status read
     poison = dict(model.feed)
     poison[model.poison_g] = np.inf
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        sess.run(train.clear_status)
-        sess.run(evaluation, poison)  # overflows, nobody reads it
-        assert not sess.run([train.update_op, train.is_finite], model.feed)[1]  # blamed
-        sess.run(evaluation, poison)
-        sess.run(train.clear_status)
-        assert sess.run([train.update_op, train.is_finite], model.feed)[1]
-
-
-def test_register_guard_never_stops_a_run_with_one_reading_step(graph, npu_shim):
-    """On the register (saturation mode: tf_adapter
-    npu_bridge/estimator/npu/npu_plugin.py set_device_sat_mode(0)) each
-    per-group step and update_op carry RegisterOwner's assert. Fetched one
-    per run, as the alternating loop does, it never fires, run after run and
-    whatever ran before. (Two steps in one run trip it only as the executor
-    happens to schedule them, so that is not asserted here; see the class.)"""
-    from npu_bridge.estimator.npu import npu_plugin
-    npu_plugin.set_device_sat_mode(0)
-    model = two_group_gan(compute_dtype=tf.float16)
-    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
-    add_gan_groups(scaler, model)
-    gs = tf.train.get_or_create_global_step()
-    train = scaler.build(global_step=gs, per_group_ops=True)
-    asserts = [op for op in graph.get_operations()
-               if op.type == "Assert" and "one_register_reader_per_run" in op.name]
-    assert len(asserts) == 3  # update_op, per_group["d"], per_group["g"]
+    [clear] = [op.name for op in graph.get_operations()
+               if _emulation.shim_op_type(op) in _emulation.CLEAR_OP_TYPES]
+    traced = tf.RunOptions(output_partition_graphs=True)
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         for _ in range(3):
-            sess.run(train.per_group["d"], model.feed)
-            sess.run(train.per_group["g"], model.feed)
-            sess.run(train.update_op, model.feed)
-        assert sess.run(gs) == 9
+            metadata = tf.RunMetadata()
+            sess.run(evaluation, poison, options=traced, run_metadata=metadata)
+            # The eval run ran the clear first too (grappler kept the order).
+            assert partition_nodes_not_after(metadata, clear) == []
+            assert sess.run(peek)[0] == 1  # its overflow is left in the register
+            assert sess.run([train.update_op, train.is_finite], model.feed)[1]
+        assert sess.run(gs) == 3
+
+
+def _fetched_together(make_steps, runs=12):
+    """Runs every step of ``make_steps(model)`` in each of ``runs`` runs of
+    one session.run, with the generator's loss overflowing (saturation
+    mode). Returns whether G's and D's weights ever changed, and the graph's
+    register clears and reads."""
+    from npu_bridge import _emulation
+    _saturation()
+    model = two_group_gan(compute_dtype=tf.float16)
+    steps = make_steps(model)
+    poison = dict(model.feed)
+    poison[model.poison_g] = np.inf
+    graph = tf.get_default_graph()
+    reads = [op for op in graph.get_operations()
+             if _emulation.shim_op_type(op) in _emulation.READ_OP_TYPES]
+    clears = [op for op in graph.get_operations()
+              if _emulation.shim_op_type(op) in _emulation.CLEAR_OP_TYPES]
+    read_names = set(op.name for op in reads)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        start = sess.run(model.g_vars + model.d_vars)
+        metadata = tf.RunMetadata()
+        sess.run(steps, poison, options=tf.RunOptions(output_partition_graphs=True),
+                 run_metadata=metadata)
+        # As run, after grappler: the clear precedes every read's computation.
+        assert partition_nodes_not_after(metadata, clears[0].name, read_names.__contains__) == []
+        for _ in range(runs - 1):
+            sess.run(steps, poison)
+        end = sess.run(model.g_vars + model.d_vars)
+    changed = [not np.array_equal(a, b) for a, b in zip(start, end)]
+    return changed[:2], reads, clears
+
+
+def test_per_group_ops_fetched_together_never_miss_an_overflow(graph, npu_shim):
+    """The misuse the alternating loop invites: per_group["d"],
+    per_group["g"] and update_op in one session.run, G overflowing every
+    time. By construction no check can miss it: the graph has one clear,
+    every read's computation follows it, and nothing clears after a read.
+    Whatever order the executor picks, G never moves."""
+    steps = {}
+
+    def make_steps(model):
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+        add_gan_groups(scaler, model)
+        train = scaler.build(global_step=tf.train.get_or_create_global_step(),
+                             per_group_ops=True)
+        steps["train"] = train
+        return [train.per_group["d"], train.per_group["g"], train.update_op]
+
+    g_changed, reads, clears = _fetched_together(make_steps)
+    assert g_changed == [False, False]
+    assert len(reads) == 3 and len(clears) == 1
+    clear = steps["train"].clear_status
+    assert [ops_not_after(read, clear) for read in reads] == [[], [], []]
+
+
+def test_two_loss_scale_optimizers_fetched_together_never_miss_an_overflow(graph, npu_shim):
+    """Seed 003 with this library's wrapper: two LossScaleOptimizers in one
+    session.run on the register (warned about at build time). They share
+    the graph's one clear, so G's overflow is never missed."""
+    def make_steps(model):
+        d_opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(0.01),
+                                      nl.FixedLossScaleManager(8.0), backend="npu")
+        g_opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(0.01),
+                                      nl.FixedLossScaleManager(8.0), backend="npu")
+        d_train = d_opt.minimize(model.d_loss, var_list=model.d_vars)
+        with pytest.warns(UserWarning, match="cannot tell their overflows apart"):
+            g_train = g_opt.minimize(model.g_loss, var_list=model.g_vars)
+        return [d_train, g_train]
+
+    g_changed, reads, clears = _fetched_together(make_steps)
+    assert g_changed == [False, False]
+    assert len(reads) == 2 and len(clears) == 1
+    [clear] = [op for op in tf.get_default_graph().get_operations()
+               if op.name == "loss_scale/clear_status"]
+    assert [ops_not_after(read, clear) for read in reads] == [[], []]
 
 
 def test_per_group_ops_run_their_own_update_ops_and_the_joint_op_all(graph):

@@ -37,7 +37,7 @@ def test_summaries_report_scale_applied_and_skips(graph):
     assert [v["loss_scale/skipped_total"] for v in values] == [0.0, 0.0, 1.0]
 
 
-def test_hook_logs_every_n_runs_and_clears_the_status_at_start(graph):
+def test_hook_logs_every_n_runs(graph):
     model, train = _train()
     hook = nl.LossScaleHook(train, every_n_steps=2)
     poison = dict(model.feed)
@@ -131,7 +131,8 @@ def test_a_second_register_reader_is_warned_about(graph, npu_shim):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         d_opt.minimize(model.d_loss, var_list=model.d_vars)
-    with pytest.warns(UserWarning, match="race"):
+    with pytest.warns(UserWarning, match="cannot tell their overflows apart.*neither "
+                                         "misses an overflow.*also skips"):
         g_opt.minimize(model.g_loss, var_list=model.g_vars)
 
 

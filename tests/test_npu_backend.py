@@ -7,25 +7,13 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from npu_lossscale import backends
-from conftest import SKIPPED_STEPS, snapshot_globals
+from conftest import SKIPPED_STEPS, op_ancestors, ops_not_after, snapshot_globals
 from models import add_gan_groups, two_group_gan
 
 
 def _emulation():
     from npu_bridge import _emulation  # the shim's test-only controls
     return _emulation
-
-
-def _ancestors(op):
-    """Every op ``op`` needs to run (data and control inputs), itself included."""
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        if current not in seen:
-            seen.add(current)
-            stack.extend(t.op for t in current.inputs)
-            stack.extend(current.control_inputs)
-    return seen
 
 
 @pytest.fixture
@@ -53,7 +41,12 @@ def _n_group_model(n):
 
 @pytest.mark.parametrize("op_set", ["v1", "v2"])
 @pytest.mark.parametrize("groups", [1, 2, 5])
-def test_exactly_one_status_read_and_one_clear(graph, npu_shim, saturation_mode, op_set, groups):
+def test_exactly_one_status_read_after_the_one_clear(graph, npu_shim, saturation_mode, op_set,
+                                                     groups):
+    """One read per step, and one clear per graph that runs before every op
+    the read follows (reads never clear: npu_bridge's read-then-clear,
+    tf_adapter npu_bridge/estimator/npu/npu_loss_scale_optimizer.py, is what
+    races when two steps share a run)."""
     emulation = _emulation()
     emulation.set_op_set(op_set)
     x, weights, losses = _n_group_model(groups)
@@ -63,11 +56,11 @@ def test_exactly_one_status_read_and_one_clear(graph, npu_shim, saturation_mode,
     train = scaler.build(global_step=tf.train.get_or_create_global_step())
     assert scaler.backend == "npu"
     assert emulation.count_status_reads(graph) == 1
-    # One clear in the step; TrainOps.clear_status is the other, run on its own.
-    assert emulation.count_status_clears(graph) == 2
-    step_ops = _ancestors(train.update_op)
-    assert len([op for op in step_ops if emulation.shim_op_type(op) in emulation.CLEAR_OP_TYPES]) == 1
-    assert train.clear_status not in step_ops
+    assert emulation.count_status_clears(graph) == 1
+    step_ops = op_ancestors(train.update_op)
+    assert train.clear_status in step_ops
+    [read] = [op for op in step_ops if emulation.shim_op_type(op) in emulation.READ_OP_TYPES]
+    assert ops_not_after(read, train.clear_status) == []
     v2_reads = emulation.count_ops(graph, "NpuGetFloatStatusV2")
     assert v2_reads == (1 if op_set == "v2" else 0)
     with tf.Session() as sess:
@@ -164,32 +157,48 @@ def test_npu_backend_skip_is_atomic_in_inf_nan_mode(graph, npu_shim, op_set, bad
             assert np.array_equal(before[name], after[name]), name
 
 
-def test_per_group_policy_serialises_reads_and_skips_only_the_broken_group(graph, npu_shim, saturation_mode):
-    """g's own scale (2**20) overflows float16 in g's backward pass only.
-
-    The overflow is in the backward pass on purpose: serialised reads can tell
-    groups' backward passes apart, not forward ops that run before the first
-    read (README, skip policy).
-    """
-    emulation = _emulation()
+def _per_group_policy_step(d_scale, g_scale):
     model = two_group_gan(compute_dtype=tf.float16)
-    d_manager = nl.DynamicLossScaleManager(2.0 ** 8)
-    g_manager = nl.DynamicLossScaleManager(2.0 ** 20)
+    d_manager = nl.DynamicLossScaleManager(d_scale)
+    g_manager = nl.DynamicLossScaleManager(g_scale)
     scaler = nl.MultiOptimizerLossScale(d_manager, backend="npu", skip_policy="per_group")
     add_gan_groups(scaler, model, g_manager=g_manager)
     train = scaler.build()
-    assert emulation.count_status_reads(graph) == 2
-    assert emulation.count_status_clears(graph) == 3  # two in the step, one clear_status
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         before = sess.run(model.d_vars + model.g_vars)
         groups = sess.run([train.group_is_finite, train.update_op], model.feed)[0]
         after = sess.run(model.d_vars + model.g_vars)
         scales = sess.run([d_manager.get_loss_scale(), g_manager.get_loss_scale()])
+    changed = [not np.array_equal(a, b) for a, b in zip(before, after)]
+    return train, groups, changed, scales
+
+
+def test_per_group_policy_serialises_reads_and_skips_only_the_broken_group(graph, npu_shim,
+                                                                           saturation_mode):
+    """g's own scale (2**20) overflows float16 in g's backward pass only:
+    d, read first, applies; g skips."""
+    emulation = _emulation()
+    train, groups, changed, scales = _per_group_policy_step(2.0 ** 8, 2.0 ** 20)
+    assert emulation.count_status_reads(graph) == 2
+    assert emulation.count_status_clears(graph) == 1  # clear_status, run first
+    reads = [op for op in op_ancestors(train.update_op)
+             if emulation.shim_op_type(op) in emulation.READ_OP_TYPES]
+    assert [ops_not_after(read, train.clear_status) for read in reads] == [[], []]
     assert groups == {"d": True, "g": False}
-    assert all(not np.array_equal(a, b) for a, b in zip(before[:2], after[:2]))
-    assert all(np.array_equal(a, b) for a, b in zip(before[2:], after[2:]))
+    assert changed == [True, True, False, False]  # d's w, b; g's w, b
     assert scales == [2.0 ** 8, 2.0 ** 19]  # each manager on its own group
+
+
+def test_per_group_policy_on_the_register_skips_later_groups_after_an_earlier_overflow(
+        graph, npu_shim, saturation_mode):
+    """The register is never cleared between the reads, so g's read (after
+    d's) also sees d's overflow: both skip, neither misses it (README, skip
+    policy)."""
+    _, groups, changed, scales = _per_group_policy_step(2.0 ** 20, 2.0 ** 8)
+    assert groups == {"d": False, "g": False}
+    assert changed == [False] * 4
+    assert scales == [2.0 ** 19, 2.0 ** 7]
 
 
 def test_per_group_policy_with_a_shared_loss_cannot_be_honoured(graph, npu_shim, saturation_mode):
@@ -246,3 +255,107 @@ def test_npu_bridge_managers_are_accepted(graph, npu_shim, saturation_mode):
         scaler.add(model.d_loss, tf.train.AdamOptimizer(0.01), var_list=model.d_vars)
         scaler.build()
         assert _emulation().count_status_reads(tf.get_default_graph()) == 0  # check disabled
+
+
+# -- the one clear: ordered before everything a read follows --------------------------
+
+def test_ops_not_after_sees_an_unordered_read(graph, npu_shim, saturation_mode):
+    """The check the tests rely on is not vacuous: a read built without
+    ``order_after_clear`` has forward ops the clear need not precede (as
+    npu_bridge's reads do, tf_adapter
+    npu_bridge/estimator/npu/npu_loss_scale_optimizer.py); ordering empties
+    the list."""
+    from npu_bridge.helper import helper
+    x, weights, losses = _n_group_model(1)
+    grads = tf.gradients(losses[0], weights)
+    backend = backends.NpuFloatStatusBackend(helper.get_gen_ops())
+    clear = backend.clear_status()
+    with tf.control_dependencies(grads):
+        read = helper.get_gen_ops().npu_get_float_status_v2()
+    unordered = ops_not_after(read.op, clear)
+    assert any(name.startswith("MatMul") for name in unordered), unordered
+    backends.order_after_clear(clear, grads)
+    assert ops_not_after(read.op, clear) == []
+
+
+@pytest.mark.parametrize("op_set", ["v1", "v2"])
+def test_the_clear_precedes_loops_conds_and_fed_defaults(graph, npu_shim, saturation_mode,
+                                                          op_set):
+    """Forward passes through a while loop and a cond (v1 Enter/Switch under
+    NPU_LOSSSCALE_GRAPH_MODE=v1, functional While/If otherwise) and a fed
+    placeholder_with_default: the clear precedes all of it, and the step
+    still runs, applies and skips."""
+    _emulation().set_op_set(op_set)
+    x = tf.placeholder(tf.float32, [4, 3])
+    gain = tf.placeholder_with_default(tf.constant(1.0), [])
+    w = tf.get_variable("w", [3, 3], initializer=tf.constant_initializer(0.5))
+    h = tf.cast(x, tf.float16) * tf.cast(gain, tf.float16)
+    _, h = tf.while_loop(lambda i, h: i < 3,
+                         lambda i, h: (i + 1, tf.tanh(tf.matmul(h, tf.cast(w, tf.float16)))),
+                         [tf.constant(0), h])
+    h = tf.cond(tf.reduce_sum(x) > 0, lambda: h * 2.0, lambda: h)
+    loss = tf.reduce_mean(tf.cast(h, tf.float32) * tf.cast(gain, tf.float32))
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w])
+    train = scaler.build()
+    [read] = [op for op in op_ancestors(train.update_op)
+              if _emulation().shim_op_type(op) in _emulation().READ_OP_TYPES]
+    assert ops_not_after(read, train.clear_status) == []
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        start = sess.run(w)
+        assert sess.run([train.update_op, train.is_finite], {x: np.ones([4, 3])})[1]
+        moved = sess.run(w)
+        assert not np.array_equal(start, moved)
+        # 1e6 * x overflows float16 in the first multiply: saturated, skipped.
+        assert not sess.run([train.update_op, train.is_finite],
+                            {x: np.ones([4, 3]), gain: 1e6})[1]
+        assert np.array_equal(sess.run(w), moved)
+
+
+class _UpdateFails(nl.FixedLossScaleManager):
+    """A manager whose update fails once the step's check exists."""
+
+    fail = True
+
+    def update_loss_scale(self, finite):
+        if self.fail:
+            raise RuntimeError("update failed")
+        return super(_UpdateFails, self).update_loss_scale(finite)
+
+
+def test_a_failed_build_takes_the_clear_off_the_forward_ops(graph, npu_shim, saturation_mode):
+    model = two_group_gan(compute_dtype=tf.float16)
+    manager = _UpdateFails(8.0)
+    scaler = nl.MultiOptimizerLossScale(manager, backend="npu")
+    add_gan_groups(scaler, model)
+    with pytest.raises(RuntimeError, match="update failed"):
+        scaler.build()
+    clear = graph.get_operation_by_name("loss_scale/clear_status")
+    assert [op.name for op in graph.get_operations() if clear in op.control_inputs] == []
+    manager.fail = False
+    train = scaler.build()
+    assert train.clear_status is clear
+    assert [op for op in graph.get_operations() if clear in op.control_inputs]
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert sess.run([train.update_op, train.is_finite], model.feed)[1]
+
+
+def test_the_register_record_dies_with_its_graph(npu_shim, saturation_mode):
+    """An Estimator builds a graph per train/eval cycle: the record of the
+    readers and the clear must not keep old graphs alive."""
+    import gc
+    import weakref
+    refs = []
+    for _ in range(3):
+        graph = tf.Graph()
+        with graph.as_default():
+            x, weights, losses = _n_group_model(1)
+            scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+            scaler.add(losses[0], tf.train.GradientDescentOptimizer(0.1), var_list=weights)
+            scaler.build()
+        refs.append(weakref.ref(graph))
+        del graph, x, weights, losses, scaler
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None, None]

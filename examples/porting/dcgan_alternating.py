@@ -237,8 +237,6 @@ def main(argv=None):
     log = []
     with tf.Session(graph=graph) as sess:
         sess.run(init)
-        if train is not None:
-            sess.run(train.clear_status)  # Ascend: nothing left in the register before step 1
         # Schedules are keyed on the loop's own iteration count, not on
         # global_step: with the builder, global_step does not move on a
         # skipped run (count_skipped_steps=False), so `global_step % N == 0`

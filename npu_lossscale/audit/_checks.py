@@ -28,8 +28,9 @@ Attributes:
 CODES = collections.OrderedDict([
     ("NLS000-needs-fetches", ("info", "checks that were run on the whole graph "
                               "because no fetches were given")),
-    ("NLS001-status-race", ("error (warning)", "more than one float-status read "
-                            "or clear, not ordered, can run in one step")),
+    ("NLS001-status-race", ("error (warning)", "a float-status clear that can "
+                            "run between an overflow and the read meant to see "
+                            "it, in one step")),
     ("NLS002-untrained-variables", ("warning (info)", "trainable variables that "
                                     "no train op updates (info: only unfetched "
                                     "ones do)")),
@@ -94,30 +95,64 @@ def _if_run_together(context):
 # -- NLS001 ----------------------------------------------------------------------
 
 def check_status_race(context):
-    """Float-status reads/clears in one run must be totally ordered."""
+    """No float-status clear may land between an overflow and the read that
+    should see it.
+
+    The register is sticky: a read sees every overflow since the last clear,
+    and reads do not change it, so reads never race each other. A clear
+    races a read in the same run unless it runs after the read, or before
+    every op the read follows (then it only removes what came before the
+    step, as the builder's one clear per run does).
+    """
     model = context.model
-    ops = sorted(n for n in context.run if model.nodes[n].type in _facts.STATUS_TYPES)
-    if len(ops) < 2:
-        return []
-    before = dict((op, model.ancestors([op])) for op in ops)
+    ops = [n for n in context.run if model.nodes[n].type in _facts.STATUS_TYPES]
+    reads = sorted(n for n in ops if model.nodes[n].type in _facts.STATUS_READ_TYPES)
+    clears = sorted(n for n in ops if model.nodes[n].type in _facts.STATUS_CLEAR_TYPES)
     racing = set()
-    for first, second in itertools.combinations(ops, 2):
-        if first in before[second] or second in before[first]:
-            continue
-        if context.co_runnable(first, second):
-            racing |= set([first, second])
+    order = model.topological(model.all_deps) if reads and clears else []
+    for read in reads:
+        followed = model.ancestors([read])
+        for clear in clears:
+            if not context.co_runnable(read, clear):
+                continue
+            if read in model.ancestors([clear]):
+                continue  # the clear comes after the read
+            if not _precedes_all(model, order, clear, followed):
+                racing |= set([read, clear])
     if not racing:
         return []
-    reads = sorted(op for op in racing if model.nodes[op].type in _facts.STATUS_READ_TYPES)
+    names = sorted(op for op in racing if model.nodes[op].type in _facts.STATUS_READ_TYPES)
     return [Finding(
         "NLS001-status-race", context.run_severity("error"),
-        "%d float-status reads/clears (%s) can run in one step without an order "
-        "between them%s, so each loss-scale check can see or clear the other's "
-        "overflow (the multi-optimizer race of Huawei's FAQ); build all the "
-        "optimizers with one npu_lossscale.MultiOptimizerLossScale (one status "
-        "read per step), or run each optimizer in its own session.run."
-        % (len(racing), ", ".join(reads or sorted(racing)), _if_run_together(context)),
+        "%d float-status reads/clears (%s) can run in one step with a clear that "
+        "can land between an overflow and the read that should see it%s, so a "
+        "loss-scale check can miss its overflow and apply a saturated step (the "
+        "multi-optimizer race of Huawei's FAQ); build all the optimizers with one "
+        "npu_lossscale.MultiOptimizerLossScale (one clear per run, before every "
+        "read's computation), or run each optimizer in its own session.run."
+        % (len(racing), ", ".join(names), _if_run_together(context)),
         _sorted(racing))]
+
+
+def _precedes_all(model, order, clear, followed):
+    """Whether ``clear`` runs before every op in ``followed`` (a read's
+    ancestors) that computes: all but graph inputs (nodes without inputs,
+    placeholders with a default, status buffers) and the clear's own
+    ancestors. ``order``: every node,
+    topologically."""
+    before = model.ancestors([clear])
+    after = set([clear])
+    pending = [name for name in order if name in followed and name not in before]
+    changed = True
+    while changed:  # a second pass settles v1 loop back edges
+        changed = False
+        for name in pending:
+            if name not in after and any(dep in after for dep in model.all_deps(name)):
+                after.add(name)
+                changed = True
+    return all(name in after or not model.all_deps(name)
+               or model.nodes[name].type in _facts.STATUS_ALLOC_TYPES
+               or model.nodes[name].type in _facts.FEEDABLE_TYPES for name in pending)
 
 
 # -- NLS002 / NLS003 ----------------------------------------------------------------

@@ -17,6 +17,11 @@ __all__ = ["CHECK_TYPES", "COLLECTIVE_TYPES", "Facts", "STATUS_TYPES"]
 STATUS_READ_TYPES = frozenset(["NpuGetFloatStatus", "NpuGetFloatStatusV2"])
 STATUS_CLEAR_TYPES = frozenset(["NpuClearFloatStatus", "NpuClearFloatStatusV2"])
 STATUS_TYPES = STATUS_READ_TYPES | STATUS_CLEAR_TYPES
+#: Takes no input (tf_adapter ops/aicore/npu_mixed_precesion_ops.cc), so it
+#: counts as a graph input, whatever a stand-in builds it from.
+STATUS_ALLOC_TYPES = frozenset(["NpuAllocFloatStatus"])
+#: A run feeds it or it passes its constant default on: it computes nothing.
+FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"])
 #: Op types whose output tells whether values overflowed.
 CHECK_TYPES = frozenset(["IsFinite", "IsInf", "IsNan"]) | STATUS_TYPES
 
