@@ -25,6 +25,7 @@ import warnings
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import inputs as _inputs
 from npu_lossscale.gradients import SMALL_GRADIENT_ELEMENTS, dense_values
 
 BACKENDS = ("auto", "is_finite", "npu", "float_status")
@@ -108,14 +109,16 @@ class NpuFloatStatusBackend(object):
     one ``session.run`` race: one's clear can land between the other's
     overflow and its read (seed 003). This backend never clears after a
     read. Each graph has one clear (``clear_status``), and every op that
-    a read follows is made to follow that clear: every op among the read's
-    ancestors that takes a graph input (a placeholder, a variable, a
-    constant) gets the clear as a control input, and every other op
-    descends from one of those. So in any run the clear runs once, before
-    any computation of any reading step, and nothing clears after it: a
-    read sees every overflow of its own step, whatever else the run fetches.
-    What it can also see is an overflow of another step of the same run
-    that landed before it, which makes it skip (conservative), never apply.
+    a read follows is made to follow that clear (``order_after_clear``): the
+    ops among the read's ancestors that take a graph input (a placeholder,
+    a variable, a constant) get the clear as a control input, and the rest
+    descend from those. So in a run that feeds only placeholders, the clear
+    runs once, before any computation of any reading step, and nothing
+    clears after it: a read sees every overflow of its own step, whatever
+    else the run fetches. What it can also see is an overflow of another
+    step of the same run that landed before it, which makes it skip
+    (conservative), never apply. Reads are built at the top level of the
+    graph only (``inputs.require_top_level``).
 
     Uses the v2 ops (``npu_get_float_status_v2``/``npu_clear_float_status_v2``)
     when the installed npu_bridge has them, else the v1 ops
@@ -153,6 +156,7 @@ class NpuFloatStatusBackend(object):
         Returns:
           A float32 scalar tensor.
         """
+        _inputs.require_top_level("A float-status read")
         gen = self._gen_ops
         deps = [dense_values(t) for t in list(tensors) + list(after)]
         order_after_clear(self.clear_status(), deps)
@@ -267,8 +271,11 @@ def order_after_clear(clear, tensors):
         parents = [tensor.op for tensor in op.inputs] + list(op.control_inputs)
         # Not on a feedable op itself: grappler's dependency optimizer drops
         # a consumer's edge from the clear as implied by the feedable op's,
-        # and feeding the op then cuts both out of the run.
+        # and feeding the op then cuts both out of the run. Not into a v1
+        # loop's frame but at its Enter ops: every op in the loop follows
+        # them, and an edge from outside into the frame is invalid.
         if (op.type not in _FEEDABLE_TYPES and clear not in parents
+                and not _inside_loop(op)
                 and any(_is_graph_input(parent) or _passes_on_input(parent)
                         for parent in parents)):
             op._add_control_input(clear)  # pylint: disable=protected-access
@@ -282,11 +289,20 @@ def _is_graph_input(op):
 
 
 def _passes_on_input(op):
-    """Whether ``op`` hands a graph input on unchanged (a ref variable's
-    ``read``): grappler's arithmetic optimizer may move a cast above it, out
-    of reach of its control inputs, so its consumers are ordered too."""
+    """Whether ``op`` hands graph inputs on unchanged, through a chain of
+    value-preserving ops (a ref variable's ``read``, a Reshape then a
+    Transpose of a placeholder): grappler's arithmetic optimizer may move a
+    following cast above the whole chain, out of reach of its control
+    inputs, so the consumers of every op of the chain are ordered too."""
     return op.type in _VALUE_PRESERVING_TYPES and all(
-        _is_graph_input(tensor.op) for tensor in op.inputs)
+        _is_graph_input(tensor.op) or _passes_on_input(tensor.op) for tensor in op.inputs)
+
+
+def _inside_loop(op):
+    if op.type in ("Enter", "RefEnter"):
+        return False
+    context = op._get_control_flow_context()  # pylint: disable=protected-access
+    return context is not None and context.GetWhileContext() is not None
 
 
 #: Ops grappler may swap a cast with (tensorflow core/grappler/op_types.cc,

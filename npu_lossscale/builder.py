@@ -325,7 +325,9 @@ class MultiOptimizerLossScale(object):
           ValueError: if called twice, with no groups, in eager mode, when a
             group's loss reaches none of its variables, for
             ``accumulation_steps`` < 1, or for groups sharing a loss under
-            ``skip_policy="per_group"`` on the npu backend. Every check runs
+            ``skip_policy="per_group"`` on the npu backend, or on the
+            float-status register inside a ``tf.cond``/``tf.while_loop`` body
+            or a ``tf.function``. Every check runs
             before the first op is made; a build that fails leaves the
             builder as it was, so it can be called again.
           TypeError: for a global_step that is not an integer variable, a
@@ -398,6 +400,8 @@ class MultiOptimizerLossScale(object):
     def _plan(self, global_step, accumulation_steps, count_skipped_steps):
         """Every check of ``build``'s arguments, then the plan; no op made."""
         self._backend = _backends.resolve_backend(self._requested_backend)
+        if self._backend.reads_register:
+            _inputs.require_top_level("MultiOptimizerLossScale.build")
         plan = _plan.make_plan(
             self._groups, self._manager, reads_register=self._backend.reads_register,
             skip_policy=self._skip_policy, engine=self._engine,

@@ -94,6 +94,33 @@ def require_graph_mode(what):
             % what)
 
 
+def require_top_level(what):
+    """Raises ValueError inside a function or control-flow body.
+
+    A float-status step orders the graph's one register clear before the
+    ops its read follows; that needs the read at the top level of a
+    ``tf.Graph``, not in a ``tf.cond``/``tf.while_loop`` body or a
+    ``tf.function``.
+
+    Args:
+      what: the name of the API being used, for the message.
+
+    Raises:
+      ValueError: inside a function graph or a v1 control-flow context.
+    """
+    graph = tf.get_default_graph()
+    inside = getattr(graph, "outer_graph", None) is not None or (
+        graph._get_control_flow_context() is not None)  # pylint: disable=protected-access
+    if inside:
+        raise ValueError(
+            "%s reads Ascend's float-status register and must be built at the top "
+            "level of the graph, got a %s. Build it outside tf.cond, tf.while_loop "
+            "and tf.function (compute the losses there if you need to), or pass "
+            "backend='is_finite'." % (what, "function graph %r" % graph.name
+                                      if getattr(graph, "outer_graph", None) is not None
+                                      else "control-flow body"))
+
+
 def check_loss(loss):
     """Raises unless ``loss`` is a floating scalar tensor of the default graph.
 

@@ -141,7 +141,9 @@ class LossScaleOptimizer(tf.train.Optimizer):
           An op that applies (or skips) and updates the loss scale.
 
         Raises:
-          ValueError: if no gradient is given.
+          ValueError: if no gradient is given, or for a float-status read
+            built inside a ``tf.cond``/``tf.while_loop`` body or a
+            ``tf.function``.
         """
         _inputs.require_graph_mode("LossScaleOptimizer.apply_gradients")
         _inputs.check_global_step(global_step)
@@ -156,6 +158,8 @@ class LossScaleOptimizer(tf.train.Optimizer):
             flags = {}
             # Decided here, as npu_bridge's NPULossScaleOptimizer does.
             backend = _backends.resolve_backend(self._requested_backend)
+            if backend.reads_register and _overflow.overflow_check_enabled(self._manager):
+                _inputs.require_top_level("LossScaleOptimizer.apply_gradients")
             kind = _plan.choose_gate(self._gate, backend.on_npu,
                                      os.environ.get("ENABLE_FORCE_V2_CONTROL") == "1",
                                      tf.control_flow_v2_enabled())

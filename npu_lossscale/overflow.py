@@ -37,7 +37,9 @@ def all_finite(grads, backend="auto"):
       A bool scalar tensor, True when no gradient overflowed.
 
     Raises:
-      ValueError: for an unknown backend or no gradient at all.
+      ValueError: for an unknown backend or no gradient at all, or for the
+        register inside a ``tf.cond``/``tf.while_loop`` body or a
+        ``tf.function``.
     """
     grads = [grad for grad in grads if grad is not None]
     if not grads:

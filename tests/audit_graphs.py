@@ -111,6 +111,44 @@ def serial_reads_with_a_clear_between():
     return Case(graph, [d_status, g_status], {})
 
 
+def clear_after_the_forward_pass():
+    """A clear ordered after the loss and before the backprop and the read:
+    ordered with the read, but it wipes the forward pass's overflows."""
+    from npu_bridge.helper import helper  # pylint: disable=import-outside-toplevel
+    gen = helper.get_gen_ops()
+    graph = tf.Graph()
+    with graph.as_default():
+        model, _ = gan()
+        with tf.control_dependencies([model.d_loss]):
+            cleared = gen.npu_clear_float_status_v2()
+        with tf.control_dependencies([cleared]):
+            d_loss = tf.identity(model.d_loss)
+        grads = tf.gradients(d_loss, model.d_vars)
+        with tf.control_dependencies(grads + [cleared]):
+            status = gen.npu_get_float_status_v2()
+    return Case(graph, [status] + grads, {})
+
+
+def builder_with_loop_and_cond(backend=REGISTER_BACKEND):
+    """The builder on a forward pass through a while loop and a cond (bodies
+    of functional While/If under control flow v2, v1 frames otherwise)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.placeholder(tf.float32, [2, 2], name="x")
+        w = tf.get_variable("w", [2, 2], initializer=tf.ones_initializer())
+        _, h = tf.while_loop(
+            lambda i, h: i < 2,
+            lambda i, h: (i + 1, tf.tanh(tf.matmul(h, tf.cast(w, tf.float16)))),
+            [tf.constant(0), tf.cast(x, tf.float16)])
+        h = tf.cond(tf.reduce_sum(x) > 0, lambda: h * 2, lambda: h)
+        loss = tf.reduce_sum(tf.cast(h, tf.float32))
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend=backend)
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.01), var_list=[w])
+        train = scaler.build()
+        tf.train.Saver()
+    return Case(graph, [train.update_op], {})
+
+
 def npu_loss_scale_optimizer_gan(per_optimizer=True):
     """The seed's GAN on Ascend: npu_bridge's NPULossScaleOptimizer (the
     shim's faithful copy; saturation mode, so it reads the register) per

@@ -81,10 +81,12 @@ def _ancestors(parents, starts):
 
 
 def _not_after(parents, roots, first, exempt):
-    """The ancestors of ``roots`` that need not wait for ``first`` (except
-    ``first``'s own ancestors and the ``exempt`` ones)."""
-    before = _ancestors(parents, [first])
-    pending = [a for a in _ancestors(parents, roots) if a not in before]
+    """The ancestors of ``roots`` that need not wait for ``first``, except
+    the ``exempt`` ones. ``first``'s own ancestors count: they run before
+    it, so it would wipe their overflows."""
+    pending = [a for a in _ancestors(parents, roots) if a is not first]
+    inside = getattr(first, "name", first) + "/"  # the clear's own ops
+    pending = [a for a in pending if not getattr(a, "name", a).startswith(inside)]
     after, changed = set([first]), True
     while changed:  # more than one pass only for v1 loop back edges
         changed = False
@@ -100,8 +102,7 @@ def ops_not_after(op, first):
 
     Walks ``op``'s ancestors (data and control inputs). Left out: graph
     inputs (ops without inputs, and ``placeholder_with_default``, which a
-    run can feed), ``first`` and its own ancestors, and the shim's status
-    buffer (``NpuAllocFloatStatus`` takes no input on the device: tf_adapter
+    run can feed) and the shim's status buffer (``NpuAllocFloatStatus`` takes no input on the device: tf_adapter
     ops/aicore/npu_mixed_precesion_ops.cc). An empty result means ``first``
     runs before every computation ``op`` depends on, in any run.
     """
@@ -155,4 +156,5 @@ def partition_nodes_not_after(run_metadata, clear, roots=None):
 
     assert clear in nodes, "the run did not run %s" % clear
     roots = [n for n in nodes if roots(n)] if roots else list(nodes)
+    assert roots, "no node of the run matched roots"
     return sorted(_not_after(parents, roots, clear, exempt))

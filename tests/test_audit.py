@@ -201,6 +201,22 @@ def test_npu_loss_scale_optimizer_per_network_races(npu_shim, op_set):
     assert_clean(audit(ported.graph, ported.fetches))
 
 
+def test_a_clear_after_the_forward_pass_races(npu_shim):
+    """A clear before the read but after the loss it follows wipes the
+    forward pass's overflows: the ops that run before a clear are not
+    exempt."""
+    case = ag.clear_after_the_forward_pass()
+    race = only(audit(case.graph, case.fetches), "NLS001-status-race")[0]
+    assert race.severity == "error"
+
+
+def test_builder_through_a_loop_and_a_cond_is_clean(npu_shim):
+    """Function body nodes (v2) start when their While/If node starts, so
+    they follow the clear through it; v1 frames follow it through Enter."""
+    case = ag.builder_with_loop_and_cond()
+    assert_clean(audit(case.graph, case.fetches))
+
+
 def test_real_adapter_op_types_without_npu_bridge(npu_shim, tmp_path):
     from npu_bridge import _emulation  # pylint: disable=import-outside-toplevel
     with _emulation.overflow_mode("saturation"):

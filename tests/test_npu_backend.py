@@ -259,6 +259,18 @@ def test_npu_bridge_managers_are_accepted(graph, npu_shim, saturation_mode):
 
 # -- the one clear: ordered before everything a read follows --------------------------
 
+def _ordered_step(loss, var_list, learning_rate):
+    """A one-group step on the register whose one read follows the clear
+    in everything it depends on (as built)."""
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(learning_rate), var_list=var_list)
+    train = scaler.build()
+    [read] = [op for op in op_ancestors(train.update_op)
+              if _emulation().shim_op_type(op) in _emulation().READ_OP_TYPES]
+    assert ops_not_after(read, train.clear_status) == []
+    return train
+
+
 def test_ops_not_after_sees_an_unordered_read(graph, npu_shim, saturation_mode):
     """The check the tests rely on is not vacuous: a read built without
     ``order_after_clear`` has forward ops the clear need not precede (as
@@ -295,12 +307,7 @@ def test_the_clear_precedes_loops_conds_and_fed_defaults(graph, npu_shim, satura
                          [tf.constant(0), h])
     h = tf.cond(tf.reduce_sum(x) > 0, lambda: h * 2.0, lambda: h)
     loss = tf.reduce_mean(tf.cast(h, tf.float32) * tf.cast(gain, tf.float32))
-    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
-    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w])
-    train = scaler.build()
-    [read] = [op for op in op_ancestors(train.update_op)
-              if _emulation().shim_op_type(op) in _emulation().READ_OP_TYPES]
-    assert ops_not_after(read, train.clear_status) == []
+    train = _ordered_step(loss, [w], 0.1)
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         start = sess.run(w)
@@ -359,3 +366,97 @@ def test_the_register_record_dies_with_its_graph(npu_shim, saturation_mode):
         del graph, x, weights, losses, scaler
     gc.collect()
     assert [ref() for ref in refs] == [None, None, None]
+
+
+def test_a_float_status_step_inside_a_function_or_loop_body_is_refused(graph, npu_shim,
+                                                                       saturation_mode):
+    """The clear must come before every op a read follows, which needs the
+    read at the top level: inside a tf.cond branch (a function graph under
+    control flow v2, a v1 cond context otherwise) every reader says so at
+    build time, before making an op."""
+    x, weights, losses = _n_group_model(1)
+    grads = tf.gradients(losses[0], weights)
+    pred = tf.placeholder_with_default(True, [])
+
+    def inside(build):
+        captured = {}
+
+        def branch():
+            before = len(tf.get_default_graph().get_operations())
+            with pytest.raises(ValueError, match="top level of the graph.*is_finite"):
+                build()
+            captured["made"] = len(tf.get_default_graph().get_operations()) - before
+            return tf.constant(True)
+
+        tf.cond(pred, branch, lambda: tf.constant(True))
+        assert captured["made"] == 0
+
+    inside(lambda: nl.all_finite(grads, backend="npu"))
+    opt = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(0.1),
+                                nl.FixedLossScaleManager(8.0), backend="npu")
+    inside(lambda: opt.apply_gradients(zip(grads, weights)))
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+    scaler.add(losses[0], tf.train.GradientDescentOptimizer(0.1), var_list=weights)
+    inside(scaler.build)
+    # The same at the top level builds and runs.
+    train = scaler.build()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert sess.run([train.update_op, train.is_finite], {x: np.ones([4, 3])})[1]
+
+
+@pytest.mark.parametrize("op_set", ["v1", "v2"])
+def test_grappler_cannot_move_a_cast_of_a_reshaped_input_before_the_clear(
+        graph, npu_shim, saturation_mode, op_set):
+    """Grappler's arithmetic optimizer moves a cast above a chain of
+    value-preserving ops (tensorflow core/grappler/op_types.cc,
+    IsValuePreserving): Reshape then Transpose of a placeholder, and a ref
+    variable's read under v1 behaviour. As run (partition graphs, after
+    grappler), the clear still precedes every op the read follows."""
+    from conftest import partition_nodes_not_after
+    _emulation().set_op_set(op_set)
+    x = tf.placeholder(tf.float32, [4])
+    w = tf.get_variable("w", [2, 2], initializer=tf.constant_initializer(0.5))
+    xc = tf.cast(tf.transpose(tf.reshape(x, [2, 2])), tf.float16)
+    wc = tf.cast(tf.reshape(w, [2, 2]), tf.float16)
+    loss = tf.reduce_sum(tf.cast(tf.matmul(xc, wc), tf.float32))
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.01), var_list=[w])
+    train = scaler.build()
+    clears = [op.name for op in graph.get_operations()
+              if _emulation().shim_op_type(op) in _emulation().CLEAR_OP_TYPES]
+    reads = set(op.name for op in graph.get_operations()
+                if _emulation().shim_op_type(op) in _emulation().READ_OP_TYPES)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        metadata = tf.RunMetadata()
+        sess.run(train.update_op, {x: np.ones([4])},
+                 options=tf.RunOptions(output_partition_graphs=True), run_metadata=metadata)
+    # The register write itself (the v1 stand-in's output Identity is
+    # pruned by grappler; its write is named under it).
+    write = clears[0] if op_set == "v2" else clears[0] + "/register_clear"
+    def is_read(name):  # the read, or the v1 stand-in's nodes under its name
+        return any(name == read or name.startswith(read + "/") for read in reads)
+
+    assert partition_nodes_not_after(metadata, write, is_read) == []
+
+
+def test_a_placeholder_with_default_inside_a_v1_loop_body_runs(graph, npu_shim, saturation_mode):
+    """Ops inside a v1 while loop's frame get no edge from the clear (an
+    edge from outside into the frame is invalid); the loop's Enter ops do,
+    and every op of the loop follows them."""
+    x = tf.placeholder(tf.float32, [2, 2])
+    w = tf.get_variable("w", [2, 2], initializer=tf.constant_initializer(0.5))
+
+    def body(i, h):
+        gain = tf.placeholder_with_default(tf.constant(1.0, tf.float16), [])
+        return i + 1, tf.matmul(h, tf.cast(w, tf.float16)) * gain
+
+    _, h = tf.while_loop(lambda i, h: i < 2, body, [tf.constant(0), tf.cast(x, tf.float16)])
+    loss = tf.reduce_sum(tf.cast(h, tf.float32))
+    train = _ordered_step(loss, [w], 0.01)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert sess.run([train.update_op, train.is_finite], {x: np.ones([2, 2])})[1]
+        assert not sess.run([train.update_op, train.is_finite],
+                            {x: np.full([2, 2], 3e4)})[1]

@@ -137,17 +137,29 @@ def check_status_race(context):
 def _precedes_all(model, order, clear, followed):
     """Whether ``clear`` runs before every op in ``followed`` (a read's
     ancestors) that computes: all but graph inputs (nodes without inputs,
-    placeholders with a default, status buffers) and the clear's own
-    ancestors. ``order``: every node,
-    topologically."""
-    before = model.ancestors([clear])
+    placeholders with a default, status buffers). An op that runs before
+    the clear (its ancestors) is not exempt: the clear wipes its overflow.
+    A function body node starts when its call node does, so it also counts
+    as after the clear when the call node's own inputs are. ``order``:
+    every node, topologically."""
+
+    def deps(name):
+        call = model.nodes[name].call
+        if call is None:
+            return model.all_deps(name)
+        outer = model.nodes[call]
+        return model.all_deps(name) + [source for source, _ in outer.inputs] + list(
+            outer.controls)
+
     after = set([clear])
-    pending = [name for name in order if name in followed and name not in before]
+    # A stand-in's own nodes (the CPU shim's) are named under the op's name.
+    pending = [name for name in order if name in followed and name != clear
+               and not name.startswith(clear + "/")]
     changed = True
     while changed:  # a second pass settles v1 loop back edges
         changed = False
         for name in pending:
-            if name not in after and any(dep in after for dep in model.all_deps(name)):
+            if name not in after and any(dep in after for dep in deps(name)):
                 after.add(name)
                 changed = True
     return all(name in after or not model.all_deps(name)
