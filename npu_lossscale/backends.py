@@ -262,6 +262,7 @@ def order_after_clear(clear, tensors):
       tensors: tensors (or operations).
     """
     record = _register(clear.graph)
+    passes = {}  # op -> whether it passes graph inputs on (_passes_on_input)
     seen, stack = set([clear]), [getattr(t, "op", t) for t in tensors]
     while stack:
         op = stack.pop()
@@ -276,7 +277,7 @@ def order_after_clear(clear, tensors):
         # them, and an edge from outside into the frame is invalid.
         if (op.type not in _FEEDABLE_TYPES and clear not in parents
                 and not _inside_loop(op)
-                and any(_is_graph_input(parent) or _passes_on_input(parent)
+                and any(_is_graph_input(parent) or _passes_on_input(parent, passes)
                         for parent in parents)):
             op._add_control_input(clear)  # pylint: disable=protected-access
             record.ordered.append(op)
@@ -288,21 +289,50 @@ def _is_graph_input(op):
         len(op.inputs) == 0 and len(op.control_inputs) == 0)
 
 
-def _passes_on_input(op):
+def _passes_on_input(op, memo):
     """Whether ``op`` hands graph inputs on unchanged, through a chain of
     value-preserving ops (a ref variable's ``read``, a Reshape then a
     Transpose of a placeholder): grappler's arithmetic optimizer may move a
     following cast above the whole chain, out of reach of its control
-    inputs, so the consumers of every op of the chain are ordered too."""
-    return op.type in _VALUE_PRESERVING_TYPES and all(
-        _is_graph_input(tensor.op) or _passes_on_input(tensor.op) for tensor in op.inputs)
+    inputs, so the consumers of every op of the chain are ordered too.
+
+    Iterative, and each op decided once per walk (``memo``), so long chains
+    and ops that read the same input twice cost linear time.
+    """
+    stack, visiting = [op], set()
+    while stack:
+        current = stack[-1]
+        if current in memo:
+            stack.pop()
+            continue
+        if current.type not in _VALUE_PRESERVING_TYPES:
+            memo[current] = False
+            stack.pop()
+            continue
+        parents = [tensor.op for tensor in current.inputs if not _is_graph_input(tensor.op)]
+        pending = [parent for parent in parents
+                   if parent not in memo and parent not in visiting]
+        if pending and current not in visiting:
+            visiting.add(current)
+            stack.extend(pending)
+            continue
+        memo[current] = all(memo.get(parent, False) for parent in parents)
+        visiting.discard(current)
+        stack.pop()
+    return memo[op]
 
 
 def _inside_loop(op):
-    if op.type in ("Enter", "RefEnter"):
-        return False
+    """Whether ``op`` runs in a v1 while loop's frame: inside the loop body,
+    or an Enter into a loop nested in another loop."""
     context = op._get_control_flow_context()  # pylint: disable=protected-access
-    return context is not None and context.GetWhileContext() is not None
+    loop = context.GetWhileContext() if context is not None else None
+    if loop is None:
+        return False
+    if op.type in ("Enter", "RefEnter"):
+        outer = loop.outer_context
+        return outer is not None and outer.GetWhileContext() is not None
+    return True
 
 
 #: Ops grappler may swap a cast with (tensorflow core/grappler/op_types.cc,

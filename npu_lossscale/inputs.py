@@ -109,16 +109,17 @@ def require_top_level(what):
       ValueError: inside a function graph or a v1 control-flow context.
     """
     graph = tf.get_default_graph()
-    inside = getattr(graph, "outer_graph", None) is not None or (
-        graph._get_control_flow_context() is not None)  # pylint: disable=protected-access
-    if inside:
-        raise ValueError(
-            "%s reads Ascend's float-status register and must be built at the top "
-            "level of the graph, got a %s. Build it outside tf.cond, tf.while_loop "
-            "and tf.function (compute the losses there if you need to), or pass "
-            "backend='is_finite'." % (what, "function graph %r" % graph.name
-                                      if getattr(graph, "outer_graph", None) is not None
-                                      else "control-flow body"))
+    if graph.building_function:
+        inside = "function graph %r" % (graph.name,)
+    elif graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
+        inside = "control-flow body"
+    else:
+        return
+    raise ValueError(
+        "%s reads Ascend's float-status register and must be built at the top "
+        "level of the graph, got a %s. Build it outside tf.cond, tf.while_loop "
+        "and tf.function (compute the losses there if you need to), or pass "
+        "backend='is_finite'." % (what, inside))
 
 
 def check_loss(loss):

@@ -441,16 +441,24 @@ def test_grappler_cannot_move_a_cast_of_a_reshaped_input_before_the_clear(
     assert partition_nodes_not_after(metadata, write, is_read) == []
 
 
-def test_a_placeholder_with_default_inside_a_v1_loop_body_runs(graph, npu_shim, saturation_mode):
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_placeholder_with_default_inside_a_v1_loop_body_runs(graph, npu_shim, saturation_mode,
+                                                               nested):
     """Ops inside a v1 while loop's frame get no edge from the clear (an
-    edge from outside into the frame is invalid); the loop's Enter ops do,
-    and every op of the loop follows them."""
+    edge from outside into the frame is invalid), nor do the Enter ops of a
+    loop nested in another; the outermost loop's Enter ops do, and every op
+    of the loops follows them."""
     x = tf.placeholder(tf.float32, [2, 2])
     w = tf.get_variable("w", [2, 2], initializer=tf.constant_initializer(0.5))
 
     def body(i, h):
         gain = tf.placeholder_with_default(tf.constant(1.0, tf.float16), [])
-        return i + 1, tf.matmul(h, tf.cast(w, tf.float16)) * gain
+        h = tf.matmul(h, tf.cast(w, tf.float16))
+        if nested:  # the inner loop reads the outer body's placeholder
+            _, h = tf.while_loop(lambda j, g: j < 2, lambda j, g: (j + 1, g * gain),
+                                 [tf.constant(0), h])
+            return i + 1, h
+        return i + 1, h * gain
 
     _, h = tf.while_loop(lambda i, h: i < 2, body, [tf.constant(0), tf.cast(x, tf.float16)])
     loss = tf.reduce_sum(tf.cast(h, tf.float32))
@@ -460,3 +468,23 @@ def test_a_placeholder_with_default_inside_a_v1_loop_body_runs(graph, npu_shim, 
         assert sess.run([train.update_op, train.is_finite], {x: np.ones([2, 2])})[1]
         assert not sess.run([train.update_op, train.is_finite],
                             {x: np.full([2, 2], 3e4)})[1]
+
+
+def test_long_value_preserving_chains_are_walked_without_recursion(graph, npu_shim,
+                                                                saturation_mode):
+    """A 2000-op chain of identities (too deep for a recursive walk) and 20
+    Prints that read their input twice (a million visits without a memo)
+    order and build, without recursion."""
+    x = tf.placeholder(tf.float32, [2, 2])
+    t = x
+    for _ in range(2000):
+        t = tf.identity(t)
+    for _ in range(20):
+        t = tf.Print(t, [t])
+    w = tf.get_variable("w", [2, 2], initializer=tf.constant_initializer(0.5))
+    loss = tf.reduce_sum(tf.cast(tf.matmul(tf.cast(t, tf.float16), tf.cast(w, tf.float16)),
+                                 tf.float32))
+    train = _ordered_step(loss, [w], 0.01)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert sess.run([train.update_op, train.is_finite], {x: np.ones([2, 2])})[1]
