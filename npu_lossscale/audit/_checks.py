@@ -110,12 +110,13 @@ def check_status_race(context):
     clears = sorted(n for n in ops if model.nodes[n].type in _facts.STATUS_CLEAR_TYPES)
     racing = set()
     order = model.topological(model.all_deps) if reads and clears else []
+    before = dict((clear, model.ancestors([clear])) for clear in clears)
     for read in reads:
         followed = model.ancestors([read])
         for clear in clears:
             if not context.co_runnable(read, clear):
                 continue
-            if read in model.ancestors([clear]):
+            if read in before[clear]:
                 continue  # the clear comes after the read
             if not _precedes_all(model, order, clear, followed):
                 racing |= set([read, clear])
