@@ -49,6 +49,18 @@ def npu_shim():
             del sys.modules[name]
 
 
+@pytest.fixture
+def saturation_mode(npu_shim):
+    """Saturation mode, the only mode in which tf_adapter reads the register.
+
+    The switch is the real one: ``npu_plugin.set_device_sat_mode(0)``
+    (tf_adapter ``npu_bridge/estimator/npu/npu_plugin.py``); ``npu_shim``'s
+    teardown resets it.
+    """
+    from npu_bridge.estimator.npu import npu_plugin
+    npu_plugin.set_device_sat_mode(0)
+
+
 #: The builder's skipped-steps counter: library state, like a manager's, that
 #: moves on a skipped step by design.
 SKIPPED_STEPS = "loss_scale/skipped_steps"

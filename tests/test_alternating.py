@@ -227,18 +227,12 @@ def test_skipped_steps_counts_each_skip_and_is_checkpointed(graph, tmp_path):
 
 # -- the register's hygiene (saturation mode) ----------------------------------------
 
-def _saturation():
-    from npu_bridge.estimator.npu import npu_plugin
-    npu_plugin.set_device_sat_mode(0)  # tf_adapter npu_plugin.py: saturation
-
-
-def test_an_eval_overflow_never_reaches_the_next_step(graph, npu_shim):
+def test_an_eval_overflow_never_reaches_the_next_step(graph, saturation_mode):
     """An overflow in a run that reads no status stays in the register (the
     real register is sticky until cleared, tf_adapter
     ops/aicore/npu_mixed_precesion_ops.cc: only NpuClearFloatStatus[V2] sets
     it to 0). The next step clears it before its first op, unasked."""
     from npu_bridge import _emulation
-    _saturation()
     model = two_group_gan(compute_dtype=tf.float16)
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend="npu")
     add_gan_groups(scaler, model)
@@ -265,11 +259,10 @@ def test_an_eval_overflow_never_reaches_the_next_step(graph, npu_shim):
 
 def _fetched_together(make_steps, runs=12):
     """Runs every step of ``make_steps(model)`` in each of ``runs`` runs of
-    one session.run, with the generator's loss overflowing (saturation
-    mode). Returns whether G's and D's weights ever changed, and the graph's
+    one session.run, with the generator's loss overflowing (call it under
+    the ``saturation_mode`` fixture). Returns whether G's and D's weights ever changed, and the graph's
     register clears and reads."""
     from npu_bridge import _emulation
-    _saturation()
     model = two_group_gan(compute_dtype=tf.float16)
     steps = make_steps(model)
     poison = dict(model.feed)
@@ -300,7 +293,7 @@ def _fetched_together(make_steps, runs=12):
     return changed[:2], reads, clears
 
 
-def test_per_group_ops_fetched_together_never_miss_an_overflow(graph, npu_shim):
+def test_per_group_ops_fetched_together_never_miss_an_overflow(graph, saturation_mode):
     """The misuse the alternating loop invites: per_group["d"],
     per_group["g"] and update_op in one session.run, G overflowing every
     time. By construction no check can miss it: the graph has one clear,
@@ -323,7 +316,8 @@ def test_per_group_ops_fetched_together_never_miss_an_overflow(graph, npu_shim):
     assert [ops_not_after(read, clear) for read in reads] == [[], [], []]
 
 
-def test_two_loss_scale_optimizers_fetched_together_never_miss_an_overflow(graph, npu_shim):
+def test_two_loss_scale_optimizers_fetched_together_never_miss_an_overflow(graph,
+                                                                          saturation_mode):
     """Seed 003 with this library's wrapper: two LossScaleOptimizers in one
     session.run on the register (warned about at build time). They share
     the graph's one clear, so G's overflow is never missed."""

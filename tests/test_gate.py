@@ -102,9 +102,7 @@ def test_force_v2_control_env_picks_the_cond(graph, monkeypatch):
     assert _raw_control_ops(graph) == []
 
 
-def test_npu_backend_with_control_flow_v2_picks_the_cond(graph, npu_shim):
-    from npu_bridge.estimator.npu import npu_plugin
-    npu_plugin.set_device_sat_mode(0)  # saturation: the register path
+def test_npu_backend_with_control_flow_v2_picks_the_cond(graph, saturation_mode):
     model, train, gs = _build(backend="npu", dtype=tf.float16)
     if GRAPH_MODE == "v2":
         assert _raw_control_ops(graph) == []
@@ -146,13 +144,11 @@ except ValueError as error:
     assert out.stdout.strip().endswith("OK"), out.stderr[-2000:]
 
 
-def test_saturation_path_has_no_is_finite_op(graph, npu_shim):
+def test_saturation_path_has_no_is_finite_op(graph, saturation_mode):
     """tf_adapter's docs: CANN does not support tf.is_finite; npu_bridge's
     managers test the ceiling with less() instead (tf_adapter
     npu_bridge/estimator/npu/npu_loss_scale_manager.py). So nothing the
     builder adds on the register path may be an IsFinite op."""
-    from npu_bridge.estimator.npu import npu_plugin
-    npu_plugin.set_device_sat_mode(0)
     before = set(graph.get_operations())
     for index, manager in enumerate((nl.DynamicLossScaleManager(),
                                      nl.ExponentialUpdateLossScaleManager(2.0 ** 32, 1000))):

@@ -120,9 +120,7 @@ def test_object_checkpoint_saves_the_loss_scale_state(graph, tmp_path):
         assert np.array_equal(before, after)
 
 
-def test_a_second_register_reader_is_warned_about(graph, npu_shim):
-    from npu_bridge.estimator.npu import npu_plugin
-    npu_plugin.set_device_sat_mode(0)  # tf_adapter npu_plugin.py: saturation
+def test_a_second_register_reader_is_warned_about(graph, saturation_mode):
     model = two_group_gan(compute_dtype=tf.float16)
     d_opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), nl.FixedLossScaleManager(8.0),
                                   backend="npu")
@@ -136,9 +134,7 @@ def test_a_second_register_reader_is_warned_about(graph, npu_shim):
         g_opt.minimize(model.g_loss, var_list=model.g_vars)
 
 
-def test_one_builder_with_per_group_ops_is_one_reader(graph, npu_shim):
-    from npu_bridge.estimator.npu import npu_plugin
-    npu_plugin.set_device_sat_mode(0)
+def test_one_builder_with_per_group_ops_is_one_reader(graph, saturation_mode):
     model = two_group_gan(compute_dtype=tf.float16)
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
     add_gan_groups(scaler, model)

@@ -16,17 +16,6 @@ def _emulation():
     return _emulation
 
 
-@pytest.fixture
-def saturation_mode(npu_shim):
-    """Saturation mode, the only mode in which tf_adapter reads the register.
-
-    The switch is the real one: ``npu_plugin.set_device_sat_mode(0)``
-    (tf_adapter ``npu_bridge/estimator/npu/npu_plugin.py``).
-    """
-    from npu_bridge.estimator.npu import npu_plugin
-    npu_plugin.set_device_sat_mode(0)
-
-
 def _n_group_model(n):
     """n groups on one float16 graph: each loss reads every group's weight."""
     x = tf.placeholder(tf.float32, [4, 3])
