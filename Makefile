@@ -18,7 +18,8 @@ CORE_TESTS := tests/test_plan.py tests/test_managers.py tests/test_manager_api.p
               tests/test_manager_checkpoints.py tests/test_builder.py tests/test_gate.py \
               tests/test_alternating.py tests/test_monitoring.py tests/test_optimizer.py \
               tests/test_bad_input.py tests/test_underflow.py tests/test_npu_backend.py \
-              tests/test_features.py tests/test_shim_adapter.py tests/test_audit.py
+              tests/test_features.py tests/test_shim_adapter.py tests/test_audit.py \
+              tests/test_misuse.py
 PYTEST_ARGS ?=
 pytest = $(1) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -45,6 +45,10 @@ from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
 from npu_lossscale import window as _window
 
+# The clip_norm values for which clip_by_global_norm stays exact: clip_norm
+# and 1 / clip_norm are both normal float32 numbers.
+CLIP_NORM_RANGE = (2.0 ** -126, 2.0 ** 126)
+
 
 class TrainOps(collections.namedtuple(
         "TrainOps", ["update_op", "is_finite", "loss_scale", "grads_and_vars",
@@ -88,11 +92,11 @@ class TrainOps(collections.namedtuple(
         overflow check, the same manager and counters), for loops that run
         ``sess.run(train.per_group["d"])`` and then
         ``sess.run(train.per_group["g"])`` with different feeds; ``update_op``
-        stays the joint step. Fetch one per ``session.run``. Fetching several
-        (or one and ``update_op``) in one run is safe on every backend, no
-        check misses its own overflow, but on the float-status register each
-        may also skip for an overflow of another one in that run (the
-        register cannot tell them apart). Empty otherwise.
+        stays the joint step. Fetch one step op per ``session.run``: each is
+        a whole step, so two of them (or one and ``update_op``) would apply
+        a group twice. Such a run fails with an InvalidArgumentError that
+        says so, on every backend (``commit.OneStepPerRun``; one of the two
+        may have applied before the other failed). Empty otherwise.
       skipped_steps: int64 scalar, the number of steps (windows) on which
         some group did not apply, before this run (as ``loss_scale`` is the
         scale before this run's update); fetching it alone runs no step. It
@@ -234,7 +238,8 @@ class MultiOptimizerLossScale(object):
             var_list, clip_norm or manager.
           ValueError: for a non-scalar loss, an empty var_list, a variable or
             optimizer already in another group, a duplicate or invalid name,
-            a clip_norm that is not a positive finite number, or a call
+            a clip_norm outside ``CLIP_NORM_RANGE`` (float32's normal
+            range, for itself and its reciprocal), or a call
             after ``build()``.
         """
         if self._built:
@@ -266,9 +271,16 @@ class MultiOptimizerLossScale(object):
                     "optimizer or pass allreduce_gradients=True."
                     % (name, type(optimizer).__name__))
         if clip_norm is not None:
+            # tf.clip_by_global_norm multiplies by 1 / clip_norm in float32;
+            # outside float32's normal range that quotient (or clip_norm
+            # itself) flushes to 0 or overflows, and every gradient becomes
+            # 0 or NaN on a step the check found finite.
             _validation.check_number(
-                "clip_norm", clip_norm, minimum=0, min_open=True,
-                hint="Pass a positive global norm such as 1.0, or None not to clip.")
+                "clip_norm", clip_norm, minimum=CLIP_NORM_RANGE[0],
+                maximum=CLIP_NORM_RANGE[1],
+                hint="clip_by_global_norm computes 1 / clip_norm in float32, so both "
+                     "must be normal float32 numbers (2**-126 to 2**126, about 1.2e-38 "
+                     "to 8.5e37). Pass a global norm such as 1.0, or None not to clip.")
         if loss_scale_manager is None:
             loss_scale_manager = self._manager
         else:
@@ -440,8 +452,12 @@ class MultiOptimizerLossScale(object):
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
+            # Several step ops write the same variables and managers: one
+            # run may fetch only one of them.
+            one_step = _commit.OneStepPerRun() if per_group_ops else None
             train = self._build_step(plan, global_step, skipped_steps,
-                                     [op for ops in update_ops.values() for op in ops])
+                                     [op for ops in update_ops.values() for op in ops],
+                                     one_step)
             clear_status = self._backend.clear_status()
         per_group = {}
         if per_group_ops:
@@ -450,7 +466,8 @@ class MultiOptimizerLossScale(object):
                 with tf.name_scope("loss_scale_%s" % group.name):
                     # Copies: the originals already belong to update_op's gate.
                     step = self._build_step(alone, global_step, skipped_steps,
-                                            _commit.Copies(update_ops.get(group.name, ())))
+                                            _commit.Copies(update_ops.get(group.name, ())),
+                                            one_step)
                 per_group[group.name] = step.update_op
         return train._replace(per_group=per_group, skipped_steps=skipped_steps.before,
                               clear_status=clear_status)
@@ -463,17 +480,26 @@ class MultiOptimizerLossScale(object):
             allreduce_gradients=plan.reduction.allreduce_gradients,
             count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind)
 
-    def _build_step(self, plan, global_step, skipped_steps, update_ops):
-        """The pipeline: gradients, overflow, window, commit, manager update."""
+    def _build_step(self, plan, global_step, skipped_steps, update_ops, one_step=None):
+        """The pipeline: gradients, overflow, window, commit, manager update.
+
+        With ``one_step`` (a ``commit.OneStepPerRun``), every write of the
+        step follows its claim: they all follow the overflow flags.
+        """
         scales = _gradients.read_scales(plan)
         checked = _overflow.check(plan, self._backend, scales)
         grads = _gradients.unscale_all(plan, scales, checked.scaled, checked.packing)
+        flags = checked.flags
+        if one_step is not None:
+            with tf.control_dependencies([one_step.claim()]):
+                flags = collections.OrderedDict(
+                    (name, tf.identity(flag)) for name, flag in flags.items())
 
         def finish(flags, grads, after, to_apply):
             return _finish_step(plan, flags, grads, global_step, after, to_apply,
                                 skipped_steps, update_ops)
 
-        step = _window.run(plan, grads, checked.flags, finish,
+        step = _window.run(plan, grads, flags, finish,
                            after=[scale.value for scale in scales.values()])
         is_finite = tf.identity(step.decisions.all_of(
             [item.name for item in plan.checks]), name="is_finite")

@@ -7,7 +7,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import SKIPPED_STEPS, ops_not_after, partition_nodes_not_after, snapshot_globals
+from conftest import (SKIPPED_STEPS, STEP_CLAIMS, ops_not_after, partition_nodes_not_after,
+                      snapshot_globals)
 from models import add_gan_groups, two_group_gan
 
 SCALE = 2.0 ** 10  # a power of two: scaling and unscaling are exact
@@ -65,6 +66,7 @@ def _alternating_reference(steps, skip=None):
 def test_alternating_per_group_runs_match_an_unscaled_twin_bit_for_bit():
     ours, _ = _alternating_ours(5)
     assert ours.pop(SKIPPED_STEPS) == 0
+    assert ours.pop(STEP_CLAIMS) == 10  # 5 D runs and 5 G runs, one claim each
     ref = _alternating_reference(5)
     assert set(ours) == set(ref)
     for name in ref:
@@ -293,27 +295,86 @@ def _fetched_together(make_steps, runs=12):
     return changed[:2], reads, clears
 
 
-def test_per_group_ops_fetched_together_never_miss_an_overflow(graph, saturation_mode):
-    """The misuse the alternating loop invites: per_group["d"],
-    per_group["g"] and update_op in one session.run, G overflowing every
-    time. By construction no check can miss it: the graph has one clear,
-    every read's computation follows it, and nothing clears after a read.
-    Whatever order the executor picks, G never moves."""
-    steps = {}
-
-    def make_steps(model):
-        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+def _one_step_twin(fetch_name, feed_poison=False):
+    """The weights after one run of ``per_group[fetch_name]`` from the start."""
+    with tf.Graph().as_default():
+        model = two_group_gan()
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(SCALE),
+                                            backend="is_finite")
         add_gan_groups(scaler, model)
         train = scaler.build(global_step=tf.train.get_or_create_global_step(),
                              per_group_ops=True)
-        steps["train"] = train
-        return [train.per_group["d"], train.per_group["g"], train.update_op]
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            start = sess.run(model.g_vars + model.d_vars)
+            sess.run(train.per_group[fetch_name] if fetch_name else train.update_op,
+                     model.feed)
+            return start, sess.run(model.g_vars + model.d_vars)
 
-    g_changed, reads, clears = _fetched_together(make_steps)
-    assert g_changed == [False, False]
-    assert len(reads) == 3 and len(clears) == 1
-    clear = steps["train"].clear_status
-    assert [ops_not_after(read, clear) for read in reads] == [[], [], []]
+
+@pytest.mark.parametrize("fetch", [("g", None), ("d", "g"), ("d", "g", None)])
+def test_step_ops_fetched_together_fail_the_run_and_never_apply_twice(graph, fetch):
+    """per_group["g"] with update_op (or two per-group ops) in one
+    session.run would apply G twice. The run fails with the message, whatever
+    order the executor picks; at most one of the fetched steps applied (the
+    weights equal the start or a one-step twin); the next run with one step
+    op trains normally."""
+    model = two_group_gan()
+    gs = tf.train.get_or_create_global_step()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(SCALE), backend="is_finite")
+    add_gan_groups(scaler, model)
+    train = scaler.build(global_step=gs, per_group_ops=True)
+    fetches = [train.per_group[name] if name else train.update_op for name in fetch]
+    once = dict((name, _one_step_twin(name)[1]) for name in fetch)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        start = sess.run(model.g_vars + model.d_vars)
+        for _ in range(3):
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="fetched two step ops of the same"):
+                sess.run(fetches, model.feed)
+            after = sess.run(model.g_vars + model.d_vars)
+            same = [np.array_equal(a, b) for a, b in zip(after, start)]
+            if not all(same):  # one step op got through before the other failed
+                assert any(all(np.array_equal(a, b) for a, b in zip(after, twin))
+                           for twin in once.values())
+                assert sess.run(gs) == 1
+                break
+        else:
+            assert sess.run(gs) == 0
+        # One step op per run works again, and applies once.
+        before = sess.run(gs)
+        sess.run(train.per_group["g"], model.feed)
+        assert sess.run(gs) == before + 1
+
+
+def test_step_ops_fetched_together_on_the_register_fail_and_never_miss_an_overflow(
+        graph, saturation_mode):
+    """The same misuse on the float-status register with G overflowing: the
+    run fails, G never moves, and the graph still has one clear that every
+    read's computation follows (no read clears)."""
+    model = two_group_gan(compute_dtype=tf.float16)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+    add_gan_groups(scaler, model)
+    train = scaler.build(global_step=tf.train.get_or_create_global_step(),
+                         per_group_ops=True)
+    from npu_bridge import _emulation
+    reads = [op for op in graph.get_operations()
+             if _emulation.shim_op_type(op) in _emulation.READ_OP_TYPES]
+    assert len(reads) == 3
+    assert [ops_not_after(read, train.clear_status) for read in reads] == [[], [], []]
+    poison = dict(model.feed)
+    poison[model.poison_g] = np.inf
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        start = sess.run(model.g_vars)
+        for _ in range(5):
+            with pytest.raises(tf.errors.InvalidArgumentError, match="Fetch one step op"):
+                sess.run([train.per_group["d"], train.per_group["g"], train.update_op],
+                         poison)
+        assert all(np.array_equal(a, b) for a, b in zip(sess.run(model.g_vars), start))
+        sess.run(train.per_group["g"], poison)  # alone: skips
+        assert all(np.array_equal(a, b) for a, b in zip(sess.run(model.g_vars), start))
 
 
 def test_two_loss_scale_optimizers_fetched_together_never_miss_an_overflow(graph,

@@ -203,11 +203,16 @@ def test_seed003_builder_decides_right_where_two_npu_lso_in_one_run_do_not(npu_s
             assert seed003.applied(sess, m, [[train.per_group["d"]],
                                              [train.per_group["g"]]]) == (False, False)
             # The misuse that broke npu_bridge's pair above, with the per-group
-            # ops: both in one run, with update_op too. No read clears, the
-            # one clear runs first: both skip, deterministically.
+            # ops: both in one run, with update_op too. It fails the run
+            # (each would apply its group again), and nothing applies: every
+            # read follows the one clear and reports the overflow.
+            sess.run(tf.global_variables_initializer())
+            start = sess.run([m.wd, m.wg])
             for _ in range(5):
-                assert seed003.applied(sess, m, [[train.per_group["d"], train.per_group["g"],
-                                                  train.update_op]]) == (False, False)
+                with pytest.raises(tf.errors.InvalidArgumentError, match="Fetch one step op"):
+                    sess.run([train.per_group["d"], train.per_group["g"], train.update_op],
+                             m.feed)
+                assert all((a == b).all() for a, b in zip(sess.run([m.wd, m.wg]), start))
             clean = dict(m.feed)
             clean[m.inject] = 1.0  # no overflow: both apply, either way
             assert seed003.applied(sess, m, [[train.update_op]], clean) == (True, True)
