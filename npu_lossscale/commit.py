@@ -161,25 +161,90 @@ def check_update_ops_off_the_losses(update_ops, losses):
         stack.extend(op.control_inputs)
 
 
+# Ops that only pass an update on (tf.group's NoOp, tf.identity, a read of
+# a variable an assign returned): the walk goes on to what they follow.
+_WRAPPERS = frozenset(["NoOp", "Identity", "IdentityN", "Snapshot", "ReadVariableOp"])
+# Through these only control inputs lead to updates (a read's input is the
+# variable's handle).
+_CONTROL_ONLY = frozenset(["NoOp", "ReadVariableOp"])
+# Control flow: the updates sit inside a branch or a loop body, where a gate
+# cannot reach them.
+_CONTROL_FLOW = frozenset(["Switch", "Merge", "RefSwitch", "RefMerge", "Enter", "RefEnter",
+                           "Exit", "RefExit", "NextIteration", "LoopCond", "If",
+                           "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile"])
+# Variables and constants: state, not an update of it.
+_NOT_UPDATES = frozenset(["VarHandleOp", "VariableV2", "Variable", "Const", "Placeholder",
+                          "PlaceholderWithDefault"])
+
+
+def _entry_op(entry):
+    """The op of an ``update_ops`` entry, or None.
+
+    Entries are ops, tensors, or (under resource variables) the variable-like
+    object ``var.assign_sub(...)`` returns in graph mode, whose ``op`` is the
+    assign: what ``tf.get_collection(UPDATE_OPS)`` holds for batch norm.
+    """
+    if isinstance(entry, tf.Operation):
+        return entry
+    op = getattr(entry, "op", None)
+    return op if isinstance(op, tf.Operation) else None
+
+
+def _updates_behind(op):
+    """The update ops ``op`` stands for: itself, or what its wrappers follow.
+
+    Raises:
+      ValueError: when the walk meets control flow (a tf.cond output).
+    """
+    found, seen, stack = [], set(), [op]
+    while stack:
+        current = stack.pop()
+        if current.name in seen:
+            continue
+        seen.add(current.name)
+        if current.type in _CONTROL_FLOW:
+            raise ValueError(
+                "update_ops entry %r is (or wraps) the output of a tf.cond or "
+                "tf.while_loop (op %r, type %s); the updates inside it cannot be held "
+                "by the apply gate and would run on skipped steps too. Pass the update "
+                "ops themselves, made at the top level of the graph "
+                "(tf.get_collection(tf.GraphKeys.UPDATE_OPS)), without the cond."
+                % (op.name, current.name, current.type))
+        if current.type in _WRAPPERS:
+            if current.type not in _CONTROL_ONLY:
+                stack.extend(tensor.op for tensor in reversed(current.inputs))
+            stack.extend(reversed(current.control_inputs))
+        elif current.type not in _NOT_UPDATES:
+            found.append(current)
+    return found
+
+
 def check_update_ops(update_ops):
-    """Checks the ops passed as ``update_ops`` and returns them as ops.
+    """Checks the ops passed as ``update_ops`` and returns the updates to gate.
+
+    A ``tf.group`` or ``tf.identity`` of updates stands for the updates it
+    follows: gating the wrapper alone would leave them running on skipped
+    steps, so the gate holds them instead.
 
     Args:
-      update_ops: ops or tensors (``tf.get_collection(tf.GraphKeys.UPDATE_OPS)``).
+      update_ops: ops, tensors or the variable-like results of
+        ``var.assign_sub`` (``tf.get_collection(tf.GraphKeys.UPDATE_OPS)``),
+        or groups/identities of them.
 
     Returns:
       A tuple of ops.
 
     Raises:
-      TypeError: for an entry that is neither an op nor a tensor.
-      ValueError: for one inside a while loop or cond, which a gate cannot hold.
+      TypeError: for an entry that is none of these.
+      ValueError: for one from another graph, one inside a while loop or
+        cond, a cond's output, or one that wraps no update.
     """
-    if isinstance(update_ops, (tf.Tensor, tf.Operation)):
+    if _entry_op(update_ops) is not None:
         update_ops = [update_ops]
     ops = []
     for entry in update_ops:
-        op = entry.op if isinstance(entry, tf.Tensor) else entry
-        if not isinstance(op, tf.Operation):
+        op = _entry_op(entry)
+        if op is None:
             raise TypeError(
                 "update_ops must hold ops or tensors, got %r. Pass "
                 "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (entry,))
@@ -187,13 +252,20 @@ def check_update_ops(update_ops):
             raise ValueError(
                 "update op %r belongs to another graph than the default one. Pass the "
                 "update ops of the model's graph." % (op.name,))
-        if op._control_flow_context is not None:  # pylint: disable=protected-access
+        updates = _updates_behind(op)
+        if not updates:
             raise ValueError(
-                "update op %r sits inside a while loop or cond, so the apply gate "
-                "cannot hold it. Pass update ops made at the top level of the graph "
-                "(as batch normalization makes them)." % (op.name,))
-        if op not in ops:
-            ops.append(op)
+                "update_ops entry %r (type %s) updates nothing: it is a variable, a "
+                "constant, or a group/identity of no update. Pass the ops that update "
+                "state, e.g. tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (op.name, op.type))
+        for update in updates:
+            if update._control_flow_context is not None:  # pylint: disable=protected-access
+                raise ValueError(
+                    "update op %r sits inside a while loop or cond, so the apply gate "
+                    "cannot hold it. Pass update ops made at the top level of the graph "
+                    "(as batch normalization makes them)." % (update.name,))
+            if update not in ops:
+                ops.append(update)
     return tuple(ops)
 
 

@@ -61,3 +61,127 @@ def test_clip_norm_at_the_top_of_the_range_trains_as_unclipped(graph):
         sess.run(train.update_op)
         np.testing.assert_array_equal(sess.run(x), np.float32([0.8, 0.8]))
         assert sess.run(gs) == 1
+
+
+def _bn_net(resource, collection_entries):
+    """A linear layer and training-mode batch norm whose moving-average
+    updates go to UPDATE_OPS as tf.layers puts them: under resource
+    variables ``var.assign_sub`` returns a variable-like object (its ``op``
+    the AssignSubVariableOp), under ref variables a tensor. Returns the
+    loss, the poison placeholder, the moving statistics and the entries."""
+    x = tf.constant(np.random.RandomState(0).normal(size=[8, 3]).astype(np.float32))
+    poison = tf.placeholder_with_default(tf.constant(1.0), [], name="poison")
+    w = tf.get_variable("w", [3, 3], initializer=tf.constant_initializer(0.3),
+                        use_resource=resource)
+    h = tf.matmul(x * poison, w)
+    mean, variance = tf.nn.moments(h, [0])
+    moving = []
+    for name, value, init in (("moving_mean", mean, tf.zeros_initializer()),
+                              ("moving_variance", variance, tf.ones_initializer())):
+        var = tf.get_variable(name, [3], trainable=False, initializer=init,
+                              use_resource=resource)
+        tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, var.assign_sub((var - value) * 0.1))
+        moving.append(var)
+    loss = tf.reduce_mean(tf.square(tf.nn.batch_normalization(h, mean, variance, None, None,
+                                                              1e-3) - 1.0))
+    entries = collection_entries(tf.get_collection(tf.GraphKeys.UPDATE_OPS))
+    return loss, poison, moving, entries
+
+
+def _train_bn(resource, collection_entries, poison_value):
+    """Two runs of update_op (the first clean); returns the moving stats
+    after the first and the second, and the global step."""
+    loss, poison, moving, entries = _bn_net(resource, collection_entries)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), name="net")
+    gs = tf.train.get_or_create_global_step()
+    train = scaler.build(global_step=gs, update_ops=entries)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train.update_op)
+        first = sess.run(moving)
+        sess.run(train.update_op, {poison: poison_value})
+        return first, sess.run(moving), sess.run(gs)
+
+
+WRAPS = {
+    "collection": lambda ops: ops,
+    "group": lambda ops: tf.group(*[getattr(op, "op", op) for op in ops]),
+    "identities": lambda ops: [tf.identity(op) for op in ops],
+    "group_of_groups": lambda ops: [tf.group(tf.group(getattr(ops[0], "op", ops[0])),
+                                             getattr(ops[1], "op", ops[1]))],
+}
+
+
+@pytest.mark.parametrize("resource", [True, False])
+@pytest.mark.parametrize("wrap", sorted(WRAPS))
+def test_update_ops_wrapped_or_variable_like_are_gated(resource, wrap):
+    """What the user meant: tf.group/tf.identity of the batch-norm updates,
+    or the variable-like entries UPDATE_OPS holds under resource variables,
+    run on applied steps (the same statistics as the bare updates) and not on
+    a skipped one (an inf in the forward pass)."""
+    with tf.Graph().as_default():
+        reference = _train_bn(resource, WRAPS["collection"] if resource is False
+                              else (lambda ops: [op.op for op in ops]), 1.0)
+    with tf.Graph().as_default():
+        first, second, steps = _train_bn(resource, WRAPS[wrap], 1.0)
+    for ours, theirs in zip(first + second, reference[0] + reference[1]):
+        np.testing.assert_array_equal(ours, theirs)
+    assert steps == 2
+    with tf.Graph().as_default():
+        first, skipped, steps = _train_bn(resource, WRAPS[wrap], np.inf)
+    for before, after in zip(first, skipped):
+        np.testing.assert_array_equal(before, after)
+    assert steps == 1
+
+
+def test_update_ops_from_a_cond_are_refused(graph):
+    """A tf.cond around the updates hides them from the gate: refused, no op
+    made."""
+    loss, _, _, updates = _bn_net(True, lambda ops: [op.op for op in ops])
+    training = tf.placeholder_with_default(True, [])
+    wrapped = tf.cond(training, lambda: tf.group(*updates), tf.no_op)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), name="net")
+    before = len(graph.get_operations())
+    with pytest.raises(ValueError, match="tf.cond or tf.while_loop.*without the cond"):
+        scaler.build(update_ops=[wrapped])
+    assert len(graph.get_operations()) == before
+
+
+def test_update_ops_that_update_nothing_are_refused(graph):
+    loss, _, moving, _ = _bn_net(True, lambda ops: ops)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), name="net")
+    with pytest.raises(ValueError, match="updates nothing"):
+        scaler.build(update_ops=[tf.identity(moving[0])])
+    with pytest.raises(ValueError, match="updates nothing"):
+        scaler.build(update_ops=[tf.no_op()])
+
+
+def test_tf_layers_batch_norm_update_ops_are_accepted_and_gated(graph):
+    """The real thing where it exists (TF 2.15's tf.compat.v1.layers; Keras 3
+    removed it in 2.16+): build() takes exactly what UPDATE_OPS holds, and a
+    skipped step leaves the moving statistics alone."""
+    try:
+        batch_norm = tf.layers.batch_normalization
+    except AttributeError:
+        pytest.skip("tf.compat.v1.layers.batch_normalization needs Keras 2 (TF <= 2.15)")
+    x = tf.constant(np.random.RandomState(0).normal(size=[8, 3]).astype(np.float32))
+    poison = tf.placeholder_with_default(tf.constant(1.0), [])
+    w = tf.get_variable("w", [3, 3], initializer=tf.constant_initializer(0.3))
+    h = batch_norm(tf.matmul(x * poison, w), training=True)
+    loss = tf.reduce_mean(tf.square(h - 1.0))
+    updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+    assert len(updates) == 2
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), name="net")
+    train = scaler.build(update_ops=updates)
+    moving = [v for v in tf.global_variables() if "moving_" in v.op.name]
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        start = sess.run(moving)
+        sess.run(train.update_op, {poison: np.inf})
+        assert all(np.array_equal(a, b) for a, b in zip(sess.run(moving), start))
+        sess.run(train.update_op)
+        assert not np.array_equal(sess.run(moving)[0], start[0])
