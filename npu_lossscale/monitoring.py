@@ -9,37 +9,50 @@ import tensorflow.compat.v1 as tf
 from npu_lossscale import _validation
 
 
-def summaries(train_ops, family="loss_scale"):
-    """Adds ``tf.summary.scalar`` summaries of a built step.
+def summaries(train_ops, family="loss_scale", step_applied=False):
+    """Adds ``tf.summary.scalar`` summaries of the loss-scale state.
 
-    The scalars: ``<family>/scale`` (the builder manager's scale used this
-    run), ``<family>/step_applied`` (1 when the run applied, else 0),
-    ``<family>/skipped_total`` (the skipped-steps count before this run) and, when groups
-    use scales of their own, ``<family>/scale_<group>``. They are added to
-    ``tf.GraphKeys.SUMMARIES``, so ``tf.summary.merge_all()`` picks them up;
-    run the merged summary with ``update_op``.
+    The scalars read state only, so fetching them (or
+    ``tf.summary.merge_all()``) never runs a training step: with
+    ``update_op``, ``per_group[name]``, or alone. They are
+    ``<family>/scale`` (the builder manager's scale, before this run's
+    update), ``<family>/skipped_total`` (the skipped-steps count before this
+    run: it rises by one after each skipped step) and, when groups use scales
+    of their own, ``<family>/scale_<group>``. They are added to
+    ``tf.GraphKeys.SUMMARIES``.
 
     Args:
       train_ops: the ``TrainOps`` returned by ``MultiOptimizerLossScale.build``.
       family: the name prefix of the scalars.
+      step_applied: also return ``<family>/step_applied`` (1 when this run's
+        joint step applied, else 0) as the last element. It is computed by
+        the joint step, so fetching it runs ``update_op``: it is kept out of
+        ``tf.GraphKeys.SUMMARIES`` (``merge_all`` never picks it up); merge
+        it yourself and fetch it with ``update_op`` only.
 
     Returns:
       The list of summary tensors.
 
     Raises:
-      TypeError: if ``train_ops`` is not a ``TrainOps``.
+      TypeError: if ``train_ops`` is not a ``TrainOps`` or ``step_applied``
+        not a bool.
     """
     _check_train_ops(train_ops)
+    _validation.check_bool("step_applied", step_applied,
+                           "Pass True to also get the joint step's applied flag.")
     with tf.name_scope(None):
         result = [
             tf.summary.scalar("%s/scale" % family, train_ops.loss_scale),
-            tf.summary.scalar("%s/step_applied" % family, tf.cast(train_ops.applied, tf.float32)),
             tf.summary.scalar("%s/skipped_total" % family, train_ops.skipped_steps),
         ]
         scales = train_ops.loss_scales
         if len(set(tensor.name for tensor in scales.values())) > 1:
             result.extend(tf.summary.scalar("%s/scale_%s" % (family, name), scale)
                           for name, scale in sorted(scales.items()))
+        if step_applied:
+            result.append(tf.summary.scalar(
+                "%s/step_applied" % family, tf.cast(train_ops.applied, tf.float32),
+                collections=[]))
     return result
 
 

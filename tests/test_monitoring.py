@@ -9,6 +9,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
+from conftest import snapshot_globals
 from models import add_gan_groups, two_group_gan
 
 
@@ -22,19 +23,49 @@ def _train(manager=None):
 
 def test_summaries_report_scale_applied_and_skips(graph):
     model, train = _train()
-    merged = tf.summary.merge(nl.summaries(train))
+    summaries = nl.summaries(train, step_applied=True)
+    assert tf.get_collection(tf.GraphKeys.SUMMARIES) == summaries[:-1]
+    merged = tf.summary.merge(summaries)
     poison = dict(model.feed)
     poison[model.poison_g] = np.inf
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         values = []
-        for feed in (model.feed, poison, model.feed):
+        for feed in (model.feed, poison, model.feed, model.feed):
             blob = sess.run([merged, train.update_op], feed)[0]
             summary = tf.Summary.FromString(blob)
             values.append(dict((v.tag, v.simple_value) for v in summary.value))
-    assert [v["loss_scale/scale"] for v in values] == [8.0, 8.0, 8.0]
-    assert [v["loss_scale/step_applied"] for v in values] == [1.0, 0.0, 1.0]
-    assert [v["loss_scale/skipped_total"] for v in values] == [0.0, 0.0, 1.0]
+    assert [v["loss_scale/scale"] for v in values] == [8.0, 8.0, 8.0, 8.0]
+    assert [v["loss_scale/step_applied"] for v in values] == [1.0, 0.0, 1.0, 1.0]
+    # The count before each run: the skip of the second run shows from the third.
+    assert [v["loss_scale/skipped_total"] for v in values] == [0.0, 0.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("per_group_ops", [False, True])
+def test_merged_summaries_fetched_alone_run_no_step(graph, per_group_ops):
+    """merge_all() fetched on its own (at logging time, or with a per-group
+    op) reads the state and changes nothing: no weight, no slot, no step, no
+    manager state; with a per-group op it runs that step alone, once."""
+    model = two_group_gan()
+    scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(initial_scale=8.0),
+                                        backend="is_finite")
+    add_gan_groups(scaler, model)
+    gs = tf.train.get_or_create_global_step()
+    train = scaler.build(global_step=gs, per_group_ops=per_group_ops)
+    nl.summaries(train)
+    merged = tf.summary.merge_all()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        start = snapshot_globals(sess)
+        for _ in range(3):
+            sess.run(merged, model.feed)
+        after = snapshot_globals(sess)
+        assert sorted(start) == sorted(after)
+        for name in start:
+            assert np.array_equal(start[name], after[name]), name
+        if per_group_ops:
+            sess.run([merged, train.per_group["d"]], model.feed)
+            assert sess.run(gs) == 1
 
 
 def test_hook_logs_every_n_runs(graph):
