@@ -54,7 +54,9 @@ def test_accepts_graph_graphdef_metagraphdef_and_names():
     assert codes(audit(case.graph.as_graph_def(), names)) == by_graph
     meta = tf.train.export_meta_graph(graph=case.graph)
     assert codes(audit(meta, names)) == by_graph
-    assert codes(audit(meta, {"d": names[0], "g": [names[1] + ":0"]})) == by_graph
+    # Nested dicts and lists, ops and tensors ("...:0") by name.
+    assert names[2].endswith(":0")
+    assert codes(audit(meta, {"d": names[0], "g": [names[1]], "losses": names[2:]})) == by_graph
     with case.graph.as_default():
         assert codes(audit(fetches=case.fetches)) == by_graph
 
@@ -493,3 +495,59 @@ def test_cli_on_the_example_dcgan(tmp_path):
     proc = _cli([str(path), "--fetch", built.step_op.name, "--json"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [f for f in json.loads(proc.stdout) if f["severity"] != "info"] == []
+
+
+def test_cli_refuses_an_empty_or_nodeless_meta_file(tmp_path, capsys):
+    """An empty file (a cut-short export) or a MetaGraphDef without nodes
+    is a bad file (exit 2, one message saying so), never "no findings"."""
+    empty = tmp_path / "empty.meta"
+    empty.write_bytes(b"")
+    assert main([str(empty)]) == 2
+    captured = capsys.readouterr()
+    assert "empty.meta is empty (0 bytes)" in captured.err
+    assert "export_meta_graph" in captured.err and "no findings" not in captured.out
+    blank = tmp_path / "blank.meta"
+    blank.write_text("\n  \n")
+    assert main([str(blank), "--json"]) == 2
+    assert "is empty" in capsys.readouterr().err
+    nodeless = tmp_path / "nodeless.meta"
+    nodeless.write_text('meta_info_def { tags: "train" }\n')  # a valid text proto
+    assert main([str(nodeless)]) == 2
+    assert "has no nodes" in capsys.readouterr().err
+
+
+def test_fetch_of_an_output_the_op_does_not_have(tmp_path, capsys):
+    """'name:7' where the op has fewer outputs names nothing that runs:
+    refused with the fetch, the op's output count and the fix. The count
+    comes from the exported _output_shapes, so it also works for an op
+    type unknown here; a tensor that exists is accepted."""
+    case = ag.plain_gan()
+    with case.graph.as_default():
+        first, second = tf.split(tf.zeros([4, 2]), 2, name="halves")
+        loss = tf.identity(first, name="probe").op.name
+    path = tmp_path / "gan.meta"
+    meta = tf.train.export_meta_graph(filename=str(path), graph=case.graph)
+    train = case.fetches[0].name
+    assert main([str(path), "--fetch", loss + ":7"]) == 2
+    err = capsys.readouterr().err
+    assert "fetch '%s:7' asks for output 7 of op '%s'" % (loss, loss) in err
+    assert "which has 1 output (numbered from 0)" in err and "'%s:0'" % loss in err
+    assert main([str(path), "--fetch", train + ":0"]) == 2
+    assert "which has no outputs; fetch the op itself ('%s')" % train in capsys.readouterr().err
+    assert main([str(path), "--fetch", "halves:x"]) == 2
+    assert "not a number" in capsys.readouterr().err
+    assert main([str(path), "--fetch", "halves:1", "--fetch", train]) == 0
+    with pytest.raises(ValueError, match="has 2 outputs .*'halves:0', 'halves:1'"):
+        audit(case.graph, ["halves:2"])
+    # An op type unknown here (as on an Ascend host): the exported shapes tell.
+    for node in meta.graph_def.node:
+        if node.name == "halves":
+            node.op = "HcomUnknownSplit"
+    with pytest.raises(ValueError, match="HcomUnknownSplit.*has 2 outputs"):
+        audit(meta, ["halves:2"])
+    assert codes(audit(meta, ["halves:1", train])) == []
+    # Without _output_shapes (a GraphDef of a tf.Graph), the op's registered
+    # signature counts the outputs (num_split for Split).
+    with pytest.raises(ValueError, match="has 2 outputs"):
+        audit(case.graph.as_graph_def(), ["halves:2"])
+    assert first.name == "halves:0" and second.name == "halves:1"

@@ -23,6 +23,7 @@ Example::
 from __future__ import absolute_import, division, print_function
 
 import argparse
+import collections
 import json
 import sys
 
@@ -60,20 +61,23 @@ def audit(graph=None, fetches=None):
     Raises:
       TypeError: if ``graph`` is of another type, or a fetch is neither a
         name, an op nor a tensor.
-      ValueError: if a fetch names no node of the graph.
+      ValueError: if a fetch names no node of the graph, or an output the
+        op does not have (``"train_op:7"``).
     """
     model = _graph.load(graph)
-    names = _fetch_names(fetches)
-    if names is None:
+    requested = _fetches(fetches)
+    if requested is None:
         run, fetched = set(model.nodes), False
     else:
-        missing = [n for n in names if n not in model.nodes]
+        missing = [f.text for f in requested if f.node not in model.nodes]
         if missing:
             raise ValueError(
                 "fetches %r name no node of the graph. Pass the names of the ops or "
                 "tensors you run (e.g. 'train_op' or 'loss:0'), as in the graph "
                 "the audit reads." % (missing,))
-        run, fetched = model.ancestors(names), True
+        for fetch in requested:
+            _check_output(model, fetch)
+        run, fetched = model.ancestors([f.node for f in requested]), True
     context = _checks.Context(_facts.Facts(model), run, fetched)
     findings = []
     for check in _checks.CHECKS:
@@ -84,18 +88,28 @@ def audit(graph=None, fetches=None):
     return findings
 
 
-def _fetch_names(fetches):
-    """Node names of ``fetches`` (None stays None)."""
+#: One fetch: as given (``text``), its node, and the output port it names
+#: (None for an op).
+Fetch = collections.namedtuple("Fetch", ["text", "node", "port"])
+
+
+def _fetches(fetches):
+    """The ``Fetch``es of ``fetches`` (None stays None).
+
+    Raises:
+      TypeError: for a fetch that is neither a name, an op nor a tensor.
+      ValueError: for a tensor name whose port is not a number.
+    """
     if fetches is None:
         return None
     if isinstance(fetches, dict):
         fetches = list(fetches.values())
     elif isinstance(fetches, (str, tf.Operation, tf.Tensor)) or not hasattr(fetches, "__iter__"):
         fetches = [fetches]
-    names = []
+    found = []
     for fetch in fetches:
         if isinstance(fetch, (list, tuple, dict)):
-            names.extend(_fetch_names(fetch))
+            found.extend(_fetches(fetch))
             continue
         name = fetch if isinstance(fetch, str) else getattr(fetch, "name", None)
         if not isinstance(name, str):
@@ -103,8 +117,42 @@ def _fetch_names(fetches):
                 "each fetch must be an op or tensor name, a tf.Operation or a "
                 "tf.Tensor, got %r (%s). Pass e.g. train_op or 'train_op'."
                 % (fetch, type(fetch).__name__))
-        names.append(_graph.node_name(name))
-    return names
+        found.append(_parse_fetch(name))
+    return found
+
+
+def _parse_fetch(name):
+    """'^a' or 'a' -> Fetch(name, 'a', None); 'a:1' -> Fetch(name, 'a', 1)."""
+    bare = name[1:] if name.startswith("^") else name
+    if ":" not in bare:
+        return Fetch(name, bare, None)
+    node, port = bare.rsplit(":", 1)
+    if not port.isdigit():
+        raise ValueError(
+            "fetch %r has output %r, which is not a number. Name an op ('%s') or "
+            "one of its outputs by index ('%s:0')." % (name, port, node, node))
+    return Fetch(name, node, int(port))
+
+
+def _check_output(model, fetch):
+    """Refuses a fetch of an output its op does not have (when the graph
+    tells how many the op has)."""
+    if fetch.port is None:
+        return
+    count = model.output_count(fetch.node)
+    if count is None or fetch.port < count:
+        return
+    if count == 0:
+        fix = "fetch the op itself ('%s')" % fetch.node
+    else:
+        fix = "fetch one of %s, or the op itself ('%s')" % (
+            ", ".join("'%s:%d'" % (fetch.node, i) for i in range(min(count, 4)))
+            + (", ..." if count > 4 else ""), fetch.node)
+    raise ValueError(
+        "fetch %r asks for output %d of op %r (%s), which has %s; %s."
+        % (fetch.text, fetch.port, fetch.node, model.nodes[fetch.node].type,
+           "no outputs" if count == 0 else "%d output%s (numbered from 0)"
+           % (count, "" if count == 1 else "s"), fix))
 
 
 def load_meta_graph(path):
@@ -118,10 +166,16 @@ def load_meta_graph(path):
 
     Raises:
       IOError: if the file cannot be read.
-      ValueError: if the file holds no MetaGraphDef.
+      ValueError: if the file is empty, holds no MetaGraphDef, or one whose
+        graph has no nodes.
     """
     with open(path, "rb") as handle:
         data = handle.read()
+    if not data.strip():
+        raise ValueError(
+            "%s is empty (%d bytes), so there is no graph to audit. Pass the .meta "
+            "file written by tf.train.Saver.save or tf.train.export_meta_graph "
+            "(re-export it if the write was cut short)." % (path, len(data)))
     meta = tf.MetaGraphDef()
     try:
         meta.ParseFromString(data)
@@ -138,6 +192,12 @@ def load_meta_graph(path):
             "%s holds no MetaGraphDef (neither binary nor text): %s. Pass the "
             ".meta file written by tf.train.Saver.save or "
             "tf.train.export_meta_graph." % (path, error))
+    if not meta.graph_def.node:
+        raise ValueError(
+            "%s holds a MetaGraphDef whose graph has no nodes, so there is nothing "
+            "to audit. Export the training graph after building it "
+            "(tf.train.export_meta_graph, or a Saver's save) and pass that file."
+            % (path,))
     return meta
 
 

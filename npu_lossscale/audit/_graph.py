@@ -132,6 +132,7 @@ class GraphModel(object):
     def __init__(self, graph_def, collections_):
         self.collections = collections_
         self.nodes = collections.OrderedDict()
+        self._raw_types = {}  # node -> the NodeDef's own op (the shim's stock op)
         self.body = {}      # call node -> every body node, recursively
         self.rets = {}      # call node -> body nodes its outputs come from
         self._functions = dict((f.signature.name, f) for f in graph_def.library.function)
@@ -156,6 +157,7 @@ class GraphModel(object):
 
     def _add(self, node_def, name, inputs_controls, call, branch):
         inputs, controls = inputs_controls
+        self._raw_types[name] = node_def.op
         self.nodes[name] = Node(name, _attr_type(node_def), tuple(inputs), tuple(controls),
                                 node_def.attr, call, branch)
 
@@ -410,6 +412,44 @@ class GraphModel(object):
 
     # -- attributes -----------------------------------------------------------
 
+    def output_count(self, name):
+        """How many outputs a node has, or None when the graph does not say.
+
+        Read from the ``_output_shapes`` attr that ``export_meta_graph`` and
+        ``Graph.as_graph_def(add_shapes=True)`` write (it is there for op
+        types unknown here, such as ``NpuGetFloatStatusV2``), else from the
+        signature of the function the node calls or of its registered op
+        (``num_split``-like number attrs and type-list attrs counted).
+
+        Args:
+          name: a node name.
+
+        Returns:
+          An int, or None when neither source knows the node's outputs.
+        """
+        node = self.nodes[name]
+        shapes = node.attr.get("_output_shapes")
+        if shapes is not None and shapes.WhichOneof("value") == "list":
+            return len(shapes.list.shape)
+        raw_type = self._raw_types.get(name, node.type)
+        function = self._functions.get(raw_type)
+        if function is not None:
+            return len(function.signature.output_arg)
+        op_def = _registered_op(raw_type)
+        if op_def is None:
+            return None
+        count = 0
+        for arg in op_def.output_arg:
+            if arg.number_attr or arg.type_list_attr:
+                value = _attr_or_default(node.attr, op_def,
+                                         arg.number_attr or arg.type_list_attr)
+                if value is None:
+                    return None
+                count += value.i if arg.number_attr else len(value.list.type)
+            else:
+                count += 1
+        return count
+
     def dtype_enum(self, name):
         """The ``dtype`` attr of a node (a variable's type), or None."""
         attr = self.nodes[name].attr.get("dtype")
@@ -438,6 +478,26 @@ class GraphModel(object):
                 return False
             count *= dim.size
         return count <= max_elements
+
+
+def _registered_op(op_type):
+    """The ``OpDef`` registered for an op type here, or None (TF 1.15 has
+    ``get_registered_ops``; later releases ``get``)."""
+    from tensorflow.python.framework import op_def_registry  # pylint: disable=import-outside-toplevel
+    get = getattr(op_def_registry, "get", None)
+    if get is not None:
+        return get(op_type)
+    return op_def_registry.get_registered_ops().get(op_type)
+
+
+def _attr_or_default(attr, op_def, key):
+    """A node's attr ``key``, or the op's default for it, or None."""
+    if key in attr:
+        return attr[key]
+    for attr_def in op_def.attr:
+        if attr_def.name == key and attr_def.HasField("default_value"):
+            return attr_def.default_value
+    return None
 
 
 # -- loading --------------------------------------------------------------------
