@@ -314,3 +314,101 @@ def test_dcgan_distributed_without_horovod(tmp_path):
     proc = run(DCGAN, "--distributed", "horovod", "--out", out)
     _assert_clean_failure(proc, "dcgan.py", out)
     assert "--distributed horovod needs Horovod" in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Out-of-range flags: argparse errors (exit 2) naming the flag, the value and
+# the valid range, checked in-process (parsing only, no training).
+# ---------------------------------------------------------------------------
+
+PORTING = os.path.join(REPO, "examples", "porting", "dcgan_alternating.py")
+
+
+def _porting_example():
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    spec = importlib.util.spec_from_file_location("porting_example_cli", PORTING)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _exit_lines(call, capsys):
+    """Runs ``call``, which must exit with status 2; returns stderr's lines."""
+    with pytest.raises(SystemExit) as exited:
+        call()
+    assert exited.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("argv,expected", [
+    # Silently ignored before: iteration 0 and 11 of a 10-iteration run never come.
+    (["--steps", "10", "--inject-overflow-at", "11"],
+     "argument --inject-overflow-at: must be in [1, 10] (an iteration of this run: "
+     "1 to --steps), got 11"),
+    (["--inject-overflow-at", "-1"], "argument --inject-overflow-at: must be in [1, 300]"),
+    (["--inject-overflow-at", "0"], "argument --inject-overflow-at: must be in [1, 300]"),
+    # NaN losses and exit status 0 before.
+    (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
+    # IndexError (no log row) before.
+    (["--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
+    # ZeroDivisionError (iteration % 0) before.
+    (["--save-every", "0"], "argument --save-every: must be an integer >= 1, got 0"),
+    (["--log-every", "-2"], "argument --log-every: must be an integer >= 1, got -2"),
+    # numpy's RandomState refuses it after the graph is built.
+    (["--seed", "-1"], "argument --seed: must be in [0, 4294967295], got -1"),
+    (["--loss-scale", "0"], "argument --loss-scale: must be in [1.0, "),
+    (["--loss-scale", "nan"], "got nan"),
+])
+def test_porting_example_out_of_range_flags(argv, expected, capsys, tmp_path):
+    module = _porting_example()
+    message = _exit_lines(lambda: module.parse_args(argv), capsys)[-1]
+    assert expected in message, message
+    # main() refuses before it makes --out or builds anything.
+    out = tmp_path / "out"
+    _exit_lines(lambda: module.main(argv + ["--out", str(out)]), capsys)
+    assert not out.exists()
+
+
+def test_porting_example_accepts_the_range_ends():
+    module = _porting_example()
+    for inject in ("1", "10"):
+        args = module.parse_args(["--steps", "10", "--inject-overflow-at", inject])
+        assert args.inject_overflow_at == int(inject) and args.steps == 10
+    args = module.parse_args(["--steps", "1", "--batch-size", "1", "--save-every", "1",
+                              "--seed", str(2 ** 32 - 1), "--loss-scale", "1"])
+    assert (args.steps, args.batch_size, args.seed) == (1, 1, 2 ** 32 - 1)
+
+
+@pytest.mark.parametrize("parse,argv,expected", [
+    # Accepted before, then a traceback after TF start-up (numpy's RandomState,
+    # the loss-scale manager) or an inf learning rate in float32.
+    ("dcgan", ["--seed", "-1"], "argument --seed: must be in [0, 2147483647], got -1"),
+    ("dcgan", ["--seed", str(2 ** 32 - 1)], "argument --seed: must be in [0, 2147483647]"),
+    ("dcgan", ["--loss-scale", "fixed:1e39"],
+     "argument --loss-scale: fixed:N needs a number N in [1, 3.40282e+38]"),
+    ("dcgan", ["--learning-rate", "1e39"],
+     "argument --learning-rate: must be in (0, 3.40282e+38], got 1e+39"),
+    ("encoder_gan", ["--adversarial-weight", "1e39"],
+     "argument --adversarial-weight: must be in [0, 3.40282e+38], got 1e+39"),
+    ("encoder_gan", ["--seed", "-3"], "argument --seed: must be in [0, 2147483647], got -3"),
+    # Already refused; the shared validator keeps the message.
+    ("dcgan", ["--eval-samples", "0"], "argument --eval-samples: must be >= 1, got 0"),
+    ("dcgan", ["--learning-rate", "0"], "argument --learning-rate: must be in (0, "),
+])
+def test_gan_cli_out_of_range_flags(parse, argv, expected, capsys):
+    import cli  # examples/gan/cli.py  pylint: disable=import-outside-toplevel
+    parser = getattr(cli, "parse_%s_args" % parse)
+    prog = parse + ".py"
+    lines = _exit_lines(lambda: parser(prog, "doc", argv), capsys)
+    assert len(lines) == 1, lines  # cli.py's one-line errors
+    assert lines[0].startswith("%s: error: " % prog) and expected in lines[0], lines
+
+
+def test_gan_cli_accepts_the_range_ends():
+    import cli  # pylint: disable=import-outside-toplevel
+    args = cli.parse_dcgan_args("dcgan.py", "doc", [
+        "--seed", str(cli.SEED_MAX), "--loss-scale", "fixed:1", "--steps", "1"])
+    assert args.seed == 2 ** 31 - 1 and args.loss_scale == ("fixed", 1.0)
+    args = cli.parse_encoder_gan_args("encoder_gan.py", "doc",
+                                      ["--seed", "0", "--adversarial-weight", "0"])
+    assert args.seed == 0 and args.adversarial_weight == 0.0

@@ -73,15 +73,56 @@ def fail(prog, message):
     sys.exit(2)
 
 
-def positive_int(text):
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % (text,))
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1, got %d" % value)
-    return value
+def int_in_range(low, high=None):
+    """An argparse type: an int in [low, high] (no upper bound when ``high``
+    is None). Its error names the valid range and the value; argparse adds
+    the flag ("argument --steps: must be >= 1, got 0")."""
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("expected an integer, got %r" % (text,))
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                "must be >= %d, got %d" % (low, value) if high is None
+                else "must be in [%d, %d], got %d" % (low, high, value))
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+#: argparse type: an int >= 1 (step counts, intervals, sizes).
+positive_int = int_in_range(1)
+#: numpy's RandomState takes seeds in [0, 2**32 - 1]; dcgan.py adds small
+#: offsets to the seed (seed + 1, seed + 2, per-run and per-rank offsets), so
+#: half of that range is left to them.
+SEED_MAX = 2 ** 31 - 1
+#: The largest float32: a loss scale or learning rate above it is inf in the
+#: graph.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_float(parser, args, flag, low, high=FLOAT32_MAX, low_inclusive=True):
+    """Exits with a one-line argparse error naming ``flag``, its value and the
+    valid range unless the value is in [low, high] (or (low, high] when not
+    ``low_inclusive``); NaN is always out of range.
+
+    Args:
+      parser: the parser that read ``args`` (its ``error`` exits with status 2).
+      args: the parsed namespace.
+      flag: the option, e.g. "--learning-rate" (its attribute is read from ``args``).
+      low: the lower bound.
+      high: the upper bound (default: float32's largest value).
+      low_inclusive: whether ``low`` itself is valid.
+    """
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    above = value >= low if low_inclusive else value > low
+    if above and value <= high:  # False for NaN too
+        return
+    parser.error("argument %s: must be in %s%g, %g], got %r"
+                 % (flag, "[" if low_inclusive else "(", low, high, value))
 
 
 def loss_scale_spec(text):
@@ -94,10 +135,11 @@ def loss_scale_spec(text):
             value = float(match.group(1))
         except ValueError:
             value = None
-        if value is not None and value >= 1.0 and value != float("inf"):
+        if value is not None and 1.0 <= value <= FLOAT32_MAX:
             return ("fixed", value)
         raise argparse.ArgumentTypeError(
-            "fixed:N needs a number N >= 1 (e.g. fixed:1024), got %r" % (text,))
+            "fixed:N needs a number N in [1, %g] (e.g. fixed:1024), got %r"
+            % (FLOAT32_MAX, text))
     raise argparse.ArgumentTypeError(
         "expected dynamic, exponential or fixed:N (e.g. fixed:1024), got %r" % (text,))
 
@@ -136,9 +178,7 @@ def parse_encoder_gan_args(prog, doc, argv):
                              "(default: %(default)s)")
     args = parser.parse_args(argv)
     _check_learning_rate(parser, args)
-    if not (args.adversarial_weight >= 0.0 and np.isfinite(args.adversarial_weight)):
-        parser.error("argument --adversarial-weight: must be >= 0, got %r"
-                     % args.adversarial_weight)
+    check_float(parser, args, "--adversarial-weight", 0.0)
     return args
 
 
@@ -156,8 +196,7 @@ def _add_learning_rate(parser, default, what):
 
 
 def _check_learning_rate(parser, args):
-    if not (args.learning_rate > 0.0 and np.isfinite(args.learning_rate)):
-        parser.error("argument --learning-rate: must be > 0, got %r" % args.learning_rate)
+    check_float(parser, args, "--learning-rate", 0.0, low_inclusive=False)
 
 
 def add_common_flags(parser, steps, batch_size, log_every, out):
@@ -201,9 +240,9 @@ def add_common_flags(parser, steps, batch_size, log_every, out):
                              "--resume, the step to train up to (default: %(default)s)")
     parser.add_argument("--batch-size", type=positive_int, default=batch_size,
                         help="images per step (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seeds TF, numpy and the metric's classifier "
-                             "(default: %(default)s)")
+    parser.add_argument("--seed", type=int_in_range(0, SEED_MAX), default=0,
+                        help="seeds TF, numpy and the metric's classifier, 0 to "
+                             "2**31 - 1 (default: %(default)s)")
     parser.add_argument("--data", default=None, metavar="PATH",
                         help="a local MNIST-style .npz with an x_train array (N, H, W), "
                              "resized to 16x16 (default: scikit-learn's bundled digits)")

@@ -44,6 +44,8 @@ SHIMS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 STYLES = ("npu_bridge", "builder_alternating", "builder_joint")
 Z_DIM, HIDDEN, IMAGE = 16, 64, 64
 POISON = 1e30  # times the generator's loss: its float16 gradients overflow
+SEED_MAX = 2 ** 32 - 1  # numpy's RandomState takes seeds in [0, 2**32 - 1]
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the loss scale is a float32 variable
 
 
 def parse_args(argv=None):
@@ -67,7 +69,36 @@ def parse_args(argv=None):
     if args.style == "npu_bridge" and args.backend != "npu":
         parser.error("--style npu_bridge needs --backend npu (NPULossScaleOptimizer "
                      "is npu_bridge's)")
+    for flag, low, high in (("--steps", 1, None), ("--batch-size", 1, None),
+                            ("--log-every", 1, None), ("--save-every", 1, None),
+                            ("--seed", 0, SEED_MAX), ("--loss-scale", 1.0, FLOAT32_MAX),
+                            ("--inject-overflow-at", 1, args.steps)):
+        check_range(parser, args, flag, low, high)
     return args
+
+
+def check_range(parser, args, flag, low, high=None):
+    """Exits with an argparse error (status 2) naming ``flag``, its value and
+    the valid range, unless ``low <= value <= high`` (no upper bound when
+    ``high`` is None; an unset optional flag, None, passes).
+
+    Args:
+      parser: the ``argparse.ArgumentParser`` that parsed ``args``.
+      args: the parsed namespace.
+      flag: the option, e.g. "--steps" (its attribute is read from ``args``).
+      low: the smallest valid value.
+      high: the largest valid value, or None.
+    """
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if value is None:
+        return
+    if value >= low and (high is None or value <= high):  # False for NaN too
+        return
+    valid = ("an integer >= %d" % low if isinstance(low, int) else "a number >= %g" % low
+             ) if high is None else "in [%s, %s]" % (low, high)
+    if flag == "--inject-overflow-at":
+        valid += " (an iteration of this run: 1 to --steps)"
+    parser.error("argument %s: must be %s, got %r" % (flag, valid, value))
 
 
 # -- the model: nothing here changes when porting -------------------------------
