@@ -351,12 +351,57 @@ def batch_norm_beside_gate(gated=False, compute_dtype=tf.float16):
     return Case(graph, fetches, {})
 
 
+def batch_norm_in_place(compute_dtype=tf.float16):
+    """contrib's ``batch_norm(..., updates_collections=None)`` in training
+    mode: the moving averages are updated in place, inside the forward pass
+    (tensorflow/contrib/layers/python/layers/layers.py, r1.15, batch_norm's
+    ``_force_updates``: ``assign_moving_average`` of the moving mean and
+    variance, and the batch moments returned under a control dependency on
+    both), so nothing is in UPDATE_OPS and every run of the loss runs them.
+    contrib is gone from TF 2, so the layer is written out here with the same
+    ops."""
+    from tensorflow.python.training import moving_averages  # pylint: disable=import-outside-toplevel
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.placeholder(tf.float32, [16, 8], name="x")
+        y = tf.placeholder(tf.float32, [16, 1], name="y")
+        w1 = tf.get_variable("w1", [8, 8])
+        w2 = tf.get_variable("w2", [8, 1])
+        step = tf.train.get_or_create_global_step()
+        h = tf.matmul(tf.cast(x, compute_dtype), tf.cast(w1, compute_dtype))
+        with tf.variable_scope("BatchNorm"):
+            moving_mean = tf.get_variable("moving_mean", [8], trainable=False,
+                                          initializer=tf.zeros_initializer())
+            moving_variance = tf.get_variable("moving_variance", [8], trainable=False,
+                                              initializer=tf.ones_initializer())
+            h32 = tf.cast(h, tf.float32)
+            mean, variance = tf.nn.moments(h32, [0])
+            # contrib's defaults: zero_debias_moving_mean=False, decay=0.999.
+            update_mean = moving_averages.assign_moving_average(
+                moving_mean, mean, 0.999, zero_debias=False)
+            update_variance = moving_averages.assign_moving_average(
+                moving_variance, variance, 0.999, zero_debias=False)
+            with tf.control_dependencies([update_mean, update_variance]):
+                mean, variance = tf.identity(mean), tf.identity(variance)
+            h = tf.cast(tf.nn.batch_normalization(h32, mean, variance, None, None, 1e-3),
+                        compute_dtype)
+        logits = tf.cast(tf.matmul(tf.nn.relu(h), tf.cast(w2, compute_dtype)), tf.float32)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
+        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), backend="is_finite")
+        scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=tf.trainable_variables(),
+                   name="net")
+        train = scaler.build(global_step=step)
+        tf.train.Saver()
+        assert not tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+    return Case(graph, [train.update_op, loss], {})
+
+
 def weight_average_beside_gate():
     """The DCGAN example's pattern: an EMA of the weights and a skipped-step
     counter updated after the gated update, outside the gate (harmless)."""
     graph = tf.Graph()
     with graph.as_default():
-        case = builder_gan()
+        case = builder_gan(saver=False)  # one Saver, made last (below)
     graph = case.graph
     with graph.as_default():
         train = case.info["train"]
@@ -387,6 +432,25 @@ def saver_without_scale(explicit=True):
         else:
             tf.train.Saver()
     return case
+
+
+def saver_before_build(manager_first=False):
+    """The usual TF1 order gone wrong: the model, then ``tf.train.Saver()``,
+    then the loss scaling (the manager, or with ``manager_first`` only
+    ``build()``). The Saver's default var_list is fixed when it is made."""
+    graph = tf.Graph()
+    with graph.as_default():
+        model, step = gan()
+        manager = nl.DynamicLossScaleManager() if manager_first else None
+        tf.train.Saver()
+        scaler = nl.MultiOptimizerLossScale(manager or nl.DynamicLossScaleManager(),
+                                            backend="is_finite")
+        scaler.add(model.d_loss, tf.train.AdamOptimizer(1e-3), var_list=model.d_vars,
+                   name="discriminator")
+        scaler.add(model.g_loss, tf.train.AdamOptimizer(1e-3), var_list=model.g_vars,
+                   name="generator")
+        train = scaler.build(global_step=step)
+    return Case(graph, [train.update_op, model.d_loss, model.g_loss], {"train": train})
 
 
 # -- NLS007: float16 weights ----------------------------------------------------
@@ -447,6 +511,53 @@ def hand_accumulation(gate_on_window=False, steps=4):
         update = manager.update_loss_scale(finite)
         tf.train.Saver()
     return Case(graph, [train, update], {})
+
+
+# -- NLS011: one manager updated twice per run ---------------------------------------
+
+def shared_manager_npu_optimizers(one_optimizer=False):
+    """One npu_bridge ExponentialUpdateLossScaleManager behind two
+    NPULossScaleOptimizers (or, with ``one_optimizer``, one
+    NPULossScaleOptimizer used for both minimize calls), both train ops
+    fetched in one session.run: each minimize groups its own
+    ``update_loss_scale`` (the shim's copy of tf_adapter
+    npu_bridge/estimator/npu/npu_loss_scale_optimizer.py, which refuses
+    neither), so the manager's state is updated twice per run. Needs the
+    shim (or npu_bridge) on sys.path."""
+    # pylint: disable=import-outside-toplevel
+    from npu_bridge.estimator.npu.npu_loss_scale_manager import \
+        ExponentialUpdateLossScaleManager
+    from npu_bridge.estimator.npu.npu_loss_scale_optimizer import NPULossScaleOptimizer
+    graph = tf.Graph()
+    with graph.as_default():
+        model, step = gan()
+        manager = ExponentialUpdateLossScaleManager(2 ** 15, 1000)
+        shared = NPULossScaleOptimizer(tf.train.AdamOptimizer(1e-3), manager)
+        d_opt = shared
+        g_opt = shared if one_optimizer else NPULossScaleOptimizer(
+            tf.train.AdamOptimizer(1e-3), manager)
+        d_train = d_opt.minimize(model.d_loss, var_list=model.d_vars, global_step=step)
+        g_train = g_opt.minimize(model.g_loss, var_list=model.g_vars)
+        tf.train.Saver()
+    return Case(graph, [d_train, g_train, model.d_loss, model.g_loss],
+                {"d_train": d_train, "g_train": g_train})
+
+
+def builder_per_group_ops(skip_policy="all"):
+    """The builder with ``per_group_ops=True``: ``update_op`` and
+    ``per_group["d"]``/``["g"]`` each update the one manager."""
+    graph = tf.Graph()
+    with graph.as_default():
+        model, step = gan()
+        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                            backend="is_finite", skip_policy=skip_policy)
+        scaler.add(model.d_loss, tf.train.AdamOptimizer(1e-3), var_list=model.d_vars,
+                   name="d")
+        scaler.add(model.g_loss, tf.train.AdamOptimizer(1e-3), var_list=model.g_vars,
+                   name="g")
+        train = scaler.build(global_step=step, per_group_ops=True)
+        tf.train.Saver()
+    return Case(graph, [train.update_op, train.per_group["d"]], {"train": train})
 
 
 # -- the repository's own models ----------------------------------------------------

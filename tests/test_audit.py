@@ -340,6 +340,28 @@ def test_float32_batch_norm_beside_the_gate_is_a_warning():
     assert finding.severity == "warning"
 
 
+@pytest.mark.parametrize("compute_dtype,severity", [(tf.float16, "error"),
+                                                     (tf.float32, "warning")])
+def test_batch_norm_updated_in_place_says_to_use_update_ops(compute_dtype, severity):
+    """contrib batch norm with updates_collections=None updates its moving
+    statistics inside the forward pass (not in UPDATE_OPS): reported in
+    float16 and float32 alike, with the fix that works (build(update_ops=)
+    refuses ops the loss depends on): the default updates_collections and
+    update_ops= to build()."""
+    case = ag.batch_norm_in_place(compute_dtype)
+    finding = only(audit(case.graph, case.fetches), "NLS005-ungated-update")
+    assert len(finding) == 1 and finding[0].severity == severity
+    writes = [op for op in finding[0].ops if op.startswith("BatchNorm/AssignMovingAvg")]
+    assert len(writes) == 2, finding[0].ops  # the moving mean and variance
+    assert "updates_collections=None" in finding[0].message
+    assert "default updates_collections" in finding[0].message
+    assert "build(update_ops=...)" in finding[0].message
+    # The UPDATE_OPS form keeps its advice, which names the in-place case too.
+    beside = only(audit(*ag.batch_norm_beside_gate()[:2]), "NLS005-ungated-update")[0]
+    assert "beside the loss-scale gate" in beside.message
+    assert "updates_collections=None" in beside.message
+
+
 def test_weight_average_and_skip_counter_beside_the_gate_are_fine():
     case = ag.weight_average_beside_gate()
     assert_clean(audit(case.graph, case.fetches))
@@ -366,6 +388,36 @@ def test_saver_without_the_scale():
     assert "NLS006-unsaved-scale" in codes(audit(meta, [f.name for f in case.fetches]))
     full = ag.saver_without_scale(explicit=False)
     assert_clean(audit(full.graph, full.fetches))
+
+
+@pytest.mark.parametrize("manager_first", [False, True])
+def test_saver_made_before_build_says_to_make_it_later(manager_first):
+    """A Saver made before the loss scaling: the fix is to create it after
+    build(), not to leave var_list out (it already did). The manager's state
+    (made after the Saver) or the builder's loss_scale/skipped_steps counter
+    is named, with the other variables made after it (Adam's slots)."""
+    case = ag.saver_before_build(manager_first=manager_first)
+    findings = audit(case.graph, case.fetches)
+    found = only(findings, "NLS006-unsaved-scale")
+    assert len(found) == 1
+    message = found[0].message
+    assert "create the Saver after build()" in message
+    assert "leave var_list out" not in message
+    expected = "loss_scale/skipped_steps" if manager_first else "dynamic_loss_scale/state"
+    assert expected in found[0].ops
+    with case.graph.as_default():  # Adam's slots and beta powers, made by build()
+        slots = [v for v in tf.global_variables()
+                 if "/Adam" in v.op.name or "_power" in v.op.name]
+    assert len(slots) == 12 and "nor 12 other variable(s) made after it" in message
+    assert ("dynamic_loss_scale/state" in found[0].ops) is (not manager_first)
+    # The same from the exported .meta (node order kept).
+    meta = tf.train.export_meta_graph(graph=case.graph)
+    again = only(audit(meta, [f.name for f in case.fetches]), "NLS006-unsaved-scale")
+    assert again[0].message == message
+    # An explicit var_list made after build() keeps the var_list advice.
+    explicit = only(audit(ag.saver_without_scale().graph), "NLS006-unsaved-scale")
+    assert all("leave var_list out" in f.message for f in explicit)
+    assert not any("create the Saver after" in f.message for f in explicit)
 
 
 def test_saver_def_of_meta_graph_is_read():
@@ -406,6 +458,59 @@ def test_hand_written_accumulation_gated_on_one_micro_batch():
     assert finding.severity == "error" and "acc_" in " ".join(finding.ops)
     fixed = ag.hand_accumulation(gate_on_window=True)
     assert "NLS009-ungated-accumulation" not in codes(audit(fixed.graph, fixed.fetches))
+
+
+# -- NLS011: one manager updated twice per run -------------------------------------
+
+@pytest.mark.parametrize("op_set", ["v1", "v2"])
+@pytest.mark.parametrize("one_optimizer", [False, True])
+def test_one_npu_manager_updated_by_two_minimize_calls(npu_shim, op_set, one_optimizer):
+    """npu_bridge's manager shared by two NPULossScaleOptimizers, or one
+    NPULossScaleOptimizer minimizing twice (tf_adapter's
+    npu_bridge/estimator/npu/npu_loss_scale_optimizer.py, the shim's copy,
+    groups update_loss_scale into each minimize): with both train ops in one
+    run, the manager's scale and counters are written by two update ops."""
+    from npu_bridge import _emulation  # pylint: disable=import-outside-toplevel
+    with _emulation.op_set(op_set), _emulation.overflow_mode("saturation"):
+        case = ag.shared_manager_npu_optimizers(one_optimizer=one_optimizer)
+    findings = audit(case.graph, case.fetches)
+    double = only(findings, "NLS011-double-scale-update")
+    assert len(double) == 1 and double[0].severity == "error"
+    # The manager's three variables (npu_loss_scale_manager.py's names).
+    with case.graph.as_default():
+        state = sorted(v.op.name for v in tf.global_variables()
+                       if v.op.name.split("/")[-1] in ("loss_scale", "good_steps",
+                                                      "bad_steps"))
+    assert len(state) == 3 and list(double[0].ops[:3]) == state
+    assert "updated by 2 update ops in one step" in double[0].message
+    # Each train op in its own session.run updates the manager once.
+    for train in ("d_train", "g_train"):
+        assert "NLS011-double-scale-update" not in codes(
+            audit(case.graph, [case.info[train]]))
+    # Without fetches, possible rather than certain.
+    assert only(audit(case.graph), "NLS011-double-scale-update")[0].severity == "warning"
+
+
+@pytest.mark.parametrize("skip_policy", ["all", "per_group"])
+def test_per_group_op_fetched_with_update_op_updates_the_scale_twice(skip_policy):
+    """A builder's per_group op with its update_op (or both per_group ops)
+    in one run: two updates of the one manager (the library also fails such
+    a run, commit.OneStepPerRun; the audit says so before it runs)."""
+    case = ag.builder_per_group_ops(skip_policy)
+    train = case.info["train"]
+    double = only(audit(case.graph, case.fetches), "NLS011-double-scale-update")
+    assert double[0].severity == "error"
+    assert double[0].ops[0] == "dynamic_loss_scale/state"
+    both = audit(case.graph, [train.per_group["d"], train.per_group["g"]])
+    assert "NLS011-double-scale-update" in codes(both)
+    for alone in (train.update_op, train.per_group["d"], train.per_group["g"]):
+        assert "NLS011-double-scale-update" not in codes(audit(case.graph, [alone]))
+
+
+def test_two_managers_are_not_a_double_update():
+    """One manager per optimizer (independent scales) updates each once."""
+    case = ag.per_optimizer_wrappers(backend="is_finite")
+    assert "NLS011-double-scale-update" not in codes(audit(case.graph, case.fetches))
 
 
 # -- no false positives on the repository's models -------------------------------

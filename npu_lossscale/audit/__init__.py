@@ -214,7 +214,8 @@ def main(argv=None):
       argv: the arguments (without the program name); ``sys.argv[1:]`` if None.
 
     Returns:
-      The exit status: 1 when there is an error finding, 2 on a usage error,
+      The exit status: 1 when there is an error finding, 2 on a usage error
+      (a bad file or fetch included),
       else 0.
     """
     parser = argparse.ArgumentParser(

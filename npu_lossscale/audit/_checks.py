@@ -10,6 +10,7 @@ import collections
 import itertools
 
 from npu_lossscale.audit import _facts
+from npu_lossscale.audit import _graph
 
 __all__ = ["CHECKS", "CODES", "Context", "Finding", "needs_fetches_note"]
 
@@ -51,6 +52,9 @@ CODES = collections.OrderedDict([
                                      "window's overflow")),
     ("NLS010-double-update", ("error (warning)", "a variable (or global_step) "
                               "updated by more than one train op in one step")),
+    ("NLS011-double-scale-update", ("error (warning)", "one loss-scale manager's "
+                                    "state updated by more than one update op in "
+                                    "one step")),
 ])
 
 
@@ -267,37 +271,65 @@ def check_collective_in_cond(context):
 # -- NLS005 ----------------------------------------------------------------------
 
 def check_ungated_updates(context):
-    """Writes that run on skipped steps, in a run that has a loss-scale gate."""
+    """Writes that run on skipped steps, in a run that has a loss-scale gate.
+
+    An error when the written value comes from this step's float16 forward
+    pass; a warning for a float32 one that belongs to (or feeds) UPDATE_OPS
+    or that a loss depends on. The latter, writes inside the forward pass
+    (batch norm built with ``updates_collections=None``), get their own
+    finding: no gate can hold them back, the layer has to be built with
+    UPDATE_OPS.
+    """
     facts = context.facts
     gated = [op for op in context.train_updates() if facts.gates(op)]
     if not gated:
         return []
     update_ops = _update_ops_writes(context)
-    errors, warnings = [], []
+    forward_pass = context.model.ancestors(set(facts.seeds.values()))
+    groups = collections.OrderedDict(
+        ((severity, in_place), []) for severity in ("error", "warning")
+        for in_place in (True, False))
     for op, var in sorted(facts.target.items()):
         if op not in context.run or facts.gates(op):
             continue
         if (var in facts.scale_state or var in facts.flag_vars or var in facts.accumulators
                 or var in context.model.collections.local):
             continue
+        in_place = op in forward_pass
         if facts.forward_value(op):
-            errors.append(op)
-        elif op in update_ops:
-            warnings.append(op)
+            groups[("error", in_place)].append(op)
+        elif op in update_ops or in_place:
+            groups[("warning", in_place)].append(op)
     found = []
-    for ops, severity, why in ((errors, "error", "from this step's float16 forward pass"),
-                               (warnings, "warning", "from UPDATE_OPS")):
+    for (severity, in_place), ops in groups.items():
         if not ops:
             continue
-        found.append(Finding(
-            "NLS005-ungated-update", context.run_severity(severity),
-            "%d variable update(s) %s (%s) run beside the loss-scale gate but "
-            "outside it%s, so on an overflowing step that is skipped they still "
-            "write values that can be inf or NaN (batch-norm statistics stay "
-            "broken for good); put them behind the gate (MultiOptimizerLossScale"
-            ".build(update_ops=...) or inside the apply cond)."
-            % (len(ops), why, ", ".join(ops[:6]), _if_run_together(context)),
-            _sorted(ops + [g for g in gated[:1]])))
+        why = ("from this step's float16 forward pass" if severity == "error"
+               else "from UPDATE_OPS" if not in_place else "of float32 values")
+        if in_place:
+            message = (
+                "%d variable update(s) %s (%s) run inside the forward pass (the loss "
+                "depends on them, as batch norm built with updates_collections=None "
+                "makes its moving-statistics updates), so every step runs them, "
+                "skipped (overflowing) ones too, writing values that can be inf or "
+                "NaN (batch-norm statistics stay broken for good), and no gate can "
+                "hold them back; build the layer with the default "
+                "updates_collections (tf.GraphKeys.UPDATE_OPS) and pass "
+                "tf.get_collection(tf.GraphKeys.UPDATE_OPS) to "
+                "MultiOptimizerLossScale.build(update_ops=...)."
+                % (len(ops), why, ", ".join(ops[:6])))
+        else:
+            message = (
+                "%d variable update(s) %s (%s) run beside the loss-scale gate but "
+                "outside it%s, so on an overflowing step that is skipped they still "
+                "write values that can be inf or NaN (batch-norm statistics stay "
+                "broken for good); put them behind the gate (MultiOptimizerLossScale"
+                ".build(update_ops=...) or inside the apply cond; batch norm built "
+                "with updates_collections=None updates inside the forward pass: "
+                "keep the default UPDATE_OPS and pass those ops to build(update_ops=...))."
+                % (len(ops), why, ", ".join(ops[:6]), _if_run_together(context)))
+        found.append(Finding("NLS005-ungated-update", context.run_severity(severity),
+                             message, _sorted(ops + [g for g in gated[:1]])))
     return found
 
 
@@ -316,23 +348,54 @@ def _update_ops_writes(context):
 # -- NLS006 ----------------------------------------------------------------------
 
 def check_unsaved_scale(context):
-    """Loss-scale state that a training Saver leaves out."""
-    facts = context.facts
+    """Loss-scale state that a training Saver leaves out.
+
+    The state is the scale and its counters, the overflow flag variables
+    (window flags, the skipped-step counter) and the gradient accumulators.
+    A Saver made before some of them (its save op comes first in the graph,
+    which lists nodes in creation order) was made before ``build()`` or
+    before the manager: its default var_list, the global variables that
+    existed then, cannot hold them, so the fix is to create it later, not
+    to touch its var_list. State made before the Saver and left out means
+    an explicit var_list without it.
+    """
+    facts, model = context.facts, context.model
+    state = (facts.scale_state | facts.flag_vars | facts.accumulators) - model.collections.local
     if not facts.scale_state:
         return []
     found = []
-    for saver, saves, saved in facts.savers():
-        if not saved & facts.trainable:
+    for saver in facts.savers():
+        if not saver.saved & facts.trainable:
             continue
-        missing = sorted(facts.scale_state - saved)
-        if missing:
+        missing = sorted(state - saver.saved)
+        if not missing:
+            continue
+        made = min(model.position(save) for save in saver.saves)
+        late = [v for v in missing if model.position(v) > made]
+        early = [v for v in missing if model.position(v) < made]
+        if late:
+            others = sorted(v for v in facts.variables - saver.saved - state
+                            - model.collections.local if model.position(v) > made)
+            found.append(Finding(
+                "NLS006-unsaved-scale", "warning",
+                "Saver %r was created before the loss-scale state %s (before "
+                "build(), or before the manager), and a Saver made without var_list "
+                "saves only the variables that exist when it is made, so it does "
+                "not save them%s and a restored run restarts from the initial scale "
+                "and counters; create the Saver after build() (tf.train.Saver() "
+                "last, once the whole training graph is built)."
+                % (saver.name, ", ".join(late),
+                   " (nor %d other variable(s) made after it, e.g. %s)"
+                   % (len(others), _some(others, 4)) if others else ""),
+                tuple(late + saver.saves)))
+        if early:
             found.append(Finding(
                 "NLS006-unsaved-scale", "warning",
                 "Saver %r does not save the loss-scale state %s, so a restored "
                 "run restarts from the initial scale and counters; leave var_list "
                 "out (save every global variable) or add these variables to it."
-                % (saver, ", ".join(missing)),
-                tuple(missing + saves)))
+                % (saver.name, ", ".join(early)),
+                tuple(early + saver.saves)))
     return found
 
 
@@ -459,10 +522,91 @@ def check_double_updates(context):
     return found
 
 
+# -- NLS011 ----------------------------------------------------------------------
+
+def check_double_scale_updates(context):
+    """A manager's state written by two update ops that run together.
+
+    One update of a manager writes each state variable at most once per run:
+    its writes of one variable sit in branches that exclude each other
+    (grow or count, back off or count). Two writes of one state variable
+    that can run in the same step come from two updates of the same
+    manager: one manager shared by two optimizers or builders, one
+    LossScaleOptimizer used for two minimize calls, a builder's per_group
+    op fetched with its update_op (or two per_group ops). The updates are
+    told apart by the overflow checks their writes decide on.
+    """
+    facts, model = context.facts, context.model
+    clashes = collections.OrderedDict()  # update-op names -> state variables
+    for var in sorted(facts.scale_state):
+        writes = sorted(w for w in facts.mutations.get(var, ()) if w in context.run)
+        clashing = set()
+        for first, second in itertools.combinations(writes, 2):
+            if context.co_runnable(first, second):
+                clashing |= set([first, second])
+        if clashing:
+            clashes.setdefault(_update_ops(context, clashing), []).append(var)
+    found = []
+    for updates, variables in clashes.items():
+        found.append(Finding(
+            "NLS011-double-scale-update", context.run_severity("error"),
+            "the loss-scale state %s is updated by %d update ops in one step%s (%s), "
+            "so one manager counts each step more than once and its scale grows or "
+            "backs off too fast (one manager shared by two optimizers or builders, "
+            "one LossScaleOptimizer used for two minimize calls, or a builder's "
+            "per_group op fetched with its update_op); update each manager once per "
+            "session.run: add every optimizer to one MultiOptimizerLossScale and "
+            "fetch its update_op (or one per_group op per run), or give each "
+            "optimizer its own manager if independent scales are meant."
+            % (", ".join(variables), max(len(updates), 2), _if_run_together(context),
+               _some(list(updates), 4)),
+            tuple(variables) + updates))
+    return found
+
+
+def _update_ops(context, writes):
+    """Names for the manager updates that ``writes`` belong to, sorted.
+
+    Writes of one update decide on the same overflow checks (the checks and
+    flag variables their values and branch predicates derive from); each
+    update is named by the longest name scope its writes share (a v1 cond's,
+    or the outermost If/While/call node holding them), else its first write.
+    """
+    facts, model = context.facts, context.model
+    groups = collections.OrderedDict()
+    for write in sorted(writes):
+        preds = [l.pred.rsplit(":", 1)[0] for l in model.conditions(write)
+                 if l.kind == "cond"]
+        seen = model.ancestors(facts.value_inputs(write) + preds, data_only=True)
+        roots = frozenset(n for n in seen if n in facts.flag_vars or (
+            model.nodes[n].type in _facts.CHECK_TYPES
+            and _graph.SHIM_INTERNAL_SCOPE not in n.split("/")))
+        groups.setdefault(roots, []).append(_outermost(model, write))
+    names = []
+    for members in groups.values():
+        parts = [m.split("/") for m in members]
+        common = []
+        for level in zip(*parts):
+            if len(set(level)) != 1:
+                break
+            common.append(level[0])
+        names.append("/".join(common) if common else members[0])
+    return tuple(sorted(set(names)))
+
+
+def _outermost(model, write):
+    """The graph op that runs a write: the outermost If/While/call node whose
+    body holds it, else the write itself."""
+    unit = write
+    while model.nodes[unit].call is not None:
+        unit = model.nodes[unit].call
+    return unit
+
+
 CHECKS = (check_status_race, check_untrained_variables, check_foreign_loss,
           check_collective_in_cond, check_ungated_updates, check_unsaved_scale,
           check_float16_master, check_independent_scales, check_ungated_accumulation,
-          check_double_updates)
+          check_double_updates, check_double_scale_updates)
 
 
 def needs_fetches_note():
@@ -470,7 +614,7 @@ def needs_fetches_note():
     return Finding(
         "NLS000-needs-fetches", "info",
         "no fetches were given, so the whole graph was audited as one run: "
-        "NLS001, NLS005 and NLS010 are warnings about ops that would clash if run "
-        "together, and NLS002 counts every train op in the graph; pass the ops you "
+        "NLS001, NLS005, NLS010 and NLS011 are warnings about ops that would "
+        "clash if run together, and NLS002 counts every train op in the graph; pass the ops you "
         "run in one session.run as fetches (--fetch NAME) to confirm them.",
         ())

@@ -6,13 +6,18 @@ the rules are documented on each attribute of ``Facts`` and in docs/audit.md.
 
 from __future__ import absolute_import, division, print_function
 
+import collections
 import re
 
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale.audit import _graph
 
-__all__ = ["CHECK_TYPES", "COLLECTIVE_TYPES", "Facts", "STATUS_TYPES"]
+__all__ = ["CHECK_TYPES", "COLLECTIVE_TYPES", "Facts", "STATUS_TYPES", "SaverUse"]
+
+#: One Saver of the graph: its name (top name scope), its save op names,
+#: and the set of variables it saves.
+SaverUse = collections.namedtuple("SaverUse", ["name", "saves", "saved"])
 
 STATUS_READ_TYPES = frozenset(["NpuGetFloatStatus", "NpuGetFloatStatusV2"])
 STATUS_CLEAR_TYPES = frozenset(["NpuClearFloatStatus", "NpuClearFloatStatusV2"])
@@ -344,7 +349,7 @@ class Facts(object):
         return has_source and has_half
 
     def savers(self):
-        """[(saver name, save op names, saved variables)] of the graph's savers."""
+        """The ``SaverUse``s of the graph's savers."""
         model = self.model
         save_nodes = [n for n, node in model.nodes.items() if node.type in SAVE_TYPES]
         result, covered = [], set()
@@ -368,5 +373,5 @@ class Facts(object):
                 node = model.nodes[save]
                 sources = [s for s, _ in node.inputs[SAVE_TYPES[node.type]:]]
                 saved |= model.ancestors(sources, data_only=True) & self.variables
-            named.append((saver, sorted(saves), saved))
+            named.append(SaverUse(saver, sorted(saves), saved))
         return named

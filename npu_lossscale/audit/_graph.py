@@ -25,6 +25,7 @@ import re
 
 import tensorflow.compat.v1 as tf
 from tensorflow.core.framework import variable_pb2
+from tensorflow.python.framework import op_def_registry
 
 __all__ = ["Collections", "GraphModel", "Literal", "Node", "is_mutation",
            "is_optimizer_apply", "load", "node_name"]
@@ -141,6 +142,7 @@ class GraphModel(object):
         for node_def in graph_def.node:
             self._inline_calls(node_def.name, 0)
         self._conditions = None
+        self._positions = None
 
     # -- construction ---------------------------------------------------------
 
@@ -412,6 +414,15 @@ class GraphModel(object):
 
     # -- attributes -----------------------------------------------------------
 
+    def position(self, name):
+        """The node's index in the graph definition. Graph nodes come in the
+        order they were created (``Graph.as_graph_def`` and
+        ``export_meta_graph`` keep it), so a smaller index was made first;
+        function body nodes come after every graph node."""
+        if self._positions is None:
+            self._positions = dict((n, i) for i, n in enumerate(self.nodes))
+        return self._positions[name]
+
     def output_count(self, name):
         """How many outputs a node has, or None when the graph does not say.
 
@@ -483,7 +494,6 @@ class GraphModel(object):
 def _registered_op(op_type):
     """The ``OpDef`` registered for an op type here, or None (TF 1.15 has
     ``get_registered_ops``; later releases ``get``)."""
-    from tensorflow.python.framework import op_def_registry  # pylint: disable=import-outside-toplevel
     get = getattr(op_def_registry, "get", None)
     if get is not None:
         return get(op_type)
