@@ -134,7 +134,8 @@ def train(tf, args, graph, config, resume_from, train_images, workers=None):
         history = outputs.load_history(args.out, start) if resume_from and lead else []
         writer = (tf.summary.FileWriter(args.out, None if resume_from else sess.graph)
                   if lead else None)
-        rng = np.random.RandomState(args.seed + 7919 * start + 104729 * rank)
+        # A distinct stream per resume point and rank; RandomState takes < 2**32.
+        rng = np.random.RandomState((args.seed + 7919 * start + 104729 * rank) % 2 ** 32)
         ckpt_path = os.path.join(args.out, runtime.CHECKPOINT_BASENAME)
 
         progress = outputs.Progress("dcgan %s" % args.precision, args.steps, initial=start,
