@@ -252,9 +252,9 @@ def main(argv=None):
             if args.style == "builder_alternating":
                 d_train, g_train = train.per_group["d"], train.per_group["g"]
             else:
-                # scale, step_applied, skipped_total: fetch with update_op only
-                # (train.applied would pull the joint step into any other run).
-                step_summaries = nl.summaries(train)
+                # scale and skipped_total read state only; step_applied is
+                # the joint step's own, so it goes with update_op only.
+                step_summaries = nl.summaries(train, step_applied=True)
         # Reads only (no float16 op), run alone at logging time: safe in any run.
         scale_summary = tf.summary.merge([tf.summary.scalar(k, tf.cast(v, tf.float32))
                                           for k, v in sorted(scales.items())])
