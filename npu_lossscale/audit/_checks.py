@@ -360,7 +360,7 @@ def check_unsaved_scale(context):
     an explicit var_list without it.
     """
     facts, model = context.facts, context.model
-    state = (facts.scale_state | facts.flag_vars | facts.accumulators) - model.collections.local
+    state = facts.scale_state.union(facts.flag_vars, facts.accumulators) - model.collections.local
     if not facts.scale_state:
         return []
     found = []
