@@ -337,7 +337,9 @@ class MultiOptimizerLossScale(object):
           ValueError: if called twice, with no groups, in eager mode, when a
             group's loss reaches none of its variables, for
             ``accumulation_steps`` < 1, or for groups sharing a loss under
-            ``skip_policy="per_group"`` on the npu backend, or on the
+            ``skip_policy="per_group"`` on the npu backend, for a manager
+            another builder or ``LossScaleOptimizer`` already updates in this
+            graph, or on the
             float-status register inside a ``tf.cond``/``tf.while_loop`` body
             or a ``tf.function``. Every check runs
             before the first op is made; a build that fails leaves the
@@ -354,6 +356,14 @@ class MultiOptimizerLossScale(object):
                 "returned instead of building again.")
         plan = self._plan(global_step, accumulation_steps, count_skipped_steps)
         update_ops = self._check_update_ops(update_ops, plan, per_group_ops)
+        what = "a MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
+        try:
+            for use in plan.managers:
+                if use.groups:  # a manager no group uses is read, never updated
+                    _inputs.claim_manager(use.manager, self, what)
+        except ValueError:
+            _inputs.release_managers(self)
+            raise
         self._built = True
         # The pivot gate adds a control input to the user's update ops, and
         # the register backend orders the user's forward ops after its
@@ -364,6 +374,7 @@ class MultiOptimizerLossScale(object):
             return self._build(plan, global_step, update_ops, per_group_ops)
         except Exception:
             self._built = False  # a retry starts afresh
+            _inputs.release_managers(self)
             for op, inputs in saved:
                 op._remove_all_control_inputs()  # pylint: disable=protected-access
                 op._add_control_inputs(inputs)  # pylint: disable=protected-access
