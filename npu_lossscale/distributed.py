@@ -8,7 +8,17 @@ holding a collective would deadlock, tensorflow/tensorflow#46863):
   finite, as Ascend's own adapter decides. (Summing "finite" flags and
   testing > 0.5 would be wrong: it calls a step finite if any one worker was.)
 * the gradients, averaged with the engine's allreduce, unless the user's
-  optimizers already do it (``allreduce_gradients=False``).
+  optimizers already do it (``allreduce_gradients=False``). float16
+  gradients are averaged in float32 (``widened``): each worker's gradient
+  is finite after the check, but their float16 sum can overflow where the
+  mean does not, after the overflow check has run. On Ascend an HCCL
+  AllReduce is an overflow-checked op (tf_adapter's NPULossScaleOptimizer
+  reads the float-status register after the allreduced gradients its inner
+  NPUDistributedOptimizer made, estimator/npu/npu_loss_scale_optimizer.py),
+  so the builder's read, which precedes the reduction, would miss it and
+  the saturated sum would be applied; under Horovod, or in INF/NaN mode,
+  an inf mean would be applied. In float32 the sum of ranks' float16 values
+  cannot overflow and the mean fits float16 again.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -37,7 +47,9 @@ class HorovodEngine(object):
 
     def mean_gradient(self, grad):
         """Allreduce-average of a gradient (IndexedSlices allgathered)."""
-        return self._hvd.allreduce(grad, op=self._hvd.Average)
+        if isinstance(grad, tf.IndexedSlices):  # gathered, never summed
+            return self._hvd.allreduce(grad, op=self._hvd.Average)
+        return widened(grad, lambda wide: self._hvd.allreduce(wide, op=self._hvd.Average))
 
 
 class HcclEngine(object):
@@ -54,9 +66,25 @@ class HcclEngine(object):
 
     def mean_gradient(self, grad):
         # HCCL reduces dense tensors only, as NPUDistributedOptimizer does.
-        grad = tf.convert_to_tensor(grad)
-        summed = self._hccl_ops.allreduce(grad, "sum")
-        return summed / tf.cast(self._rank_size, summed.dtype.base_dtype)
+        def mean(wide):
+            summed = self._hccl_ops.allreduce(wide, "sum")
+            return summed / tf.cast(self._rank_size, summed.dtype.base_dtype)
+        return widened(tf.convert_to_tensor(grad), mean)
+
+
+def widened(grad, reduce_fn):
+    """``reduce_fn(grad)``, computed in float32 for a float16 ``grad``.
+
+    Args:
+      grad: a dense gradient tensor.
+      reduce_fn: the allreduce-average, from tensor to tensor.
+
+    Returns:
+      The reduced gradient, in ``grad``'s dtype.
+    """
+    if grad.dtype.base_dtype != tf.float16:
+        return reduce_fn(grad)
+    return tf.cast(reduce_fn(tf.cast(grad, tf.float32)), tf.float16)
 
 
 def resolve_engine(distributed):

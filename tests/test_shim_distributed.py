@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,3 +99,57 @@ def test_without_is_distributed_saturation_replicas_drift(tmp_path):
     assert rank0[1] == rank1[1]
     assert rank1[2] == [rank1[1][0], 2.0]       # rank 1 skipped
     assert rank0[2][1] == 4.0 and rank0[2][0] != rank1[2][0]   # rank 0 applied: drift
+
+
+_SUM_WORKER = r"""
+import json, os, sys
+from graph_mode import set_graph_mode
+set_graph_mode()
+import numpy as np
+import tensorflow.compat.v1 as tf
+from npu_bridge.npu_init import *
+import npu_lossscale as nl
+
+x = tf.placeholder(tf.float16, [])
+w = tf.Variable(tf.constant(0.0, tf.float16))   # float16 weights: float16 gradients
+scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend=sys.argv[1],
+                                    distributed="hccl")
+scaler.add(w * x, tf.train.GradientDescentOptimizer(1e-4), var_list=[w], name="w")
+train = scaler.build()
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    finite = sess.run([train.update_op, train.is_finite], {x: 40000.0})[1]
+    print("RESULT " + json.dumps([float(sess.run(w)), bool(finite)]))
+"""
+
+
+@pytest.mark.parametrize("mode,backend", [("saturation", "npu"), ("inf_nan", "npu"),
+                                          ("saturation", "float_status")])
+def test_builder_allreduce_of_float16_gradients_cannot_overflow(tmp_path, mode, backend):
+    """Each rank's float16 gradient is 40000 (finite); their float16 sum,
+    80000, is not. HCCL's AllReduce is an overflow-checked op on Ascend
+    (tf_adapter estimator/npu/npu_optimizer.py sums float16 gradients with
+    hccl_ops.allreduce(grad, "sum") and NPULossScaleOptimizer reads the
+    status after those reduced gradients, estimator/npu/
+    npu_loss_scale_optimizer.py), so a float16 sum that overflows after the
+    builder's read would be applied saturated (65504 / 2) and missed. The
+    builder averages float16 gradients in float32, so the mean is the exact
+    40000 and the step applies it: w = -1e-4 * 40000 on both ranks."""
+    results = []
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("CM_WORKER_SIZE", "INF_NAN_MODE_ENABLE", "NPU_SHIM_OP_SET")}
+        env.update(RANK_SIZE="2", RANK_ID=str(rank), JOB_ID="1", NPU_SHIM_HCCL_DIR=str(tmp_path),
+                   NPU_SHIM_HCCL_TIMEOUT="60", NPU_SHIM_OVERFLOW_MODE=mode,
+                   TF_CPP_MIN_LOG_LEVEL="3",
+                   PYTHONPATH=os.pathsep.join([SHIMS, HERE, os.path.dirname(HERE)]))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", _SUM_WORKER, backend], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True))
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, err[-3000:]
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+    assert results[0] == results[1] == [float(np.float16(-1e-4 * 40000.0)), True]
