@@ -19,7 +19,25 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-]*$")
 
 
 def check_manager(manager, argument="loss_scale_manager"):
-    """Raises TypeError unless ``manager`` follows the loss-scale protocol."""
+    """Checks a loss-scale manager given to a builder, group or optimizer.
+
+    Args:
+      manager: the value passed as the manager.
+      argument: the argument's name, for messages.
+
+    Raises:
+      ValueError: for None (as TF's ``MixedPrecisionLossScaleOptimizer``
+        does), or a manager whose variables belong to another graph.
+      TypeError: for a class, or an object without the protocol.
+    """
+    if manager is None:
+        # TF raises ValueError for a None loss scale: tensorflow/python/
+        # training/experimental/loss_scale_optimizer_test.py
+        # testPassingNoneToLossScale ('loss_scale cannot be None').
+        raise ValueError(
+            "%s must be a loss-scale manager, got None. Pass e.g. %s="
+            "DynamicLossScaleManager(), or FixedLossScaleManager(1, "
+            "enable_overflow_check=False) for plain training." % (argument, argument))
     if inspect.isclass(manager):
         raise TypeError(
             "%s must be a manager instance, got the class %s. Call it: e.g. "
@@ -32,6 +50,51 @@ def check_manager(manager, argument="loss_scale_manager"):
             "methods, got %r. Pass a DynamicLossScaleManager, "
             "ExponentialUpdateLossScaleManager or FixedLossScaleManager "
             "(npu_bridge's and tf.contrib's managers work too)." % (argument, manager))
+    check_manager_graph(manager, argument)
+
+
+def manager_variables(manager):
+    """The variables holding a manager's state (ours, npu_bridge's, contrib's).
+
+    Args:
+      manager: a loss-scale manager.
+
+    Returns:
+      A list of variables: the manager's ``variables`` attribute where it
+      declares one, else its attributes that are variables, by name.
+    """
+    declared = getattr(manager, "variables", None)
+    if declared is not None and not callable(declared):
+        return list(declared)
+    return [value for _, value in sorted(vars(manager).items()) if is_variable(value)]
+
+
+def check_manager_graph(manager, argument="loss_scale_manager"):
+    """Raises ValueError when ``manager``'s variables are of another graph.
+
+    A manager made before ``tf.reset_default_graph()`` (or in another
+    ``tf.Graph``) keeps its scale in that graph, which this step cannot
+    read or update.
+
+    Args:
+      manager: a loss-scale manager.
+      argument: the argument's name, for the message.
+
+    Raises:
+      ValueError: if one of the manager's variables belongs to a graph other
+        than the default one (or a graph the default one is nested in).
+    """
+    reachable = _graph_and_outer_graphs(tf.get_default_graph())
+    for variable in manager_variables(manager):
+        graph = _graph_of(variable)
+        if graph is not None and not any(graph is other for other in reachable):
+            raise ValueError(
+                "%s %r keeps its state in variable %r of another graph than the "
+                "default one, in which this step is built: the manager was made "
+                "before tf.reset_default_graph() or in another tf.Graph. Make the "
+                "manager in the graph you train in: after tf.reset_default_graph(), "
+                "inside its `with graph.as_default():` block (in an Estimator, "
+                "inside model_fn)." % (argument, manager, variable.name))
 
 
 def check_optimizer(optimizer, argument="optimizer"):
@@ -78,14 +141,78 @@ def is_variable(value):
 
 
 
-def require_graph_mode(what):
-    """Raises ValueError when called while eager execution is enabled.
+def _graph_of(value):
+    """The graph of a variable or tensor; None for an eager one."""
+    try:
+        return value.graph
+    except AttributeError:  # eager variables and tensors belong to no graph
+        return None
+
+
+def _graph_and_outer_graphs(graph):
+    """``graph``, then each graph a function graph is nested in, outwards."""
+    graphs = [graph]
+    while getattr(graphs[-1], "outer_graph", None) is not None:
+        graphs.append(graphs[-1].outer_graph)
+    return graphs
+
+
+#: Function graphs that tf.cond and tf.while_loop make under control flow v2,
+#: by class name (tensorflow/python/ops/control_flow_v2_func_graphs.py).
+_CONTROL_FLOW_GRAPHS = {"CondBranchFuncGraph": "a tf.cond branch",
+                        "WhileCondFuncGraph": "a tf.while_loop condition",
+                        "WhileBodyFuncGraph": "a tf.while_loop body"}
+
+
+def _inside(graph):
+    """Where ops made now land, for messages; None at the top level.
+
+    Args:
+      graph: the default graph.
+
+    Returns:
+      None at the top level of a ``tf.Graph``, else e.g. "a tf.cond branch
+      (function graph 'cond_true_3')".
+    """
+    if graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
+        return "a tf.cond branch or tf.while_loop body (v1 control flow)"
+    if not graph.building_function:
+        return None
+    kind = _CONTROL_FLOW_GRAPHS.get(type(graph).__name__, "a tf.function")
+    return "%s (function graph %r)" % (kind, graph.name)
+
+
+def _traced_from_eager(graph):
+    """True for the graph of a ``tf.function`` called by an eager program.
+
+    Its variables are eager ones that the function captures, and it runs
+    once per call: as a top-level graph is once per ``session.run``.
+    """
+    if (not graph.building_function or type(graph).__name__ in _CONTROL_FLOW_GRAPHS
+            or getattr(graph.outer_graph, "building_function", False)):
+        return False
+    with tf.init_scope():
+        return tf.executing_eagerly()
+
+
+def require_graph_mode(what, eager_functions=False):
+    """Raises ValueError unless ops are being made at the top level of a graph.
+
+    Refused, for every backend: eager execution, and a ``tf.cond`` branch or
+    ``tf.while_loop`` body (v1 or v2) or a ``tf.function`` of a graph-mode
+    program, since the apply gate, the ``global_step`` and the manager update
+    are made for one run of the graph.
 
     Args:
       what: the name of the API being used, for the message.
+      eager_functions: True where ``what`` also works at the top level of a
+        ``tf.function`` that an eager program calls (it makes no variable of
+        its own, so the function's retracing cannot make a second one).
 
     Raises:
-      ValueError: if eager execution is enabled.
+      ValueError: before any op is made, for eager execution, inside a
+        control-flow body or a graph-mode function, and (unless
+        ``eager_functions``) inside an eager program's function.
     """
     if tf.executing_eagerly():
         raise ValueError(
@@ -93,6 +220,29 @@ def require_graph_mode(what):
             "tf.compat.v1.disable_eager_execution() (or disable_v2_behavior()) "
             "at program start, or build inside `with tf.Graph().as_default():`."
             % what)
+    graph = tf.get_default_graph()
+    inside = _inside(graph)
+    if inside is None:
+        return
+    if _traced_from_eager(graph) and graph._get_control_flow_context() is None:  # pylint: disable=protected-access
+        if eager_functions:
+            return
+        raise ValueError(
+            "%s cannot be built inside a tf.function of an eager program, got %s: "
+            "it makes TF1 variables, and tf.function traces the function more than "
+            "once. Call tf.compat.v1.disable_eager_execution() at program start and "
+            "build at the top level of the graph; in an eager program, "
+            "LossScaleOptimizer(opt, manager).minimize works inside a tf.function "
+            "whose manager (FixedLossScaleManager, or npu_bridge's) is made outside "
+            "it." % (what, inside))
+    raise ValueError(
+        "%s must be built at the top level of the graph, got a call inside %s. "
+        "Build the train op at the top level of the graph (compute the losses "
+        "there too), then fetch it with session.run, or run it under your own "
+        "control flow in Python (an if or a loop around session.run). This holds "
+        "for every backend, is_finite included: the step's apply gate, "
+        "global_step and loss-scale update are made for one run of the graph."
+        % (what, inside))
 
 
 def require_top_level(what):
@@ -101,7 +251,7 @@ def require_top_level(what):
     A float-status step orders the graph's one register clear before the
     ops its read follows; that needs the read at the top level of a
     ``tf.Graph``, not in a ``tf.cond``/``tf.while_loop`` body or a
-    ``tf.function``.
+    ``tf.function`` (eager programs' included).
 
     Args:
       what: the name of the API being used, for the message.
@@ -109,16 +259,12 @@ def require_top_level(what):
     Raises:
       ValueError: inside a function graph or a v1 control-flow context.
     """
-    graph = tf.get_default_graph()
-    if graph.building_function:
-        inside = "function graph %r" % (graph.name,)
-    elif graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
-        inside = "control-flow body"
-    else:
+    inside = _inside(tf.get_default_graph())
+    if inside is None:
         return
     raise ValueError(
         "%s reads Ascend's float-status register and must be built at the top "
-        "level of the graph, got a %s. Build it outside tf.cond, tf.while_loop "
+        "level of the graph, got %s. Build it outside tf.cond, tf.while_loop "
         "and tf.function (compute the losses there if you need to), or pass "
         "backend='is_finite'." % (what, inside))
 
@@ -196,8 +342,8 @@ def check_var_list(var_list, name, other_groups):
 
     Raises:
       TypeError: for a single variable, a string or a non-variable entry.
-      ValueError: for an empty list, a repeated variable, or one already in
-        another group.
+      ValueError: for an empty list, a variable of another graph, a repeated
+        variable, or one already in another group.
     """
     if var_list is None:
         var_list = default_var_list()
@@ -212,11 +358,21 @@ def check_var_list(var_list, name, other_groups):
             "var_list for group %r is empty, got %r. Pass the variables this "
             "optimizer trains (e.g. tf.trainable_variables('generator'))."
             % (name, list(var_list)))
+    reachable = _graph_and_outer_graphs(tf.get_default_graph())
     for index, var in enumerate(var_list):
         if not is_variable(var):
             raise TypeError(
                 "var_list for group %r must hold tf.Variable objects, got %r. "
                 "Pass variables, not tensors read from them." % (name, var))
+        graph = _graph_of(var)
+        if graph is not None and not any(graph is other for other in reachable):
+            raise ValueError(
+                "var_list for group %r holds variable %r of another graph than the "
+                "default one (made before tf.reset_default_graph() or in another "
+                "tf.Graph), which no loss of this graph can train. Pass the "
+                "variables of the graph you train in: make the model and the "
+                "builder inside the same `with graph.as_default():` block."
+                % (name, var.name))
         if any(var is other for other in var_list[:index]):
             raise ValueError(
                 "var_list for group %r lists variable %r twice. Pass each "
@@ -346,6 +502,21 @@ def claim_manager(manager, owner, what):
                 "MultiOptimizerLossScale (build(per_group_ops=True) for alternating "
                 "runs)." % (manager, claim.what, what))
     claims.append(ManagerClaim(manager, owner, what))
+
+
+def find_claim(manager):
+    """The ``ManagerClaim`` on ``manager`` in the default graph, or None.
+
+    Args:
+      manager: a loss-scale manager.
+
+    Returns:
+      The claim recorded by ``claim_manager``, or None if none was.
+    """
+    for claim in _manager_claims(tf.get_default_graph()):
+        if claim.manager is manager:
+            return claim
+    return None
 
 
 def release_managers(owner):

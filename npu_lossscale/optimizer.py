@@ -87,10 +87,19 @@ class LossScaleOptimizer(tf.train.Optimizer):
                                                  "is_distributed=False")
         super(LossScaleOptimizer, self).__init__(
             use_locking=False, name="LossScale%s" % opt.get_name())
-        # tf.train.Checkpoint(optimizer=this) saves the wrapped optimizer and
-        # the manager's state, as the name-based Saver does.
-        self._track_trackable(opt, name="base_optimizer")
-        for index, variable in enumerate(_manager_variables(loss_scale_manager)):
+        # In tf.train.Checkpoint(optimizer=this, ...) this object stands for
+        # the optimizer that holds the state: it shares that optimizer's slot,
+        # non-slot (e.g. Adam's beta powers) and deferred-restore dicts, which
+        # tf.train.Optimizer's checkpoint methods read, and makes no state of
+        # its own. Tracking the wrapped optimizer as a child instead would
+        # save each slot twice (once per optimizer whose get_slot finds it),
+        # which the checkpoint refuses with NotImplementedError. The layout
+        # is a plain optimizer's, plus the manager's state.
+        holder = _state_holder(opt)
+        self._slots = holder._slots  # pylint: disable=protected-access
+        self._non_slot_dict = holder._non_slot_dict  # pylint: disable=protected-access
+        self._deferred_slot_restorations = holder._deferred_slot_restorations  # pylint: disable=protected-access
+        for index, variable in enumerate(_inputs.manager_variables(loss_scale_manager)):
             self._track_trackable(variable, name="loss_scale_state_%d" % index)
 
     @property
@@ -113,7 +122,9 @@ class LossScaleOptimizer(tf.train.Optimizer):
         ``loss`` may be a callable taking no argument, as there. Pairs whose
         gradient is None are kept, as the base class does.
         """
-        _inputs.require_graph_mode("LossScaleOptimizer.compute_gradients")
+        _inputs.require_graph_mode("LossScaleOptimizer.compute_gradients",
+                                   eager_functions=True)
+        _inputs.check_manager_graph(self._manager)
         if callable(loss) and not isinstance(loss, tf.Tensor):
             loss = loss()
         with tf.name_scope("loss_scale"):
@@ -141,18 +152,42 @@ class LossScaleOptimizer(tf.train.Optimizer):
           An op that applies (or skips) and updates the loss scale.
 
         Raises:
-          ValueError: if no gradient is given, or for a float-status read
-            built inside a ``tf.cond``/``tf.while_loop`` body or a
-            ``tf.function``.
+          ValueError: before any op is made: if no gradient is given, inside
+            a ``tf.cond``/``tf.while_loop`` body or a graph-mode
+            ``tf.function``, for a second call on this optimizer in the
+            graph, or for a manager of another graph or one that another
+            builder or ``LossScaleOptimizer`` already updates in the graph.
         """
-        _inputs.require_graph_mode("LossScaleOptimizer.apply_gradients")
+        _inputs.require_graph_mode("LossScaleOptimizer.apply_gradients",
+                                   eager_functions=True)
         _inputs.check_global_step(global_step)
+        grads_and_vars = list(grads_and_vars)
         present = [(g, v) for g, v in grads_and_vars if g is not None]
         if not present:
             raise ValueError(
                 "apply_gradients() got no gradients (all None) for variables %r. "
                 "Check that the loss depends on the variables."
                 % ([v.name for _, v in grads_and_vars],))
+        _inputs.check_manager_graph(self._manager)
+        claim = _inputs.find_claim(self._manager)
+        if claim is not None and claim.owner is self:
+            raise ValueError(
+                "apply_gradients() (or minimize()) was already called on "
+                "LossScaleOptimizer %r in this graph, got a second call: each call "
+                "updates the loss scale, so it would move twice per run. Use one "
+                "LossScaleOptimizer per minimize call, each with its own manager, or "
+                "MultiOptimizerLossScale for several losses (one skip decision and "
+                "one scale update per run)." % (self.get_name(),))
+        _inputs.claim_manager(self._manager, self,
+                              "LossScaleOptimizer %r" % (self.get_name(),))
+        try:
+            return self._apply(present, global_step, name)
+        except Exception:
+            _inputs.release_managers(self)  # a retry starts afresh
+            raise
+
+    def _apply(self, present, global_step, name):
+        """``apply_gradients``' ops, after its checks."""
         with tf.name_scope(name, "loss_scale_apply"):
             grads = [g for g, _ in present]
             flags = {}
@@ -192,10 +227,16 @@ class LossScaleOptimizer(tf.train.Optimizer):
         return self._opt.variables()
 
 
-def _manager_variables(manager):
-    """The variables holding a manager's state (ours, npu_bridge's, contrib's)."""
-    declared = getattr(manager, "variables", None)
-    if declared is not None and not callable(declared):
-        return list(declared)
-    return [value for _, value in sorted(vars(manager).items())
-            if _inputs.is_variable(value)]
+def _state_holder(opt):
+    """The optimizer whose slot and non-slot dicts hold ``opt``'s state.
+
+    ``opt`` itself, unless it overrides ``get_slot`` to forward to an
+    optimizer it wraps (as npu_bridge's ``NPUDistributedOptimizer`` does,
+    in ``_optimizer``): then that one's holder.
+    """
+    while type(opt).get_slot is not tf.train.Optimizer.get_slot:
+        inner = getattr(opt, "_optimizer", getattr(opt, "_opt", None))
+        if not isinstance(inner, tf.train.Optimizer):
+            break
+        opt = inner
+    return opt

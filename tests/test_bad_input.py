@@ -5,11 +5,12 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import REPO
+from conftest import GRAPH_MODE, REPO
 from models import two_group_gan
 
 
@@ -335,3 +336,190 @@ def test_group_named_shared_with_its_own_manager(graph):
                loss_scale_manager=nl.FixedLossScaleManager(1024))
     with _raises(ValueError, "'shared'", "loss_scale_manager"):
         scaler.build()
+
+
+# -- Issue #20: confusing messages become argument, value, fix --
+
+def _build_where(where, build):
+    """Calls ``build`` inside ``where`` ("cond", "while" or "function") of the
+    default graph and returns (the error it raised, the ops it made there)."""
+    result = {}
+
+    def inside():
+        made_in = tf.get_default_graph()
+        before = len(made_in.get_operations())
+        with pytest.raises(ValueError) as info:
+            build()
+        result["error"] = str(info.value)
+        result["made"] = len(made_in.get_operations()) - before
+        return tf.constant(True)
+
+    if where == "cond":
+        tf.cond(tf.placeholder_with_default(True, []), inside, lambda: tf.constant(True))
+    elif where == "while":
+        tf.while_loop(lambda i: i < 2, lambda i: tf.identity(i + tf.cast(inside(), tf.int32)),
+                      [tf.constant(0)])
+    else:
+        tf.function(inside, autograph=False)()
+    return result["error"], result["made"]
+
+
+@pytest.mark.parametrize("where", ["cond", "while", "function"])
+@pytest.mark.parametrize("api", ["minimize", "apply_gradients", "build"])
+def test_building_inside_control_flow_or_a_function_is_refused(graph, where, api):
+    """Inside a tf.cond branch, a tf.while_loop body or a graph-mode
+    tf.function, every backend (is_finite here) refuses before making an op,
+    naming the call and the fix (was: "belongs to another graph", or a step
+    whose scale update and global_step are made for another run)."""
+    if where == "function" and GRAPH_MODE == "v1":
+        pytest.skip("a tf.function body is a v2 function graph; v1 runs cond and while")
+    model = two_group_gan()
+    gs = tf.train.get_or_create_global_step()
+    manager = nl.DynamicLossScaleManager()
+    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager, backend="is_finite")
+    scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+    scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars)
+    grads = tf.gradients(model.g_loss, model.g_vars)
+    builds = {
+        "minimize": lambda: opt.minimize(model.g_loss, global_step=gs, var_list=model.g_vars),
+        "apply_gradients": lambda: opt.apply_gradients(zip(grads, model.g_vars),
+                                                       global_step=gs),
+        "build": lambda: scaler.build(global_step=gs),
+    }
+    message, made = _build_where(where, builds[api])
+    for fragment in ("top level of the graph", "session.run", "every backend"):
+        assert fragment in message, (fragment, message)
+    assert made == 0
+    # The same calls at the top level build and train.
+    train = builds[api]()
+    update = train.update_op if api == "build" else train
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        before = sess.run(model.g_vars)
+        sess.run(update, model.feed)
+        assert sess.run(gs) == 1
+        assert not np.array_equal(before[0], sess.run(model.g_vars[0]))
+
+
+_EAGER_FUNCTION = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf2
+    import tensorflow.compat.v1 as tf
+    import npu_lossscale as nl
+
+    assert tf.executing_eagerly()
+    init = np.array([0.5, -1.5, 2.0], np.float32)
+    ours_w, plain_w = tf.Variable(init), tf.Variable(init)
+    poison = tf.Variable(1.0)
+    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(0.1),
+                                nl.FixedLossScaleManager(2.0 ** 6), backend="is_finite")
+    plain = tf.train.AdamOptimizer(0.1)
+
+    @tf2.function
+    def ours_step():
+        opt.minimize(tf.reduce_sum(ours_w * ours_w * ours_w) * poison, var_list=[ours_w])
+
+    @tf2.function
+    def plain_step():
+        plain.minimize(tf.reduce_sum(plain_w * plain_w * plain_w), var_list=[plain_w])
+
+    for _ in range(3):
+        ours_step()
+        plain_step()
+    # The plain optimizer as the reference: a power-of-two scale is exact.
+    assert ours_w.numpy().tobytes() == plain_w.numpy().tobytes()
+    assert not np.array_equal(ours_w.numpy(), init)
+    slots = [opt.get_slot(ours_w, name).numpy() for name in ("m", "v")]
+    before = ours_w.numpy()
+    poison.assign(np.inf)
+    ours_step()  # an overflow: skipped, weights and slots untouched
+    assert ours_w.numpy().tobytes() == before.tobytes()
+    for name, slot in zip(("m", "v"), slots):
+        assert opt.get_slot(ours_w, name).numpy().tobytes() == slot.tobytes()
+
+    @tf2.function
+    def builder_step():
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0),
+                                            backend="is_finite")
+        scaler.add(tf.reduce_sum(ours_w), tf.train.AdamOptimizer(), var_list=[ours_w])
+        scaler.build()
+
+    try:
+        builder_step()
+    except ValueError as error:
+        for fragment in ("MultiOptimizerLossScale", "tf.function of an eager program",
+                         "disable_eager_execution", "LossScaleOptimizer"):
+            assert fragment in str(error), (fragment, str(error))
+    print("OK")
+""")
+
+
+def test_tf_function_in_an_eager_program():
+    """In an eager program (TF2 behaviour, a fresh interpreter),
+    LossScaleOptimizer.minimize inside a tf.function, with the manager made
+    outside, trains bit for bit like the plain optimizer and skips an
+    overflow; the builder, which makes variables of its own, is refused with
+    the fix (was: AttributeError: Tensor.op is undefined)."""
+    out = subprocess.run([sys.executable, "-c", _EAGER_FUNCTION], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
+def test_manager_made_before_reset_default_graph():
+    """A manager from before tf.reset_default_graph() keeps its state in the
+    old graph: named, with the fix, at construction (was: "belongs to another
+    graph" deep inside build)."""
+    tf.reset_default_graph()
+    try:
+        old = nl.DynamicLossScaleManager()
+        tf.reset_default_graph()
+        model = two_group_gan()
+        fragments = ["loss_scale_manager", "another graph", "reset_default_graph",
+                     "Make the manager in the graph you train in"]
+        with _raises(ValueError, *fragments):
+            nl.MultiOptimizerLossScale(old)
+        with _raises(ValueError, *fragments):
+            nl.LossScaleOptimizer(tf.train.AdamOptimizer(), old)
+        scaler = _scaler()
+        with _raises(ValueError, *fragments):
+            scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars,
+                       loss_scale_manager=old)
+        # A LossScaleOptimizer made with it in its graph, used in a new one.
+        with tf.Graph().as_default():
+            manager = nl.DynamicLossScaleManager()
+            opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager)
+        before = len(tf.get_default_graph().get_operations())
+        with _raises(ValueError, *fragments):
+            opt.minimize(model.g_loss, var_list=model.g_vars)
+        with _raises(ValueError, *fragments):
+            opt.apply_gradients([(tf.ones([4, 4]), model.g_vars[0])])
+        assert len(tf.get_default_graph().get_operations()) == before + 1  # the tf.ones
+    finally:
+        tf.reset_default_graph()
+
+
+def test_none_as_the_manager_is_a_value_error(graph):
+    """As TF's own wrapper: tensorflow/python/training/experimental/
+    loss_scale_optimizer_test.py testPassingNoneToLossScale expects
+    ValueError('loss_scale cannot be None') from
+    MixedPrecisionLossScaleOptimizer(opt, None)."""
+    with pytest.raises(ValueError, match="loss_scale cannot be None"):
+        tf.mixed_precision.MixedPrecisionLossScaleOptimizer(
+            tf.train.GradientDescentOptimizer(1.0), None)
+    with _raises(ValueError, "loss_scale_manager", "got None", "DynamicLossScaleManager()"):
+        nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0), None)
+    with _raises(ValueError, "loss_scale_manager", "got None"):
+        nl.MultiOptimizerLossScale(None)
+
+
+def test_variable_of_another_graph_in_var_list(graph):
+    """Named as a variable of another graph when added (was: "reaches none of
+    its variables" at build)."""
+    model = two_group_gan()
+    with tf.Graph().as_default():
+        stranger = tf.get_variable("stranger", [4, 4])
+    scaler = _scaler()
+    with _raises(ValueError, "var_list", "'stranger:0'", "another graph",
+                 "reset_default_graph", "as_default"):
+        scaler.add(model.g_loss, tf.train.AdamOptimizer(),
+                   var_list=model.g_vars + [stranger])

@@ -125,3 +125,136 @@ def test_apply_gradients_with_no_gradient(graph):
 def test_wrong_optimizer_type(graph):
     with pytest.raises(TypeError, match="opt must be a tf.compat.v1.train.Optimizer"):
         nl.LossScaleOptimizer("adam", nl.FixedLossScaleManager(8))
+
+
+def _checkpointed_step():
+    """A LossScaleOptimizer step on the generator, and a tf.train.Checkpoint
+    of the optimizer with the variables it trains (ours, in the default graph).
+
+    Returns:
+      (model, train op, checkpoint, the variables the checkpoint holds).
+    """
+    model = two_group_gan()
+    gs = tf.train.get_or_create_global_step()
+    manager = nl.DynamicLossScaleManager(2.0 ** 10, growth_steps=2)
+    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(0.02), manager, backend="is_finite")
+    train = opt.minimize(model.g_loss, global_step=gs, var_list=model.g_vars)
+    checkpoint = tf.train.Checkpoint(optimizer=opt, w=model.g_vars[0], b=model.g_vars[1],
+                                     step=gs)
+    held = (list(model.g_vars) + [gs] + list(manager.variables)
+            + [opt.get_slot(v, n) for v in model.g_vars for n in opt.get_slot_names()]
+            + [v for v in opt.inner_optimizer.variables() if "power" in v.name])
+    return model, train, checkpoint, held
+
+
+def test_object_checkpoint_with_variables_saves_and_restores_slots(tmp_path):
+    """tf.train.Checkpoint(optimizer=LossScaleOptimizer, w=var) (was:
+    NotImplementedError, each slot reached through both optimizers) saves
+    weights, Adam's slots and beta powers, global_step and the manager's
+    state; a restore into a second, identically built graph reads each back
+    bit for bit, and its next step equals the first graph's next step."""
+    with tf.Graph().as_default():
+        model, train, checkpoint, held = _checkpointed_step()
+        # weights, global_step, the manager's state, Adam's m and v, beta powers
+        assert len(set(h.name for h in held)) == len(held) == 2 + 1 + 1 + 4 + 2
+        poison = dict(model.feed)
+        poison[model.poison_g] = np.inf
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            for feed in (model.feed, poison, model.feed, model.feed, model.feed):
+                sess.run(train, feed)
+            saved = dict(zip([h.name for h in held], sess.run(held)))
+            path = checkpoint.save(str(tmp_path / "ckpt"), session=sess)
+            sess.run(train, model.feed)
+            after_one_more = dict(zip([h.name for h in held], sess.run(held)))
+    with tf.Graph().as_default():
+        model, train, checkpoint, held = _checkpointed_step()
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            fresh = dict(zip([h.name for h in held], sess.run(held)))
+            assert any(not np.array_equal(fresh[k], saved[k]) for k in saved)
+            status = checkpoint.restore(path)
+            status.assert_existing_objects_matched()
+            status.run_restore_ops(session=sess)
+            restored = dict(zip([h.name for h in held], sess.run(held)))
+            sess.run(train, model.feed)
+            continued = dict(zip([h.name for h in held], sess.run(held)))
+    assert sorted(restored) == sorted(saved)
+    for name in saved:
+        assert np.asarray(restored[name]).tobytes() == np.asarray(saved[name]).tobytes(), name
+        assert (np.asarray(continued[name]).tobytes()
+                == np.asarray(after_one_more[name]).tobytes()), name
+
+
+def test_a_second_minimize_on_one_optimizer_is_refused(graph):
+    """Each call updates the scale: a second one would move it twice per run."""
+    model = two_group_gan()
+    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), nl.DynamicLossScaleManager(),
+                                backend="is_finite")
+    opt.minimize(model.g_loss, var_list=model.g_vars)
+    grads = tf.gradients(model.d_loss, model.d_vars)
+    before = len(graph.get_operations())
+    with pytest.raises(ValueError, match="already called on LossScaleOptimizer .*one "
+                                         "LossScaleOptimizer per minimize.*MultiOptimizer"):
+        opt.apply_gradients(zip(grads, model.d_vars))
+    assert len(graph.get_operations()) == before
+    # In another graph the same optimizer may build again.
+    with tf.Graph().as_default():
+        other = two_group_gan()
+        # Its manager's state lives in the first graph: refused for that reason.
+        with pytest.raises(ValueError, match="another graph"):
+            opt.minimize(other.g_loss, var_list=other.g_vars)
+
+
+def test_a_manager_shared_with_another_updater_is_refused(graph):
+    """Two LossScaleOptimizers, or one and a builder, on one manager would each
+    update its scale once per run."""
+    model = two_group_gan()
+    manager = nl.DynamicLossScaleManager()
+    first = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager, backend="is_finite")
+    first.minimize(model.g_loss, var_list=model.g_vars)
+    second = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager, backend="is_finite")
+    grads = tf.gradients(model.d_loss, model.d_vars)
+    before = len(graph.get_operations())
+    with pytest.raises(ValueError, match="already updated by LossScaleOptimizer 'LossScaleAdam'"
+                                         ".*own manager"):
+        second.apply_gradients(zip(grads, model.d_vars))
+    scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+    scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars)
+    with pytest.raises(ValueError, match="already updated by LossScaleOptimizer"):
+        scaler.build()
+    assert len(graph.get_operations()) == before
+
+
+class _FailingOnceManager(nl.FixedLossScaleManager):
+    """A manager whose first update fails while the step is being built."""
+
+    def __init__(self):
+        super(_FailingOnceManager, self).__init__(8.0)
+        self.failures = 1
+
+    def update_loss_scale(self, finite_grads):
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("update failed")
+        return super(_FailingOnceManager, self).update_loss_scale(finite_grads)
+
+
+def test_a_failed_apply_leaves_no_claim(graph):
+    """An apply that fails after claiming its manager drops the claim: the
+    retry on the same optimizer, or another updater, is not refused."""
+    model = two_group_gan()
+    manager = _FailingOnceManager()
+    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager, backend="is_finite")
+    with pytest.raises(RuntimeError, match="update failed"):
+        opt.minimize(model.g_loss, var_list=model.g_vars)
+    manager.failures = 1
+    other = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager, backend="is_finite")
+    with pytest.raises(RuntimeError, match="update failed"):
+        other.minimize(model.g_loss, var_list=model.g_vars)
+    train = opt.minimize(model.g_loss, var_list=model.g_vars)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        before = sess.run(model.g_vars[0])
+        sess.run(train, model.feed)
+        assert not np.array_equal(before, sess.run(model.g_vars[0]))
