@@ -344,8 +344,21 @@ _VALUE_PRESERVING_TYPES = frozenset([
     "StopGradient", "Print", "DebugGradientIdentity", "DeepCopy", "ExpandDims",
     "Reshape", "Squeeze", "Transpose"])
 
-#: Ops with inputs that a run typically feeds instead of running.
-_FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"])
+#: Ops that hand a data pipeline's next element to the step. With Ascend's
+#: data offload (``enable_data_pre_proc``) tf_adapter places the iterator and
+#: its get-next on the device, fused into ``AdpGetNext`` (tf_adapter
+#: optimizers/om_partition_subgraphs_pass.cc; ``GetNext``, ``AdpGetNext``,
+#: ``DynamicGetNextV2`` and ``GetNextFromQueue`` are registered in
+#: ops/aicpu/npu_dataset_ops.cc), where it feeds the training loop from its
+#: own queue: an edge from the clear into it would tie prefetching to the
+#: step. They are graph inputs: their consumers take the edge instead.
+DATA_INPUT_TYPES = frozenset([
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "GetNext",
+    "AdpGetNext", "DynamicGetNextV2", "GetNextFromQueue"])
+
+#: Ops with inputs that a run typically feeds instead of running, or that
+#: deliver input data: they get no edge from the clear, their consumers do.
+_FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
 
 
 def ordering_mark(graph=None):

@@ -477,3 +477,36 @@ def test_long_value_preserving_chains_are_walked_without_recursion(graph, npu_sh
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         assert sess.run([train.update_op, train.is_finite], {x: np.ones([2, 2])})[1]
+
+
+def test_a_data_pipelines_get_next_takes_no_edge_from_the_clear(graph, saturation_mode):
+    """tf.data input on the register. The get-next op is a graph input (with
+    Ascend's data offload tf_adapter moves it onto the device as AdpGetNext,
+    optimizers/om_partition_subgraphs_pass.cc, feeding the loop from its own
+    queue; an edge from the clear would tie prefetching to the step): it
+    gets no edge, its consumers do. The audit finds no race, and an
+    overflow in the batch still skips the step."""
+    data = np.random.RandomState(0).normal(size=[32, 4]).astype(np.float16)
+    dataset = tf.data.Dataset.from_tensor_slices(data).batch(8).repeat()
+    batch = tf.data.make_one_shot_iterator(dataset).get_next()
+    poison = tf.placeholder_with_default(tf.constant(1.0, tf.float16), [], name="poison")
+    w = tf.get_variable("w", [4, 1], initializer=tf.constant_initializer(0.1))
+    loss = tf.reduce_mean(tf.square(tf.cast(
+        tf.matmul(batch * poison, tf.cast(w, tf.float16)), tf.float32)))
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="npu")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="net")
+    gs = tf.train.get_or_create_global_step()
+    train = scaler.build(global_step=gs)
+    [get_next] = [op for op in graph.get_operations() if op.type == "IteratorGetNext"]
+    assert train.clear_status not in get_next.control_inputs
+    consumers = [op for out in get_next.outputs for op in out.consumers()]
+    assert consumers and all(train.clear_status in op.control_inputs for op in consumers)
+    assert [f.code for f in nl.audit(graph, fetches=[train.update_op])
+            if f.severity == "error"] == []
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train.update_op)
+        trained = sess.run(w)
+        assert sess.run(gs) == 1 and not np.array_equal(trained, np.full([4, 1], 0.1))
+        assert not sess.run([train.update_op, train.is_finite], {poison: np.inf})[1]
+        assert sess.run(gs) == 1 and np.array_equal(sess.run(w), trained)

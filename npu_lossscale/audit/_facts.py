@@ -12,6 +12,7 @@ import re
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale.audit import _graph
+from npu_lossscale.backends import DATA_INPUT_TYPES
 
 __all__ = ["CHECK_TYPES", "COLLECTIVE_TYPES", "Facts", "STATUS_TYPES", "SaverUse"]
 
@@ -25,8 +26,10 @@ STATUS_TYPES = STATUS_READ_TYPES | STATUS_CLEAR_TYPES
 #: Takes no input (tf_adapter ops/aicore/npu_mixed_precesion_ops.cc), so it
 #: counts as a graph input, whatever a stand-in builds it from.
 STATUS_ALLOC_TYPES = frozenset(["NpuAllocFloatStatus"])
-#: A run feeds it or it passes its constant default on: it computes nothing.
-FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"])
+#: A run feeds it or it passes its constant default on, or it hands over a
+#: data pipeline's next element: it computes nothing the register sees
+#: (backends.DATA_INPUT_TYPES: the clear orders their consumers instead).
+FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
 #: Op types whose output tells whether values overflowed.
 CHECK_TYPES = frozenset(["IsFinite", "IsInf", "IsNan"]) | STATUS_TYPES
 
