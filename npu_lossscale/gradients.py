@@ -8,6 +8,8 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import managers as _managers
+
 #: Dense gradients with fewer elements than this count as small: those of one
 #: shape and dtype are unscaled as one stacked tensor (``Packing``) and read by
 #: one reduction per shape (``backends.IsFiniteBackend``). Per-op cost
@@ -40,6 +42,22 @@ def scale_snapshot(manager):
     step's feet. It is a ``Snapshot`` (a copy), not an ``Identity``: with ref
     variables an identity aliases the variable's buffer, which ``Assign``
     overwrites in place.
+
+    For a manager that is not one of this package's (custom, contrib's,
+    npu_bridge's), the snapshot waits for ``check_scale``: a scale of 0 or
+    NaN fails the run before anything of the step runs. This package's
+    managers cannot produce either (``managers.keeps_scale_positive``) and
+    get no check.
+
+    Args:
+      manager: a loss-scale manager.
+
+    Returns:
+      A float32 scalar tensor.
+
+    Raises:
+      TypeError: if ``get_loss_scale()`` returns None or a non-number.
+      ValueError: if it returns a non-scalar.
     """
     raw = manager.get_loss_scale()
     if raw is None:
@@ -59,7 +77,39 @@ def scale_snapshot(manager):
             "e.g. tf.reshape(scale, [])." % (manager, scale.shape))
     if scale.dtype.base_dtype != tf.float32:
         scale = tf.cast(scale, tf.float32)
-    return tf.raw_ops.Snapshot(input=scale, name="scale")
+    if _managers.keeps_scale_positive(manager):
+        return tf.raw_ops.Snapshot(input=scale, name="scale")
+    with tf.control_dependencies([check_scale(manager, scale)]):
+        return tf.raw_ops.Snapshot(input=scale, name="scale")
+
+
+def check_scale(manager, scale):
+    """The run-time check that a manager's scale is above 0 (so not NaN).
+
+    A scale of 0 zeroes every scaled gradient and makes its unscaled value
+    NaN (0 * inf); a NaN scale makes every gradient NaN, so every step is
+    skipped without a word. ``scale > 0`` is false for both (and for a
+    negative scale), so one comparison and one ``Assert`` op (no cond guard)
+    catch them.
+
+    Args:
+      manager: the manager the scale comes from (its class names the error).
+      scale: float32 scalar tensor, the scale as read this step.
+
+    Returns:
+      The ``Assert`` op; it fails the run with InvalidArgumentError, printing
+      the manager's class, the scale and the fix.
+    """
+    message = (
+        "npu_lossscale: the loss-scale manager %s returned a loss scale that is "
+        "not > 0 from get_loss_scale(); 0 turns the unscaled gradients into NaN "
+        "and NaN skips every step. Keep the scale finite and >= 1 in its "
+        "update_loss_scale (e.g. tf.maximum(new_scale, 1.0), as "
+        "DynamicLossScaleManager does), or use one of npu_lossscale's managers. "
+        "The scale was:" % type(manager).__name__)
+    # The raw op: tf.Assert would wrap a float datum in a cond guard.
+    return tf.raw_ops.Assert(condition=tf.greater(scale, 0.0), data=[message, scale],
+                             summarize=1, name="check_scale")
 
 
 def read_scale(manager):

@@ -15,12 +15,45 @@ def update_manager(manager, is_finite, after):
 
     Returns:
       The update op.
+
+    Raises:
+      TypeError: if ``update_loss_scale`` returns no op (None, a number...).
     """
     with tf.control_dependencies(after):
         update = manager.update_loss_scale(is_finite)
+    return update_op(manager, update)
+
+
+def update_op(manager, update):
+    """The op of what ``manager.update_loss_scale`` returned, checked.
+
+    Accepts an ``Operation``, a ``Tensor`` (an assign's output) or anything
+    whose ``op`` is an ``Operation`` (what ``tf.assign`` returns for a
+    resource variable), the forms contrib's and npu_bridge's optimizers
+    accept in ``tf.group``.
+
+    Args:
+      manager: the manager (its class names the error).
+      update: the value its ``update_loss_scale`` returned.
+
+    Returns:
+      A ``tf.Operation``.
+
+    Raises:
+      TypeError: for anything else, before the step uses it.
+    """
+    if isinstance(update, tf.Operation):
+        return update
     if isinstance(update, tf.Tensor):
-        update = update.op
-    return update
+        return update.op
+    op = getattr(update, "op", None)
+    if isinstance(op, tf.Operation):
+        return op
+    raise TypeError(
+        "%s.update_loss_scale(finite_grads) returned %r (%s), not an op. It must "
+        "return the op that moves the scale: return the assign op (e.g. "
+        "tf.assign(self._scale, new_scale)), or tf.no_op() for a scale that "
+        "never moves." % (type(manager).__name__, update, type(update).__name__))
 
 
 def update_managers(plan, decisions, after):

@@ -29,7 +29,10 @@ npu_lossscale 0.1 (separate int32 counters) or by npu_bridge's
 
 from __future__ import absolute_import, division, print_function
 
+import collections
 import math
+import numbers
+import os
 import re
 import struct
 import warnings
@@ -271,7 +274,7 @@ class _CountingLossScaleManager(LossScaleManager):
                  min_loss_scale, max_loss_scale, floor_warning_after,
                  growth_ceiling, name, scale_name_in_scope):
         self._init_loss_scale = float(init_loss_scale)
-        self._floor_warning_after = floor_warning_after
+        self._floor_warning_after = _check_floor_warning(floor_warning_after)
         self._floor_warned = False
         self._grow_every = int(grow_every)
         self._shrink_every = int(shrink_every)
@@ -457,11 +460,30 @@ class _CountingLossScaleManager(LossScaleManager):
         use ``floor_warning_hook`` with a MonitoredSession.
 
         Args:
-          session: a ``tf.Session`` of the manager's graph.
+          session: a ``tf.Session`` (or ``MonitoredSession``) of the
+            manager's graph.
 
         Returns:
           Whether the warning is due (True on every call while it is).
+
+        Raises:
+          TypeError: if ``session`` is not a session.
+          ValueError: if it runs another graph than the manager's.
         """
+        graph = getattr(session, "graph", None)
+        if not isinstance(graph, tf.Graph) or not callable(getattr(session, "run", None)):
+            raise TypeError(
+                "session must be a tf.Session (or MonitoredSession) of the "
+                "manager's graph, got %r (%s). Pass the session that runs the "
+                "training step." % (session, type(session).__name__))
+        if graph is not self._state.graph:
+            raise ValueError(
+                "session must run the graph %s was built in, got %r, which runs "
+                "another graph (%r; the manager's is %r). Pass the session that "
+                "runs the training step, e.g. tf.Session(graph=<the manager's "
+                "graph>), or build the manager inside `with graph.as_default():` "
+                "of the session's graph." % (type(self).__name__, session, graph,
+                                             self._state.graph))
         # The tensors built with the manager: no op is added (finalized graphs).
         return self._check_floor_values(session.run(self._values))
 
@@ -493,9 +515,8 @@ class FloorWarningHook(tf.train.SessionRunHook):
     """
 
     def __init__(self, managers, every_n_steps=_DEFAULT_WARNING_EVERY_N_STEPS):
-        _validation.check_number(
-            "every_n_steps", every_n_steps, minimum=1, integer=True,
-            hint="Pass how many runs apart to check, e.g. 100.")
+        every_n_steps = _count("every_n_steps", every_n_steps,
+                               hint="Pass how many runs apart to check, e.g. 100.")
         managers = list(managers)
         for manager in managers:
             if not isinstance(manager, _CountingLossScaleManager):
@@ -542,19 +563,54 @@ def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
              "lower it, or raise max_loss_scale." % (min_loss_scale, high))
 
 
+def _count(name, value, hint, maximum=None):
+    """Checks a count of steps or runs, and returns it as an int.
+
+    An integral float counts as its int: TF's own tests pass step counts as
+    floats (``DynamicLossScale(initial_loss_scale=1., increment_period=2.,
+    multiplier=2.)`` in tensorflow/python/training/experimental/
+    loss_scale_optimizer_test.py, ``dynamic_growth_steps=2.`` in Keras'
+    mixed_precision tests), and peers take them.
+
+    Args:
+      name: the argument's name, for the message.
+      value: the value to check.
+      hint: a sentence saying what to pass instead.
+      maximum: the largest count allowed, or None.
+
+    Returns:
+      The count, an int >= 1.
+
+    Raises:
+      TypeError: if the value is not a number, is a bool, or is a float with
+        a fractional part (2.5).
+      ValueError: if it is NaN, infinite, below 1 or above ``maximum``.
+    """
+    whole = ("%s must be a whole number (an int, or an integral float such as 2.0), "
+             "got %r (%s). %s" % (name, value, type(value).__name__, hint))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(whole)
+    # NaN, inf and the bounds, reported with the value as given.
+    _validation.check_number(name, value, minimum=1, maximum=maximum, hint=hint)
+    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+        raise TypeError(whole)
+    return int(value)
+
+
 def _check_floor_warning(floor_warning_after):
-    if floor_warning_after is not None:
-        _validation.check_number(
-            "floor_warning_after", floor_warning_after, minimum=1, integer=True,
-            hint="Pass a number of consecutive overflowing steps such as 20, or "
-                 "None never to warn.")
+    """``floor_warning_after`` as an int, or None (never warn)."""
+    if floor_warning_after is None:
+        return None
+    return _count("floor_warning_after", floor_warning_after,
+                  hint="Pass a number of consecutive overflowing steps such as 20, "
+                       "or None never to warn.")
 
 
 def _check_period(name, value, example):
-    _validation.check_number(
-        name, value, minimum=1, maximum=_MAX_PERIOD, integer=True,
-        hint="Pass a number of steps such as %d; the state counts in float32, "
-             "exact up to 2**24." % example)
+    """A growth or back-off period as an int in [1, 2**24]."""
+    return _count(name, value, maximum=_MAX_PERIOD,
+                  hint="Pass a number of steps such as %d; the state counts in "
+                       "float32, exact up to 2**24." % example)
 
 
 def _check_ratio(name, value, example):
@@ -734,6 +790,28 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
         return self._multiplier
 
 
+def keeps_scale_positive(manager):
+    """Whether ``manager``'s scale provably stays finite and >= 1.
+
+    True only for this package's own three classes, not subclasses (which may
+    override the rule): ``FixedLossScaleManager``'s scale is a constant checked
+    to lie in [1, float32 max]; the dynamic managers start in [min_loss_scale,
+    max_loss_scale] with ``min_loss_scale >= 1``, grow only below the growth
+    ceiling (so the product is finite), and floor every change at
+    ``min_loss_scale`` (``update_loss_scale``). Only a write from outside
+    (restoring a foreign checkpoint, assigning to ``state``) could break this.
+    The step adds no run-time check of the scale for these managers.
+
+    Args:
+      manager: any loss-scale manager.
+
+    Returns:
+      A Python bool.
+    """
+    return type(manager) in (FixedLossScaleManager, DynamicLossScaleManager,
+                             ExponentialUpdateLossScaleManager)
+
+
 # ---------------------------------------------------------------------------
 # Checkpoint conversion.
 # ---------------------------------------------------------------------------
@@ -751,57 +829,162 @@ _STATE = re.compile(
 _FORMATS = ("npu_lossscale", "npu_bridge")
 
 
-def _state_from_old(values):
-    """Old-layout (0.1) fields -> state entries; returns (new, consumed)."""
-    groups, consumed = {}, set()
-    for name in values:
+class _Tensor(collections.namedtuple("_Tensor", ["value", "dtype"])):
+    """One tensor of a checkpoint: its value (as read) and its dtype."""
+
+
+class _Layout(collections.namedtuple("_Layout", ["dtype", "shape"])):
+    """The dtype and shape a manager saves one of its variables with."""
+
+    def holds(self, tensor):
+        """Whether the ``_Tensor`` has exactly this dtype and shape."""
+        return (tensor.dtype == self.dtype
+                and tuple(getattr(tensor.value, "shape", ())) == self.shape)
+
+
+# The exact layouts the managers write: a tensor is converted only when it and
+# its siblings match one of them, so a user's own "model/loss_scale" or
+# "good_steps" is copied unchanged.
+# npu_lossscale 0.1: scalars; the first release had the three counters, the
+# floor warning added "overflows_at_floor" and "floor_warned".
+_OLD_LAYOUT = {
+    "loss_scale": _Layout(tf.float32, ()),
+    "good_steps": _Layout(tf.int32, ()),
+    "bad_steps": _Layout(tf.int32, ()),
+    "overflows_at_floor": _Layout(tf.int32, ()),
+    "floor_warned": _Layout(tf.bool, ()),
+}
+_OLD_FIELD_SETS = (frozenset(["loss_scale", "good_steps", "bad_steps"]),
+                   frozenset(_OLD_LAYOUT))
+# npu_bridge / contrib: float32 and int32 scalars (contrib's
+# tensorflow/contrib/mixed_precision/python/loss_scale_manager.py, which
+# npu_bridge's ExponentialUpdateLossScaleManager subclasses).
+_NPU_BRIDGE_LAYOUT = collections.OrderedDict([
+    ("loss_scale", _Layout(tf.float32, ())),
+    ("good_steps", _Layout(tf.int32, ())),
+    ("bad_steps", _Layout(tf.int32, ())),
+])
+# This version: one float32[4] vector.
+_STATE_LAYOUT = _Layout(tf.float32, (_STATE_SIZE,))
+
+
+class _Converted(collections.namedtuple("_Converted", ["new", "consumed"])):
+    """One conversion pass: tensors to write (name -> ``_Tensor``) and the
+    names of the tensors they replace."""
+
+
+def _state_from_old(tensors):
+    """npu_lossscale 0.1's groups -> state vectors, as a ``_Converted``.
+
+    A group converts only if its fields are one of ``_OLD_FIELD_SETS``, each
+    with its exact layout, and its state name is not already taken.
+    """
+    groups = collections.OrderedDict()  # state name -> {field: tensor name}
+    for name in sorted(tensors):
         match = _OLD_FIELD.match(name)
         if match:
-            key = (match.group("prefix"), match.group("kind"), match.group("suffix") or "")
-            groups.setdefault(key, {})[match.group("field")] = values[name]
-            consumed.add(name)
-    new = {}
-    for (prefix, kind, suffix), fields in groups.items():
-        if "loss_scale" not in fields:
-            continue
-        state = [float(fields["loss_scale"]), float(fields.get("good_steps", 0)),
-                 float(fields.get("bad_steps", 0)),
-                 float(fields.get("overflows_at_floor", 0))]
-        new["%s%s_loss_scale%s/state" % (prefix, kind, suffix)] = (state, tf.float32)
-    return new, consumed
-
-
-def _state_from_npu_bridge(values, taken):
-    """npu_bridge triples -> exponential state entries; (new, consumed)."""
+            target = "%s%s_loss_scale%s/state" % (
+                match.group("prefix"), match.group("kind"), match.group("suffix") or "")
+            groups.setdefault(target, {})[match.group("field")] = name
     new, consumed = {}, set()
-    for name in values:
+    for target, fields in groups.items():
+        if (frozenset(fields) not in _OLD_FIELD_SETS or target in tensors
+                or not all(_OLD_LAYOUT[field].holds(tensors[name])
+                           for field, name in fields.items())):
+            continue
+        values = dict((field, tensors[name].value) for field, name in fields.items())
+        state = [float(values["loss_scale"]), float(values["good_steps"]),
+                 float(values["bad_steps"]), float(values.get("overflows_at_floor", 0))]
+        new[target] = _Tensor(state, tf.float32)
+        consumed.update(fields.values())
+    return _Converted(new, consumed)
+
+
+def _state_from_npu_bridge(tensors, taken):
+    """npu_bridge's triples -> exponential state vectors, as a ``_Converted``.
+
+    A triple converts only if all three exist with npu_bridge's exact layout,
+    and its state name is neither in the checkpoint (the checkpoint already
+    holds this version's state there: the triple is someone else's) nor in
+    ``taken`` (names the 0.1 pass writes).
+    """
+    new, consumed = {}, set()
+    for name in sorted(tensors):
         match = _NPU_BRIDGE_SCALE.match(name)
-        if not match or name in taken:
+        if not match or _OLD_FIELD.match(name):
             continue
         prefix, suffix = match.group("prefix"), match.group("suffix") or ""
-        good, bad = prefix + "good_steps" + suffix, prefix + "bad_steps" + suffix
-        if good not in values or bad not in values:
+        names = collections.OrderedDict(
+            (field, prefix + field + suffix) for field in _NPU_BRIDGE_LAYOUT)
+        target = "%sexponential_loss_scale%s/state" % (prefix, suffix)
+        if (target in tensors or target in taken
+                or not all(other in tensors and _NPU_BRIDGE_LAYOUT[field].holds(tensors[other])
+                           for field, other in names.items())):
             continue
-        state = [float(values[name]), float(values[good]), float(values[bad]), 0.0]
-        new["%sexponential_loss_scale%s/state" % (prefix, suffix)] = (state, tf.float32)
-        consumed.update([name, good, bad])
-    return new, consumed
+        state = [float(tensors[other].value) for other in names.values()] + [0.0]
+        new[target] = _Tensor(state, tf.float32)
+        consumed.update(names.values())
+    return _Converted(new, consumed)
 
 
-def _npu_bridge_from_state(values):
-    """Exponential state vectors -> npu_bridge triples; (new, consumed)."""
+def _npu_bridge_from_state(tensors):
+    """Exponential state vectors -> npu_bridge's triples, as a ``_Converted``.
+
+    Raises:
+      ValueError: if a name the triple needs is taken by another tensor.
+    """
     new, consumed = {}, set()
-    for name in values:
+    for name in sorted(tensors):
         match = _STATE.match(name)
-        if not match or match.group("kind") != "exponential":
+        if (not match or match.group("kind") != "exponential"
+                or not _STATE_LAYOUT.holds(tensors[name])):
             continue
         prefix, suffix = match.group("prefix"), match.group("suffix") or ""
-        state = [float(x) for x in values[name]]
-        new[prefix + "loss_scale" + suffix] = (state[_SCALE], tf.float32)
-        new[prefix + "good_steps" + suffix] = (int(state[_GOOD]), tf.int32)
-        new[prefix + "bad_steps" + suffix] = (int(state[_BAD]), tf.int32)
+        names = collections.OrderedDict(
+            (field, prefix + field + suffix) for field in _NPU_BRIDGE_LAYOUT)
+        taken = [other for other in names.values() if other in tensors]
+        if taken:
+            raise ValueError(
+                "to=\"npu_bridge\": the state %r would become %s, but the checkpoint "
+                "already holds %s (%s), which is not a loss-scale manager's; "
+                "converting would overwrite it. Rename that variable (or build the "
+                "manager under its own name scope) and save again, or restore this "
+                "checkpoint into npu_lossscale's managers (to=\"npu_lossscale\")."
+                % (name, ", ".join(names.values()), ", ".join(taken),
+                   ", ".join("%s %s%s" % (other, tensors[other].dtype.name,
+                                          list(getattr(tensors[other].value, "shape", ())))
+                             for other in taken)))
+        state = [float(x) for x in tensors[name].value]
+        new[names["loss_scale"]] = _Tensor(state[_SCALE], tf.float32)
+        new[names["good_steps"]] = _Tensor(int(state[_GOOD]), tf.int32)
+        new[names["bad_steps"]] = _Tensor(int(state[_BAD]), tf.int32)
         consumed.add(name)
-    return new, consumed
+    return _Converted(new, consumed)
+
+
+def _applied(tensors, converted):
+    """``tensors`` with a ``_Converted`` pass applied."""
+    result = dict((name, tensor) for name, tensor in tensors.items()
+                  if name not in converted.consumed)
+    result.update(converted.new)
+    return result
+
+
+def _checkpoint_path(name, value, fix):
+    """``value`` as a str path, checked.
+
+    Raises:
+      TypeError: if it is not a str or an ``os.PathLike`` of one.
+      ValueError: if it is empty.
+    """
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise TypeError("%s must be a checkpoint prefix (a str or os.PathLike), got "
+                        "%r (%s). %s" % (name, value, type(value).__name__, fix))
+    if not value:
+        raise ValueError("%s must be a checkpoint prefix, got %r. %s" % (name, value, fix))
+    return value
 
 
 def convert_checkpoint(source, target, to="npu_lossscale"):
@@ -811,68 +994,85 @@ def convert_checkpoint(source, target, to="npu_lossscale"):
     this version's managers. It converts:
 
     * npu_lossscale 0.1's layout (``<scope>/loss_scale`` float32,
-      ``good_steps``, ``bad_steps``, ``overflows_at_floor`` int32 and
-      ``floor_warned`` bool, under ``dynamic_loss_scale/`` or
-      ``exponential_loss_scale/``) into ``<scope>/state`` = ``[scale, good,
-      bad, streak]`` float32, same scope; ``floor_warned`` is dropped;
+      ``good_steps``, ``bad_steps`` int32, and, once the floor warning came,
+      ``overflows_at_floor`` int32 and ``floor_warned`` bool, all scalars,
+      under ``dynamic_loss_scale/`` or ``exponential_loss_scale/``) into
+      ``<scope>/state`` = ``[scale, good, bad, streak]`` float32, same scope;
+      ``floor_warned`` is dropped;
     * npu_bridge's / contrib's ``ExponentialUpdateLossScaleManager`` layout
-      (``loss_scale`` float32, ``good_steps`` and ``bad_steps`` int32, each
-      with the same ``_N`` suffix) into ``exponential_loss_scale_N/state``
-      with a zero streak.
+      (``loss_scale`` float32, ``good_steps`` and ``bad_steps`` int32, all
+      scalars, each with the same ``_N`` suffix) into
+      ``exponential_loss_scale_N/state`` with a zero streak.
 
     ``to="npu_bridge"`` goes back: each ``exponential_loss_scale_N/state``
-    becomes npu_bridge's ``loss_scale_N`` (float32), ``good_steps_N`` and
-    ``bad_steps_N`` (int32); the streak is dropped. ``dynamic_loss_scale``
-    states are copied as they are (npu_bridge has no such manager).
+    (float32[4]) becomes npu_bridge's ``loss_scale_N`` (float32),
+    ``good_steps_N`` and ``bad_steps_N`` (int32); the streak is dropped.
+    ``dynamic_loss_scale`` states are copied as they are (npu_bridge has no
+    such manager).
 
-    Every other tensor is copied unchanged. The mapping assumes the managers
-    are built in the same order and name scopes as when the checkpoint was
-    written (TF numbers them ``_1``, ``_2``... in creation order). Object-based
-    checkpoints (``tf.train.Checkpoint``) are not converted.
+    Only the managers' own variables are converted: tensors are recognised by
+    these exact layouts (names, dtypes, shapes, all siblings present), and a
+    layout whose converted name the checkpoint already holds is left alone.
+    Every other tensor, such as a user's own ``model/loss_scale`` or
+    ``good_steps``, is copied unchanged. The mapping assumes the managers are
+    built in the same order and name scopes as when the checkpoint was
+    written (TF numbers them ``_1``, ``_2``... in creation order).
+    Object-based checkpoints (``tf.train.Checkpoint``) are not converted.
 
     Args:
-      source: prefix of the checkpoint to read (as given to ``Saver.restore``).
-      target: prefix to write the converted checkpoint to.
+      source: prefix of the checkpoint to read (as given to ``Saver.restore``),
+        a str or ``os.PathLike``.
+      target: prefix to write the converted checkpoint to (its directory must
+        exist), a str or ``os.PathLike``.
       to: "npu_lossscale" or "npu_bridge".
 
     Returns:
       The sorted names of the loss-scale tensors written in the new layout.
 
     Raises:
-      ValueError: if ``to`` is not one of the two formats, or ``source`` is
-        not a readable checkpoint.
+      TypeError: if ``source`` or ``target`` is not a path, or ``to`` not a str.
+      ValueError: if ``to`` is not one of the two formats, ``source`` is not a
+        readable checkpoint, ``target``'s directory does not exist, or (with
+        ``to="npu_bridge"``) a name npu_bridge's layout needs is taken by
+        another tensor. Nothing is written then.
     """
+    if not isinstance(to, str):
+        raise TypeError("to must be a str, one of %r, got %r (%s). Pass \"npu_lossscale\" "
+                        "to restore into this package's managers." % (
+                            _FORMATS, to, type(to).__name__))
     if to not in _FORMATS:
         raise ValueError("to must be one of %r, got %r. Pass \"npu_lossscale\" to "
                          "restore into this package's managers." % (_FORMATS, to))
+    source = _checkpoint_path("source", source,
+                              "Pass what Saver.save returned, e.g. \"ckpt/model-1000\".")
+    target = _checkpoint_path("target", target,
+                              "Pass the prefix to write, e.g. \"converted/model-1000\".")
+    directory = os.path.dirname(target) or "."
+    if not tf.io.gfile.isdir(directory):
+        raise ValueError("target must be a prefix in an existing directory, got %r (%r "
+                         "does not exist). Create it first, e.g. os.makedirs(%r)."
+                         % (target, directory, directory))
     try:
         reader = tf.train.load_checkpoint(source)
     except (ValueError, tf.errors.OpError) as error:
         raise ValueError("source must be a checkpoint prefix, got %r (%s). Pass what "
                          "Saver.save returned." % (source, error))
-    dtypes = reader.get_variable_to_dtype_map()
-    values = dict((name, reader.get_tensor(name)) for name in dtypes)
-    entries = dict((name, (values[name], dtypes[name])) for name in values)
-    ours, consumed = _state_from_old(values)
-    from_npu_bridge, taken = _state_from_npu_bridge(values, consumed)
-    for name in consumed | taken:
-        del entries[name]
-    entries.update(ours)
-    entries.update(from_npu_bridge)
-    converted = sorted(ours) + sorted(from_npu_bridge)
+    tensors = dict((name, _Tensor(reader.get_tensor(name), dtype))
+                   for name, dtype in reader.get_variable_to_dtype_map().items())
+    ours = _state_from_old(tensors)
+    from_npu_bridge = _state_from_npu_bridge(tensors, set(ours.new))
+    tensors = _applied(_applied(tensors, ours), from_npu_bridge)
+    converted = sorted(ours.new) + sorted(from_npu_bridge.new)
     if to == "npu_bridge":
-        back, consumed = _npu_bridge_from_state(
-            dict((name, value) for name, (value, _) in entries.items()))
-        for name in consumed:
-            del entries[name]
-        entries.update(back)
-        converted = sorted(back)
-    _write_checkpoint(entries, target)
+        back = _npu_bridge_from_state(tensors)
+        tensors = _applied(tensors, back)
+        converted = sorted(back.new)
+    _write_checkpoint(tensors, target)
     return converted
 
 
 def _write_checkpoint(entries, target):
-    """Writes {name: (value, dtype)} as a name-based checkpoint at ``target``."""
+    """Writes {name: ``_Tensor``} as a name-based checkpoint at ``target``."""
     with tf.Graph().as_default():
         feeds, variables = {}, {}
         for index, name in enumerate(sorted(entries)):

@@ -153,3 +153,77 @@ def test_base_class_optional_hooks_have_the_builders_defaults():
     assert nl.DynamicLossScaleManager.static_loss_scale.fget(None) is None
     fixed = nl.FixedLossScaleManager(1, enable_overflow_check=False)
     assert fixed.static_loss_scale == 1.0 and fixed.get_enable_overflow_check() is False
+
+
+# -- issue 20: integral floats for counts, as TF's own tests pass them -------------
+# TF's suite passes step counts as floats: tensorflow/python/training/
+# experimental/loss_scale_optimizer_test.py (testCheckpoint) builds
+# DynamicLossScale(initial_loss_scale=1., increment_period=2., multiplier=2.),
+# and Keras' mixed_precision keras_test.py LossScaleOptimizer(...,
+# dynamic_growth_steps=2.). Our counts (growth_steps, incr_every_n_steps,
+# decr_every_n_nan_or_inf, floor_warning_after, every_n_steps) take them too.
+
+COUNT_MAKERS = {
+    "growth_steps": lambda value: nl.DynamicLossScaleManager(
+        initial_scale=8, growth_steps=value, floor_warning_after=2),
+    "incr_every_n_steps": lambda value: nl.ExponentialUpdateLossScaleManager(
+        8, value, decr_every_n_nan_or_inf=2, decr_ratio=0.5, floor_warning_after=2),
+    "decr_every_n_nan_or_inf": lambda value: nl.ExponentialUpdateLossScaleManager(
+        8, 2, decr_every_n_nan_or_inf=value, decr_ratio=0.5, floor_warning_after=2),
+    "floor_warning_after": lambda value: nl.DynamicLossScaleManager(
+        initial_scale=8, growth_steps=2, floor_warning_after=value),
+    "every_n_steps": lambda value: nl.DynamicLossScaleManager(
+        initial_scale=8, growth_steps=2).floor_warning_hook(every_n_steps=value),
+}
+
+
+def _run_counts(manager, steps):
+    """The state after each step, and check_floor's verdicts."""
+    finite = tf.placeholder(tf.bool, [])
+    update = manager.update_loss_scale(finite)
+    states, due = [], []
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for value in steps:
+                sess.run(update, {finite: value})
+                states.append(sess.run(manager.state).tobytes())
+                due.append(manager.check_floor(sess))
+    return states, due
+
+
+@pytest.mark.parametrize("name", sorted(COUNT_MAKERS))
+@pytest.mark.parametrize("value", [2.0, np.float64(2.0), np.float32(2.0)])
+def test_integral_float_counts_behave_as_their_int(name, value):
+    steps = [True, True, False, True, False, False, False, False, True, True, True]
+    with tf.Graph().as_default():
+        twin = COUNT_MAKERS[name](2)
+        made = COUNT_MAKERS[name](value)
+        if name == "every_n_steps":
+            # The hook reads the state on every second run, as with 2.
+            for hook in (twin, made):
+                hook.begin()
+            runs = [(made.before_run(None) is None, twin.before_run(None) is None)
+                    for _ in range(4)]
+            assert [a for a, _ in runs] == [b for _, b in runs] == [True, False] * 2
+            return
+        assert getattr(made, name) == 2 and type(getattr(made, name)) is int
+        assert _run_counts(made, steps) == _run_counts(twin, steps)
+
+
+BAD_COUNTS = [(2.5, TypeError), (True, TypeError), ("2", TypeError),
+              (float("nan"), ValueError), (float("inf"), ValueError), (0.0, ValueError)]
+# Periods count in the float32 state, exact up to 2**24; the other two count
+# runs and have no upper bound.
+PERIODS = ["growth_steps", "incr_every_n_steps", "decr_every_n_nan_or_inf"]
+
+
+@pytest.mark.parametrize("name, value, error", [
+    (name, value, error) for name in sorted(COUNT_MAKERS) for value, error in BAD_COUNTS
+] + [(name, 2.0 ** 24 + 1.0, ValueError) for name in PERIODS])
+def test_non_integral_counts_are_refused_naming_the_argument(graph, name, value, error):
+    with pytest.raises(error) as raised:
+        COUNT_MAKERS[name](value)
+    message = str(raised.value)
+    assert name in message and repr(value) in message, message

@@ -160,3 +160,139 @@ def test_conversion_is_idempotent_and_rejects_bad_arguments(tmp_path):
         convert_checkpoint(old, once, to="keras")
     with pytest.raises(ValueError, match="source must be a checkpoint prefix"):
         convert_checkpoint(str(tmp_path / "missing"), once)
+
+
+# -- issue 20: only the managers' own variables are converted ---------------------
+
+def _tensors(path):
+    """{name: numpy value} of a checkpoint, with the dtype kept in the value."""
+    reader = tf.train.load_checkpoint(path)
+    return dict((name, np.asarray(reader.get_tensor(name)))
+                for name in reader.get_variable_to_dtype_map())
+
+
+def _assert_same_bytes(before, after, names):
+    for name in names:
+        assert after[name].dtype == before[name].dtype, name
+        assert after[name].shape == before[name].shape, name
+        assert after[name].tobytes() == before[name].tobytes(), name
+
+
+def _user_variables():
+    """A user's own variables that happen to carry the managers' field names.
+
+    Each differs from every manager layout in one way: its siblings' dtypes
+    (TF's DynamicLossScale counts good_steps in int64), a missing sibling, or
+    a state name that a real manager already holds (below).
+    """
+    with tf.name_scope("model"):
+        tf.Variable(3.0, trainable=False, name="loss_scale")
+        tf.Variable(7, dtype=tf.int64, trainable=False, name="good_steps")
+        tf.Variable(2, dtype=tf.int64, trainable=False, name="bad_steps")
+    with tf.name_scope("user/dynamic_loss_scale"):
+        tf.Variable(5.0, trainable=False, name="loss_scale")  # no counters
+    tf.Variable([1.0, 2.0, 3.0], name="good_steps")
+    return ["model/loss_scale", "model/good_steps", "model/bad_steps",
+            "user/dynamic_loss_scale/loss_scale", "good_steps"]
+
+
+def test_user_variables_named_like_manager_fields_are_copied_byte_identical(tmp_path):
+    names = []
+
+    def build():
+        _old_layout()
+        names.extend(_user_variables())
+
+    old = _save(build, str(tmp_path / "old"))
+    new = str(tmp_path / "new")
+    converted = convert_checkpoint(old, new)
+    assert converted == ["dynamic_loss_scale/state", "exponential_loss_scale/state"]
+    before, after = _tensors(old), _tensors(new)
+    _assert_same_bytes(before, after, names + ["w"])
+    assert after["dynamic_loss_scale/state"].tolist() == [512.0, 7.0, 0.0, 2.0]
+    assert sorted(after) == sorted(names + ["w"] + converted)
+    # Back to npu_bridge's layout: the state takes "loss_scale", "good_steps",
+    # "bad_steps" at the root, and the user's "good_steps" holds that name.
+    with pytest.raises(ValueError) as error:
+        convert_checkpoint(new, str(tmp_path / "back"), to="npu_bridge")
+    for fragment in ['to="npu_bridge"', "'exponential_loss_scale/state'", "good_steps",
+                     "float32[3]", "Rename that variable"]:
+        assert fragment in str(error.value), (fragment, str(error.value))
+    assert not tf.io.gfile.glob(str(tmp_path / "back") + "*")  # nothing written
+
+
+def test_user_triple_beside_this_versions_state_is_left_alone(tmp_path):
+    """A user's float32/int32/int32 ``loss_scale``/``good_steps``/``bad_steps``
+    beside a real manager's state: the state is this version's already, so
+    the triple is not npu_bridge's and must not overwrite it."""
+    def build():
+        manager = nl.ExponentialUpdateLossScaleManager(2.0 ** 10, 4)
+        tf.Variable(1.0, trainable=False, name="loss_scale")
+        tf.Variable(11, dtype=tf.int32, trainable=False, name="good_steps")
+        tf.Variable(12, dtype=tf.int32, trainable=False, name="bad_steps")
+        assert manager.state.op.name == "exponential_loss_scale/state"
+
+    saved = _save(build, str(tmp_path / "saved"))
+    converted = str(tmp_path / "converted")
+    assert convert_checkpoint(saved, converted) == []
+    before, after = _tensors(saved), _tensors(converted)
+    assert sorted(after) == sorted(before)
+    _assert_same_bytes(before, after, sorted(before))
+    assert after["exponential_loss_scale/state"].tolist() == [1024.0, 0.0, 0.0, 0.0]
+
+
+def test_back_to_npu_bridge_leaves_other_scopes_byte_identical(tmp_path):
+    names = []
+
+    def build():
+        nl.ExponentialUpdateLossScaleManager(2.0 ** 10, 4)
+        with tf.name_scope("model"):
+            tf.Variable(3.0, trainable=False, name="loss_scale")
+            tf.Variable(7, dtype=tf.int64, trainable=False, name="good_steps")
+        tf.Variable([0.5], name="exponential_loss_scale_7/state")  # not float32[4]
+        names.extend(["model/loss_scale", "model/good_steps",
+                      "exponential_loss_scale_7/state"])
+
+    saved = _save(build, str(tmp_path / "saved"))
+    back = str(tmp_path / "back")
+    assert convert_checkpoint(saved, back, to="npu_bridge") == [
+        "bad_steps", "good_steps", "loss_scale"]
+    before, after = _tensors(saved), _tensors(back)
+    _assert_same_bytes(before, after, names)
+    assert after["loss_scale"] == 1024.0 and after["loss_scale"].dtype == np.float32
+    assert after["good_steps"].dtype == np.int32 and after["bad_steps"] == 0
+
+
+# -- issue 20: arguments that are not paths --------------------------------------
+
+@pytest.mark.parametrize("source, target, to, error, fragments", [
+    (None, "dst", "npu_lossscale", TypeError, ["source", "None", "checkpoint prefix",
+                                                "Saver.save"]),
+    (3, "dst", "npu_lossscale", TypeError, ["source", "3", "(int)"]),
+    ("", "dst", "npu_lossscale", ValueError, ["source", "''"]),
+    ("SRC", None, "npu_lossscale", TypeError, ["target", "None", "prefix to write"]),
+    ("SRC", ["dst"], "npu_lossscale", TypeError, ["target", "['dst']"]),
+    ("SRC", "no_such_dir/dst", "npu_lossscale", ValueError,
+     ["target", "no_such_dir", "does not exist", "os.makedirs"]),
+    ("SRC", "dst", None, TypeError, ["to must be a str", "None", "'npu_bridge'"]),
+    ("SRC", "dst", "keras", ValueError, ["to must be one of", "'keras'"]),
+])
+def test_bad_arguments_name_the_argument_and_write_nothing(tmp_path, source, target, to,
+                                                            error, fragments):
+    saved = _save(_old_layout, str(tmp_path / "old"))
+    if source == "SRC":
+        source = saved
+    if isinstance(target, str):
+        target = str(tmp_path / target)
+    with pytest.raises(error) as raised:
+        convert_checkpoint(source, target, to=to)
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+    assert not tf.io.gfile.glob(str(tmp_path / "dst") + "*")
+
+
+def test_path_like_arguments_are_accepted(tmp_path):
+    saved = _save(_old_layout, str(tmp_path / "old"))
+    assert convert_checkpoint(tmp_path / "old", tmp_path / "new") == [
+        "dynamic_loss_scale/state", "exponential_loss_scale/state"]
+    _assert_same_bytes(_tensors(saved), _tensors(str(tmp_path / "new")), ["w"])
