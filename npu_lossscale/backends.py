@@ -434,7 +434,30 @@ def inf_nan_mode_enabled():
     return bool(query()) if query is not None else False
 
 
-def resolve_backend(backend):
+def _warn_if_saturating():
+    """Warns when npu_bridge imports and the device saturates on overflow.
+
+    In saturation mode an overflowing float16 result is +-65504, a finite
+    number, so ``backend="is_finite"`` finds nothing and every overflowed
+    step is applied. The mode is asked as ``inf_nan_mode_enabled`` asks it.
+    """
+    try:
+        _import_npu_gen_ops()
+    except ImportError:
+        return
+    if not inf_nan_mode_enabled():
+        warnings.warn(
+            "backend='is_finite' while npu_bridge reports the device in saturation "
+            "mode: an overflow there gives +-65504 instead of inf, which is_finite "
+            "cannot see, so overflowed steps would be applied and the loss scale "
+            "never backs off. Pass backend='auto' (or 'npu'), which reads the "
+            "float-status register in saturation mode, or, on Atlas A2/A3, switch "
+            "the device to INF/NaN mode with npu_plugin.set_device_sat_mode(1) "
+            "before building.",
+            UserWarning, stacklevel=4)
+
+
+def resolve_backend(backend, warn=True):
     """Turns a backend name into a backend object.
 
     On Ascend the check follows the device's overflow mode, as npu_bridge's
@@ -448,6 +471,10 @@ def resolve_backend(backend):
         is_finite), "npu" (the npu rule; npu_bridge required), "is_finite"
         (always check the gradients) or "float_status" (always read the
         register; npu_bridge required).
+      warn: whether to warn (UserWarning) when ``backend="is_finite"`` is
+        asked for while npu_bridge reports saturation mode: overflows then
+        saturate to +-65504, which is_finite cannot see, so no step would be
+        skipped. Build-time callers warn; a constructor only checks the name.
 
     Returns:
       An ``IsFiniteBackend`` or ``NpuFloatStatusBackend``.
@@ -462,6 +489,8 @@ def resolve_backend(backend):
             "always read Ascend's float-status register, or 'auto' to pick npu "
             "when npu_bridge imports." % (BACKENDS, backend))
     if backend == "is_finite":
+        if warn:
+            _warn_if_saturating()
         return IsFiniteBackend()
     try:
         gen_ops = _import_npu_gen_ops()

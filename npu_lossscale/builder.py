@@ -185,7 +185,7 @@ class MultiOptimizerLossScale(object):
         self._gate = gate
         self._manager = loss_scale_manager
         self._requested_backend = backend
-        self._backend = _backends.resolve_backend(backend)
+        self._backend = _backends.resolve_backend(backend, warn=False)
         self._skip_policy = skip_policy
         self._engine = _distributed.resolve_engine(distributed)
         if distributed is None:
@@ -203,7 +203,7 @@ class MultiOptimizerLossScale(object):
         read again by ``build()``: is_finite in INF/NaN mode (the default on
         Atlas A2/A3), the float-status register in saturation mode.
         """
-        return _backends.resolve_backend(self._requested_backend).name
+        return _backends.resolve_backend(self._requested_backend, warn=False).name
 
     def add(self, loss, optimizer, var_list=None, name=None, clip_norm=None,
             loss_scale_manager=None):

@@ -301,6 +301,64 @@ def check_loss(loss):
     return loss
 
 
+def check_gradients(grads, argument="grads"):
+    """Checks a list of gradients, as ``all_finite`` takes it.
+
+    Args:
+      grads: a list or tuple of float tensors or ``tf.IndexedSlices`` of the
+        default graph; None entries (variables without a gradient) are allowed.
+      argument: the argument's name, for the messages.
+
+    Returns:
+      The gradients that are not None, as a list.
+
+    Raises:
+      TypeError: for anything but a list or tuple (None, one tensor, a number,
+        a str, a dict), for (gradient, variable) pairs, and for entries that
+        are not float tensors.
+      ValueError: for gradients of another graph, or when every entry is None.
+    """
+    fix = ("Pass the gradients as a list, e.g. [g for g, _ in grads_and_vars] "
+           "from compute_gradients().")
+    if isinstance(grads, (tf.Tensor, tf.IndexedSlices)) or is_variable(grads):
+        raise TypeError(
+            "%s must be a list of gradients, got one tensor or variable, %r. "
+            "Wrap it in a list, e.g. all_finite([grad])." % (argument, grads))
+    if not isinstance(grads, (list, tuple)):
+        raise TypeError("%s must be a list of gradients, got %r (%s). %s"
+                        % (argument, grads, type(grads).__name__, fix))
+    present = []
+    for index, grad in enumerate(grads):
+        if grad is None:
+            continue
+        if (isinstance(grad, (list, tuple)) and len(grad) == 2
+                and (is_variable(grad[1]) or isinstance(grad[1], tf.Tensor))):
+            raise TypeError(
+                "%s[%d] is a (gradient, variable) pair %r: %s takes the "
+                "gradients alone. %s" % (argument, index, grad, argument, fix))
+        if not isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
+            raise TypeError(
+                "%s[%d] must be a gradient tensor (tf.Tensor or tf.IndexedSlices) "
+                "or None, got %r (%s). %s" % (argument, index, grad,
+                                              type(grad).__name__, fix))
+        if not grad.dtype.base_dtype.is_floating:
+            raise TypeError(
+                "%s[%d] must be a floating-point gradient, got %r with dtype %s. "
+                "Only float gradients can overflow; leave this one out."
+                % (argument, index, grad, grad.dtype.name))
+        if grad.graph is not tf.get_default_graph():
+            raise ValueError(
+                "%s[%d] %r belongs to another graph than the default one. Call "
+                "all_finite() inside the graph's `with graph.as_default():` block."
+                % (argument, index, grad))
+        present.append(grad)
+    if not present:
+        raise ValueError(
+            "%s holds no gradient (got %r; None entries are left out). Pass the "
+            "gradients of the step." % (argument, grads))
+    return present
+
+
 def check_group_name(name, taken):
     """Raises ValueError unless ``name`` is a free, valid name scope.
 

@@ -76,7 +76,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         self._opt = opt
         self._manager = loss_scale_manager
         self._requested_backend = backend
-        _backends.resolve_backend(backend)  # rejects a bad name now
+        _backends.resolve_backend(backend, warn=False)  # rejects a bad name now
         self._is_distributed = is_distributed
         if is_distributed:
             self._engine = _distributed.resolve_engine("hccl")

@@ -10,6 +10,7 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
+from npu_lossscale import inputs as _inputs
 from npu_lossscale import gradients as _gradients
 
 
@@ -37,14 +38,14 @@ def all_finite(grads, backend="auto"):
       A bool scalar tensor, True when no gradient overflowed.
 
     Raises:
-      ValueError: for an unknown backend or no gradient at all, or for the
-        register inside a ``tf.cond``/``tf.while_loop`` body or a
-        ``tf.function``.
+      TypeError: unless ``grads`` is a list or tuple of float gradients (one
+        tensor, (gradient, variable) pairs, None, a number or a str are
+        refused).
+      ValueError: for an unknown backend, no gradient at all, gradients of
+        another graph, or the register inside a ``tf.cond``/``tf.while_loop``
+        body or a ``tf.function``.
     """
-    grads = [grad for grad in grads if grad is not None]
-    if not grads:
-        raise ValueError(
-            "all_finite() got no gradient (all None). Pass the gradients of the step.")
+    grads = _inputs.check_gradients(grads)
     flag = _backends.resolve_backend(backend).overflow_flag(grads)
     return Decisions({"all": flag}, grads).all_of(["all"])
 

@@ -105,6 +105,55 @@ def test_all_finite_is_the_builders_decision(graph):
         nl.all_finite([None])
 
 
+def _all_finite_misuses():
+    """What scripts pass to all_finite instead of a list of gradients."""
+    g = tf.placeholder(tf.float32, [2], name="g")
+    w = tf.Variable([1.0, 2.0], name="w")
+    step = tf.placeholder(tf.int32, [2], name="step")
+    with tf.Graph().as_default():
+        foreign = tf.placeholder(tf.float32, [2], name="foreign")
+    return {
+        "None": (None, TypeError, ["grads must be a list", "None", "compute_gradients"]),
+        "tensor": (g, TypeError, ["got one tensor", "'g:0'", "all_finite([grad])"]),
+        "pairs": ([(g, w)], TypeError, ["grads[0] is a (gradient, variable) pair",
+                                        "[g for g, _ in grads_and_vars]"]),
+        "float": (1.5, TypeError, ["grads must be a list", "1.5", "(float)"]),
+        "str": ("g", TypeError, ["grads must be a list", "'g'", "(str)"]),
+        "float entry": ([g, 2.0], TypeError, ["grads[1] must be a gradient tensor",
+                                              "2.0", "(float)"]),
+        "int tensor": ([step], TypeError, ["grads[0] must be a floating-point",
+                                           "int32", "leave this one out"]),
+        "other graph": ([foreign], ValueError, ["grads[0]", "another graph",
+                                                "graph.as_default()"]),
+        "empty": ([], ValueError, ["no gradient", "[]"]),
+    }
+
+
+@pytest.mark.parametrize("misuse", ["None", "tensor", "pairs", "float", "str",
+                                    "float entry", "int tensor", "other graph", "empty"])
+def test_all_finite_refuses_what_is_not_a_gradient_list(graph, misuse):
+    """Before: None and a float raised Python's 'not iterable', a tensor TF's
+    'iterating over tf.Tensor', a str 'object has no attribute dtype'; a
+    pair list built a check of the variables too."""
+    grads, error, fragments = _all_finite_misuses()[misuse]
+    count = len(graph.get_operations())
+    with pytest.raises(error) as raised:
+        nl.all_finite(grads, backend="is_finite")
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+    assert len(graph.get_operations()) == count  # refused before any op
+
+
+def test_all_finite_takes_a_tuple_and_indexed_slices(graph):
+    dense = tf.placeholder(tf.float16, [2])
+    values = tf.placeholder(tf.float32, [1, 3])
+    sparse = tf.IndexedSlices(values, tf.constant([0]), tf.constant([4, 3]))
+    finite = nl.all_finite((dense, sparse), backend="is_finite")
+    with tf.Session() as sess:
+        assert sess.run(finite, {dense: [1, 2], values: [[1, 2, 3]]})
+        assert not sess.run(finite, {dense: [1, 2], values: [[1, np.nan, 3]]})
+
+
 def test_all_finite_bound_on_large_finite_gradients(graph):
     """The documented bound: the check sums in float32, so finite values whose
     sum passes float32's maximum (~3.4e38) read as an overflow."""

@@ -1,6 +1,8 @@
 """The npu backend on the CPU shim: one status read per step, saturation mode,
 serialised per-group reads, and npu_bridge's own managers."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -107,6 +109,61 @@ def test_saturation_overflow_skips_the_step_only_with_npu(npu_shim):
     finite_isf, w_isf = train_once("is_finite")
     assert not finite_npu and np.all(w_npu == 100.0)  # skipped: weights untouched
     assert finite_isf and not np.all(w_isf == 100.0)  # applied a saturated step
+
+
+def _build_is_finite(path):
+    """A one-variable step with backend="is_finite" on ``path``."""
+    w = tf.get_variable("w", [2], initializer=tf.ones_initializer())
+    loss = tf.reduce_sum(tf.cast(tf.cast(w, tf.float16) * 3.0, tf.float32))
+    manager = nl.FixedLossScaleManager(8.0)
+    if path == "builder":
+        scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="net")
+        return scaler.build
+    if path == "optimizer":
+        opt = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(0.1), manager,
+                                    backend="is_finite")
+        return lambda: opt.minimize(loss, var_list=[w])
+    return lambda: nl.all_finite(tf.gradients(loss, [w]), backend="is_finite")
+
+
+def _saturation_warnings(caught):
+    return [str(w.message) for w in caught
+            if issubclass(w.category, UserWarning) and "saturation mode" in str(w.message)]
+
+
+@pytest.mark.parametrize("path", ["builder", "optimizer", "all_finite"])
+def test_is_finite_in_saturation_mode_warns_at_build_naming_auto(graph, saturation_mode, path):
+    """tf_adapter's npu_plugin.py: is_inf_nan_enabled() False means the device
+    saturates (+-65504), which is_finite cannot see (the test above: the
+    saturated step is applied). Asked for explicitly, is_finite is kept,
+    with one warning at build time naming backend='auto'; the constructor
+    only checks the name."""
+    with warnings.catch_warnings(record=True) as made:
+        warnings.simplefilter("always")
+        build = _build_is_finite(path)
+    assert _saturation_warnings(made) == []
+    with warnings.catch_warnings(record=True) as built:
+        warnings.simplefilter("always")
+        build()
+    [message] = _saturation_warnings(built)
+    for fragment in ["backend='is_finite'", "65504", "backend='auto'",
+                     "set_device_sat_mode(1)"]:
+        assert fragment in message, (fragment, message)
+
+
+@pytest.mark.parametrize("path", ["builder", "optimizer", "all_finite"])
+@pytest.mark.parametrize("shim", ["inf_nan", "absent"])
+def test_is_finite_without_saturation_does_not_warn(path, shim, request):
+    """INF/NaN mode (the Atlas A2/A3 default) overflows to inf, which
+    is_finite sees; without npu_bridge there is no register at all."""
+    if shim == "inf_nan":
+        request.getfixturevalue("npu_shim")
+    with tf.Graph().as_default():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _build_is_finite(path)()
+    assert _saturation_warnings(caught) == []
 
 
 @pytest.mark.parametrize("op_set", ["v1", "v2"])
