@@ -102,9 +102,10 @@ class IsFiniteBackend(object):
 class NpuFloatStatusBackend(object):
     """Reads Ascend's float-status register; clears it once per run, first.
 
-    The register is one sticky word per device: every overflowing op sets
-    it, a read reports whether anything set it since the last clear, and
-    only a clear resets it. npu_bridge's ``NPULossScaleOptimizer`` reads
+    The register is the device's overflow status: tf_adapter's read op
+    reports it and its clear op zeroes it (``NpuGetFloatStatus``,
+    ``NpuClearFloatStatus``, ops/aicore/npu_mixed_precesion_ops.cc); no
+    read resets it, so a read sees every overflow since the last clear. npu_bridge's ``NPULossScaleOptimizer`` reads
     after its gradients and clears right after its read, so two of them in
     one ``session.run`` race: one's clear can land between the other's
     overflow and its read (seed 003). This backend never clears after a

@@ -102,8 +102,9 @@ def check_status_race(context):
     """No float-status clear may land between an overflow and the read that
     should see it.
 
-    The register is sticky: a read sees every overflow since the last clear,
-    and reads do not change it, so reads never race each other. A clear
+    A read sees every overflow since the last clear and does not change the
+    register (tf_adapter's read and clear are separate ops), so reads never
+    race each other. A clear
     races a read in the same run unless it runs after the read, or before
     every op the read follows (then it only removes what came before the
     step, as the builder's one clear per run does).

@@ -53,7 +53,9 @@ Mirrors tf_adapter/python/npu_bridge/estimator/npu/npu_optimizer.py
     NPULossScaleOptimizer it never asks ``is_inf_nan_enabled()`` and has no
     v1-op path: it needs the v2 ops (op set "v2").
 
-``KerasDistributeOptimizer`` and ``npu_allreduce`` are not emulated.
+``KerasDistributeOptimizer`` is not emulated. ``npu_allreduce``, which the
+real file defines here, lives in the shim's ``npu_init`` (dense tensors
+only), where ``from npu_bridge.npu_init import *`` finds it.
 """
 from __future__ import absolute_import, division, print_function
 
