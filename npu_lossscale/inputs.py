@@ -306,7 +306,7 @@ def check_gradients(grads, argument="grads"):
 
     Args:
       grads: a list or tuple of float tensors or ``tf.IndexedSlices`` of the
-        default graph; None entries (variables without a gradient) are allowed.
+        default graph (or a graph it is nested in); None entries (variables without a gradient) are allowed.
       argument: the argument's name, for the messages.
 
     Returns:
@@ -346,7 +346,9 @@ def check_gradients(grads, argument="grads"):
                 "%s[%d] must be a floating-point gradient, got %r with dtype %s. "
                 "Only float gradients can overflow; leave this one out."
                 % (argument, index, grad, grad.dtype.name))
-        if grad.graph is not tf.get_default_graph():
+        # A function or control-flow body may capture its outer graphs' tensors.
+        if not any(grad.graph is graph
+                   for graph in _graph_and_outer_graphs(tf.get_default_graph())):
             raise ValueError(
                 "%s[%d] %r belongs to another graph than the default one. Call "
                 "all_finite() inside the graph's `with graph.as_default():` block."

@@ -221,3 +221,15 @@ def test_one_builder_with_per_group_ops_is_one_reader(graph, saturation_mode):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         scaler.build(per_group_ops=True)
+
+
+def test_all_finite_inside_a_cond_branch_takes_the_outer_graphs_gradients(graph):
+    """A cond branch (a function graph under control flow v2) captures the
+    outer graph's tensors: they are not "another graph"."""
+    g = tf.placeholder(tf.float32, [2])
+    pred = tf.placeholder_with_default(True, [])
+    decision = tf.cond(pred, lambda: nl.all_finite([g], backend="is_finite"),
+                       lambda: tf.constant(False))
+    with tf.Session() as sess:
+        assert sess.run(decision, {g: [1.0, 2.0]})
+        assert not sess.run(decision, {g: [1.0, np.inf]})
