@@ -153,3 +153,69 @@ def test_builder_allreduce_of_float16_gradients_cannot_overflow(tmp_path, mode, 
         assert proc.returncode == 0 and lines, err[-3000:]
         results.append(json.loads(lines[-1][len("RESULT "):]))
     assert results[0] == results[1] == [float(np.float16(-1e-4 * 40000.0)), True]
+
+
+_HCOM_WORKER = r"""
+import json, sys
+from graph_mode import set_graph_mode
+set_graph_mode()
+import numpy as np
+import tensorflow.compat.v1 as tf
+from npu_bridge.hccl import hccl_ops
+from npu_bridge.helper import helper
+
+ops = helper.get_gen_ops()
+x = tf.placeholder(tf.float16, [2])
+clear = ops.npu_clear_float_status_v2()
+with tf.control_dependencies([clear]):
+    start = tf.identity(x)
+narrow = hccl_ops.allreduce(start, "sum")
+wide = hccl_ops.allreduce(tf.cast(start, tf.float32), "sum")
+with tf.control_dependencies([narrow]):
+    after_narrow = ops.npu_get_float_status_v2()
+with tf.control_dependencies([after_narrow]):
+    clear_again = ops.npu_clear_float_status_v2()
+with tf.control_dependencies([clear_again, wide]):
+    after_wide = ops.npu_get_float_status_v2()
+with tf.Session() as sess:
+    rows = []
+    for value in [[1000.0, 2.0], [40000.0, 2.0]]:
+        out = sess.run([narrow, wide, after_narrow, after_wide], {x: value})
+        rows.append([[float(v) for v in out[0]], [float(v) for v in out[1]],
+                     int(out[2][0]), int(out[3][0])])
+print("RESULT " + json.dumps(rows))
+"""
+
+
+@pytest.mark.parametrize("mode", ["saturation", "inf_nan"])
+def test_a_float16_hcom_sum_across_ranks_saturates_and_sets_the_register(tmp_path, mode):
+    """HCCL gives its reductions the runtime context's overflow address as
+    their overflow flag (DispatcherPub::SetGlobalWorkSpace, CANN's hccl
+    dispatcher: hrtCtxGetOverflowAddr), so in saturation mode a float16 sum
+    that overflows is +-65504 and the float-status read after it reports
+    it. In INF/NaN mode the sum is inf and the register is not used. The
+    same sum in float32 (what the builder reduces) is exact either way."""
+    results = []
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("CM_WORKER_SIZE", "INF_NAN_MODE_ENABLE", "NPU_SHIM_OP_SET")}
+        env.update(RANK_SIZE="2", RANK_ID=str(rank), JOB_ID="1", NPU_SHIM_HCCL_DIR=str(tmp_path),
+                   NPU_SHIM_HCCL_TIMEOUT="60", NPU_SHIM_OVERFLOW_MODE=mode,
+                   TF_CPP_MIN_LOG_LEVEL="3",
+                   PYTHONPATH=os.pathsep.join([SHIMS, HERE, os.path.dirname(HERE)]))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", _HCOM_WORKER], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True))
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, err[-3000:]
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+    assert results[0] == results[1]
+    fits, overflows = results[0]
+    assert fits == [[2000.0, 4.0], [2000.0, 4.0], 0, 0]  # no overflow: nothing set
+    if mode == "saturation":
+        assert overflows == [[65504.0, 4.0], [80000.0, 4.0], 1, 0]
+    else:
+        assert overflows == [[float("inf"), 4.0], [80000.0, 4.0], 0, 0]

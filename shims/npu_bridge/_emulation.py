@@ -468,6 +468,33 @@ def _build_check(graph, outputs, indices):
     return new
 
 
+def check_collective_output(out):
+    """In saturation mode, a float16 collective's result saturates and sets
+    the register, as a real HCCL reduction does.
+
+    HCCL hands its reductions the runtime context's overflow address as their
+    overflow flag (``DispatcherPub::SetGlobalWorkSpace`` in CANN's hccl
+    dispatcher: ``hrtCtxGetOverflowAddr``, on the 910 and 310P3 series), so
+    a float16 sum across ranks that overflows is saturated and recorded in
+    the same status the float-status ops read. The shim's multi-process
+    reduction runs as host Python (a ``PyFunc``, never instrumented), so the
+    check is built here, around its output. INF/NaN mode, dtypes that are
+    not checked and graphs that are not instrumented get ``out`` back.
+    """
+    graph = out.graph
+    if (_state["mode"] != MODE_SATURATION or out.dtype.base_dtype not in _state["dtypes"]
+            or not _graph_is_instrumentable(graph)):
+        return out
+    # Outside the op callback the check's own float16 ops would be checked
+    # in turn: the callback leaves them alone while this flag is up.
+    _BUILDING_CHECK.value = True
+    try:
+        with graph.name_scope(out.op.name + "/" + INTERNAL_SCOPE):
+            return _build_check(graph, [out], [0])[0]
+    finally:
+        _BUILDING_CHECK.value = False
+
+
 def _drop_stale_eager_context_switch():
     """Undo a side effect of ``install()`` running before
     ``tf.compat.v1.disable_eager_execution()`` (e.g. ``import npu_bridge``
@@ -493,7 +520,7 @@ def _op_callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):  # 
         # npu_bridge was unloaded from sys.modules without uninstall(): the
         # shim is gone, so this left-over callback does nothing.
         return None
-    if _state["mode"] != MODE_SATURATION:
+    if _state["mode"] != MODE_SATURATION or getattr(_BUILDING_CHECK, "value", False):
         # INF/NaN mode: IEEE results, the status register is never set.
         return None
     indices = _eligible_indices(op_type, len(inputs), outputs)
@@ -506,6 +533,7 @@ def _op_callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):  # 
 
 _op_callback._npu_shim_callback = True  # pylint: disable=protected-access
 _EAGER_AT_INSTALL = threading.local()
+_BUILDING_CHECK = threading.local()
 _EAGER_AT_INSTALL.value = False
 _THIS_MODULE = sys.modules[__name__]
 

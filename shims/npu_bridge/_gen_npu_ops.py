@@ -22,7 +22,9 @@ HcomAllReduce(...)     | identity (one worker), same dtype/shape as input;
                        | CM_WORKER_SIZE, as util.get_ranksize() reads them)
                        | and NPU_SHIM_HCCL_DIR set, a real reduction across
                        | the processes through files in that directory (see
-                       | ``_FileAllReduce``).
+                       | ``_FileAllReduce``); in saturation mode a float16
+                       | result across ranks saturates and sets the register
+                       | (``_emulation.check_collective_output``).
 HcomBroadcast(...)     | list in, list out (T: list(type)): identity on one
                        | rank; across processes each output is root_rank's
                        | tensor (same file exchange).
@@ -201,7 +203,8 @@ def hcom_all_reduce(input, reduction, group, fusion, fusion_id, name=None):  # p
     else:
         out = _multi_process(x, _NUMPY_REDUCE[reduction], rank_size, name or "HcomAllReduce")
     _tag_hcom(out.op, "HcomAllReduce", group, fusion, fusion_id, reduction=reduction)
-    return out
+    # A reduction across ranks can overflow float16 (one rank cannot).
+    return out if rank_size == 1 else _emu.check_collective_output(out)
 
 
 def hcom_broadcast(input, fusion, fusion_id, group, root_rank, name=None):  # pylint: disable=redefined-builtin
