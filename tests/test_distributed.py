@@ -114,6 +114,23 @@ def test_without_gradient_allreduce_rank0_still_skips_the_step_rank1_broke(tmp_p
 
 
 @needs_horovod
+def test_float16_gradients_whose_sum_overflows_are_averaged_exactly(tmp_path):
+    """Each rank's float16 gradient is 40000; their float16 sum is inf, so a
+    float16 average would apply -inf after the overflow check passed. The
+    builder averages in float32 (distributed.widened): both ranks apply the
+    exact mean, w = -1e-4 * 40000."""
+    worker = os.path.join(REPO, "tests", "distributed", "fp16_sum_worker.py")
+    command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+               "-H", "localhost:2", "--gloo", "--network-interfaces", "lo",
+               sys.executable, worker, str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=REPO)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    expected = [float(np.float16(-1e-4 * 40000.0)), True]
+    assert _results(tmp_path) == [expected, expected]
+
+
+@needs_horovod
 def test_two_ranks_with_accumulation(tmp_path):
     rank0, rank1 = _horovodrun(tmp_path, "--accumulate", "2", "--steps", "6")
     applied = [r["applied"] for r in rank0["records"]]
