@@ -7,6 +7,7 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import inputs as _inputs
 from npu_lossscale.gradients import clip
 
 
@@ -177,19 +178,6 @@ _NOT_UPDATES = frozenset(["VarHandleOp", "VariableV2", "Variable", "Const", "Pla
                           "PlaceholderWithDefault"])
 
 
-def _entry_op(entry):
-    """The op of an ``update_ops`` entry, or None.
-
-    Entries are ops, tensors, or (under resource variables) the variable-like
-    object ``var.assign_sub(...)`` returns in graph mode, whose ``op`` is the
-    assign: what ``tf.get_collection(UPDATE_OPS)`` holds for batch norm.
-    """
-    if isinstance(entry, tf.Operation):
-        return entry
-    op = getattr(entry, "op", None)
-    return op if isinstance(op, tf.Operation) else None
-
-
 def _updates_behind(op):
     """The update ops ``op`` stands for: itself, or what its wrappers follow.
 
@@ -239,11 +227,11 @@ def check_update_ops(update_ops):
       ValueError: for one from another graph, one inside a while loop or
         cond, a cond's output, or one that wraps no update.
     """
-    if _entry_op(update_ops) is not None:
+    if _inputs.op_of(update_ops) is not None:
         update_ops = [update_ops]
     ops = []
     for entry in update_ops:
-        op = _entry_op(entry)
+        op = _inputs.op_of(entry)
         if op is None:
             raise TypeError(
                 "update_ops must hold ops or tensors, got %r. Pass "

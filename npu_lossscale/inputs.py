@@ -141,6 +141,19 @@ def is_variable(value):
 
 
 
+def op_of(value):
+    """The ``tf.Operation`` behind ``value``, or None.
+
+    ``value`` may be an op, a tensor, or (under resource variables) the
+    variable-like object ``tf.assign``/``var.assign_sub(...)`` returns in
+    graph mode, whose ``op`` is the assign: the forms ``tf.group`` accepts.
+    """
+    if isinstance(value, tf.Operation):
+        return value
+    op = getattr(value, "op", None)
+    return op if isinstance(op, tf.Operation) else None
+
+
 def _graph_of(value):
     """The graph of a variable or tensor; None for an eager one."""
     try:

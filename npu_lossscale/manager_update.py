@@ -4,6 +4,8 @@ from __future__ import absolute_import, division, print_function
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import inputs as _inputs
+
 
 def update_manager(manager, is_finite, after):
     """The manager's update, ordered after ``after`` (the step's scale reads).
@@ -42,12 +44,8 @@ def update_op(manager, update):
     Raises:
       TypeError: for anything else, before the step uses it.
     """
-    if isinstance(update, tf.Operation):
-        return update
-    if isinstance(update, tf.Tensor):
-        return update.op
-    op = getattr(update, "op", None)
-    if isinstance(op, tf.Operation):
+    op = _inputs.op_of(update)
+    if op is not None:
         return op
     raise TypeError(
         "%s.update_loss_scale(finite_grads) returned %r (%s), not an op. It must "

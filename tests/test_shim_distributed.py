@@ -58,16 +58,18 @@ print("RESULT " + json.dumps(rows))
 """
 
 
-def _run_two_ranks(tmp_path, mode, is_distributed):
+def _run_two_ranks(tmp_path, mode, script, *args):
+    """Runs ``script`` as two shim HCCL ranks in ``mode``; each rank's RESULT."""
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items()
                if k not in ("CM_WORKER_SIZE", "INF_NAN_MODE_ENABLE", "NPU_SHIM_OP_SET")}
         env.update(RANK_SIZE="2", RANK_ID=str(rank), JOB_ID="1", NPU_SHIM_HCCL_DIR=str(tmp_path),
                    NPU_SHIM_HCCL_TIMEOUT="60", NPU_SHIM_OVERFLOW_MODE=mode,
-                   TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join([SHIMS, HERE]))
+                   TF_CPP_MIN_LOG_LEVEL="3",
+                   PYTHONPATH=os.pathsep.join([SHIMS, HERE, os.path.dirname(HERE)]))
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", _WORKER, "1" if is_distributed else "0"], env=env,
+            [sys.executable, "-c", script] + list(args), env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True))
     results = []
     for proc in procs:
@@ -80,7 +82,7 @@ def _run_two_ranks(tmp_path, mode, is_distributed):
 
 @pytest.mark.parametrize("mode", ["saturation", "inf_nan"])
 def test_is_distributed_every_rank_skips_when_one_overflows(tmp_path, mode):
-    rank0, rank1 = _run_two_ranks(tmp_path, mode, is_distributed=True)
+    rank0, rank1 = _run_two_ranks(tmp_path, mode, _WORKER, "1")
     # broadcast hook: rank 1 starts from rank 0's weight
     assert rank0[0] == rank1[0] == [1.0, 4.0]
     assert rank0 == rank1                       # identical replicas all along
@@ -95,7 +97,7 @@ def test_without_is_distributed_saturation_replicas_drift(tmp_path):
     # Saturation mode, is_distributed=False: each rank decides from its own
     # register.  Rank 1 skips; rank 0 saw no overflow and applies the
     # averaged gradient, which contains rank 1's saturated value.
-    rank0, rank1 = _run_two_ranks(tmp_path, "saturation", is_distributed=False)
+    rank0, rank1 = _run_two_ranks(tmp_path, "saturation", _WORKER, "0")
     assert rank0[1] == rank1[1]
     assert rank1[2] == [rank1[1][0], 2.0]       # rank 1 skipped
     assert rank0[2][1] == 4.0 and rank0[2][0] != rank1[2][0]   # rank 0 applied: drift
@@ -135,23 +137,7 @@ def test_builder_allreduce_of_float16_gradients_cannot_overflow(tmp_path, mode, 
     builder's read would be applied saturated (65504 / 2) and missed. The
     builder averages float16 gradients in float32, so the mean is the exact
     40000 and the step applies it: w = -1e-4 * 40000 on both ranks."""
-    results = []
-    procs = []
-    for rank in range(2):
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("CM_WORKER_SIZE", "INF_NAN_MODE_ENABLE", "NPU_SHIM_OP_SET")}
-        env.update(RANK_SIZE="2", RANK_ID=str(rank), JOB_ID="1", NPU_SHIM_HCCL_DIR=str(tmp_path),
-                   NPU_SHIM_HCCL_TIMEOUT="60", NPU_SHIM_OVERFLOW_MODE=mode,
-                   TF_CPP_MIN_LOG_LEVEL="3",
-                   PYTHONPATH=os.pathsep.join([SHIMS, HERE, os.path.dirname(HERE)]))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", _SUM_WORKER, backend], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True))
-    for proc in procs:
-        out, err = proc.communicate(timeout=240)
-        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, err[-3000:]
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+    results = _run_two_ranks(tmp_path, mode, _SUM_WORKER, backend)
     assert results[0] == results[1] == [float(np.float16(-1e-4 * 40000.0)), True]
 
 
@@ -195,23 +181,7 @@ def test_a_float16_hcom_sum_across_ranks_saturates_and_sets_the_register(tmp_pat
     that overflows is +-65504 and the float-status read after it reports
     it. In INF/NaN mode the sum is inf and the register is not used. The
     same sum in float32 (what the builder reduces) is exact either way."""
-    results = []
-    procs = []
-    for rank in range(2):
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("CM_WORKER_SIZE", "INF_NAN_MODE_ENABLE", "NPU_SHIM_OP_SET")}
-        env.update(RANK_SIZE="2", RANK_ID=str(rank), JOB_ID="1", NPU_SHIM_HCCL_DIR=str(tmp_path),
-                   NPU_SHIM_HCCL_TIMEOUT="60", NPU_SHIM_OVERFLOW_MODE=mode,
-                   TF_CPP_MIN_LOG_LEVEL="3",
-                   PYTHONPATH=os.pathsep.join([SHIMS, HERE, os.path.dirname(HERE)]))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", _HCOM_WORKER], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True))
-    for proc in procs:
-        out, err = proc.communicate(timeout=240)
-        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, err[-3000:]
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+    results = _run_two_ranks(tmp_path, mode, _HCOM_WORKER)
     assert results[0] == results[1]
     fits, overflows = results[0]
     assert fits == [[2000.0, 4.0], [2000.0, 4.0], 0, 0]  # no overflow: nothing set
