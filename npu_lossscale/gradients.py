@@ -77,9 +77,8 @@ def scale_snapshot(manager):
             "e.g. tf.reshape(scale, [])." % (manager, scale.shape))
     if scale.dtype.base_dtype != tf.float32:
         scale = tf.cast(scale, tf.float32)
-    if _managers.keeps_scale_positive(manager):
-        return tf.raw_ops.Snapshot(input=scale, name="scale")
-    with tf.control_dependencies([check_scale(manager, scale)]):
+    checks = [] if _managers.keeps_scale_positive(manager) else [check_scale(manager, scale)]
+    with tf.control_dependencies(checks):
         return tf.raw_ops.Snapshot(input=scale, name="scale")
 
 

@@ -84,10 +84,8 @@ def check_manager_graph(manager, argument="loss_scale_manager"):
       ValueError: if one of the manager's variables belongs to a graph other
         than the default one (or a graph the default one is nested in).
     """
-    reachable = _graph_and_outer_graphs(tf.get_default_graph())
     for variable in manager_variables(manager):
-        graph = _graph_of(variable)
-        if graph is not None and not any(graph is other for other in reachable):
+        if _of_another_graph(variable):
             raise ValueError(
                 "%s %r keeps its state in variable %r of another graph than the "
                 "default one, in which this step is built: the manager was made "
@@ -168,6 +166,16 @@ def _graph_and_outer_graphs(graph):
     while getattr(graphs[-1], "outer_graph", None) is not None:
         graphs.append(graphs[-1].outer_graph)
     return graphs
+
+
+def _of_another_graph(value):
+    """True when ``value`` (a variable or tensor) belongs to a graph that
+    ops made now cannot use: neither the default graph nor a graph it is
+    nested in (a function or control-flow body may capture its outer
+    graphs' tensors). Eager values belong to no graph: False."""
+    graph = _graph_of(value)
+    return graph is not None and not any(
+        graph is other for other in _graph_and_outer_graphs(tf.get_default_graph()))
 
 
 #: Function graphs that tf.cond and tf.while_loop make under control flow v2,
@@ -359,9 +367,7 @@ def check_gradients(grads, argument="grads"):
                 "%s[%d] must be a floating-point gradient, got %r with dtype %s. "
                 "Only float gradients can overflow; leave this one out."
                 % (argument, index, grad, grad.dtype.name))
-        # A function or control-flow body may capture its outer graphs' tensors.
-        if not any(grad.graph is graph
-                   for graph in _graph_and_outer_graphs(tf.get_default_graph())):
+        if _of_another_graph(grad):
             raise ValueError(
                 "%s[%d] %r belongs to another graph than the default one. Call "
                 "all_finite() inside the graph's `with graph.as_default():` block."
@@ -431,14 +437,12 @@ def check_var_list(var_list, name, other_groups):
             "var_list for group %r is empty, got %r. Pass the variables this "
             "optimizer trains (e.g. tf.trainable_variables('generator'))."
             % (name, list(var_list)))
-    reachable = _graph_and_outer_graphs(tf.get_default_graph())
     for index, var in enumerate(var_list):
         if not is_variable(var):
             raise TypeError(
                 "var_list for group %r must hold tf.Variable objects, got %r. "
                 "Pass variables, not tensors read from them." % (name, var))
-        graph = _graph_of(var)
-        if graph is not None and not any(graph is other for other in reachable):
+        if _of_another_graph(var):
             raise ValueError(
                 "var_list for group %r holds variable %r of another graph than the "
                 "default one (made before tf.reset_default_graph() or in another "
@@ -562,19 +566,18 @@ def claim_manager(manager, owner, what):
     Raises:
       ValueError: if another owner already claimed ``manager`` in this graph.
     """
-    claims = _manager_claims(tf.get_default_graph())
-    for claim in claims:
-        if claim.manager is manager:
-            if claim.owner is owner:
-                return
-            raise ValueError(
-                "loss_scale_manager %r is already updated by %s in this graph, and "
-                "%s would update it too: its scale would move twice per run. A manager "
-                "belongs to one MultiOptimizerLossScale or LossScaleOptimizer. Give "
-                "each its own manager, or add both losses to one "
-                "MultiOptimizerLossScale (build(per_group_ops=True) for alternating "
-                "runs)." % (manager, claim.what, what))
-    claims.append(ManagerClaim(manager, owner, what))
+    claim = find_claim(manager)
+    if claim is not None:
+        if claim.owner is owner:
+            return
+        raise ValueError(
+            "loss_scale_manager %r is already updated by %s in this graph, and "
+            "%s would update it too: its scale would move twice per run. A manager "
+            "belongs to one MultiOptimizerLossScale or LossScaleOptimizer. Give "
+            "each its own manager, or add both losses to one "
+            "MultiOptimizerLossScale (build(per_group_ops=True) for alternating "
+            "runs)." % (manager, claim.what, what))
+    _manager_claims(tf.get_default_graph()).append(ManagerClaim(manager, owner, what))
 
 
 def find_claim(manager):
