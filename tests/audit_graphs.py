@@ -318,31 +318,43 @@ def _batch_norm(x, scope, real_layer=True):
     return y, update
 
 
+def _normalised_classifier(compute_dtype, normalise):
+    """A classifier with a normalised hidden layer, trained by the builder in
+    the default graph: ``normalise`` maps the hidden layer (in
+    ``compute_dtype``) to its normalised value. Returns ``(train, loss)``."""
+    x = tf.placeholder(tf.float32, [16, 8], name="x")
+    y = tf.placeholder(tf.float32, [16, 1], name="y")
+    w1 = tf.get_variable("w1", [8, 8])
+    w2 = tf.get_variable("w2", [8, 1])
+    step = tf.train.get_or_create_global_step()
+    h = normalise(tf.matmul(tf.cast(x, compute_dtype), tf.cast(w1, compute_dtype)))
+    logits = tf.cast(tf.matmul(tf.nn.relu(h), tf.cast(w2, compute_dtype)), tf.float32)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
+    scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), backend="is_finite")
+    scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=tf.trainable_variables(),
+               name="net")
+    return scaler.build(global_step=step), loss
+
+
 def batch_norm_beside_gate(gated=False, compute_dtype=tf.float16):
     """A float16 classifier with batch norm trained by the builder; the
     UPDATE_OPS run in the same session.run as the gated update, or (with
     ``gated``) are built inside a cond on the step's decision."""
     graph = tf.Graph()
     with graph.as_default():
-        x = tf.placeholder(tf.float32, [16, 8], name="x")
-        y = tf.placeholder(tf.float32, [16, 1], name="y")
-        w1 = tf.get_variable("w1", [8, 8])
-        w2 = tf.get_variable("w2", [8, 1])
-        step = tf.train.get_or_create_global_step()
-        h = tf.matmul(tf.cast(x, compute_dtype), tf.cast(w1, compute_dtype))
-        h, update = _batch_norm(h, "bn", real_layer=not gated)
-        logits = tf.cast(tf.matmul(tf.nn.relu(h), tf.cast(w2, compute_dtype)), tf.float32)
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
-        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), backend="is_finite")
-        scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=tf.trainable_variables(),
-                   name="net")
-        train = scaler.build(global_step=step)
+        layer = {}
+
+        def normalise(h):
+            h, layer["update"] = _batch_norm(h, "bn", real_layer=not gated)
+            return h
+
+        train, loss = _normalised_classifier(compute_dtype, normalise)
         fetches = [train.update_op, loss]
         if gated:
             # The fix without build(update_ops=...): statistics updated only
             # on applied steps, inside a cond on the same decision.
             def update_statistics():
-                with tf.control_dependencies(update()):
+                with tf.control_dependencies(layer["update"]()):
                     return tf.constant(True)
             fetches.append(tf.cond(train.is_finite, update_statistics,
                                    lambda: tf.constant(False)))
@@ -361,14 +373,8 @@ def batch_norm_in_place(compute_dtype=tf.float16):
     contrib is gone from TF 2, so the layer is written out here with the same
     ops."""
     from tensorflow.python.training import moving_averages  # pylint: disable=import-outside-toplevel
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf.placeholder(tf.float32, [16, 8], name="x")
-        y = tf.placeholder(tf.float32, [16, 1], name="y")
-        w1 = tf.get_variable("w1", [8, 8])
-        w2 = tf.get_variable("w2", [8, 1])
-        step = tf.train.get_or_create_global_step()
-        h = tf.matmul(tf.cast(x, compute_dtype), tf.cast(w1, compute_dtype))
+
+    def normalise(h):
         with tf.variable_scope("BatchNorm"):
             moving_mean = tf.get_variable("moving_mean", [8], trainable=False,
                                           initializer=tf.zeros_initializer())
@@ -383,14 +389,12 @@ def batch_norm_in_place(compute_dtype=tf.float16):
                 moving_variance, variance, 0.999, zero_debias=False)
             with tf.control_dependencies([update_mean, update_variance]):
                 mean, variance = tf.identity(mean), tf.identity(variance)
-            h = tf.cast(tf.nn.batch_normalization(h32, mean, variance, None, None, 1e-3),
-                        compute_dtype)
-        logits = tf.cast(tf.matmul(tf.nn.relu(h), tf.cast(w2, compute_dtype)), tf.float32)
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
-        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), backend="is_finite")
-        scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=tf.trainable_variables(),
-                   name="net")
-        train = scaler.build(global_step=step)
+            return tf.cast(tf.nn.batch_normalization(h32, mean, variance, None, None, 1e-3),
+                           compute_dtype)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        train, loss = _normalised_classifier(compute_dtype, normalise)
         tf.train.Saver()
         assert not tf.get_collection(tf.GraphKeys.UPDATE_OPS)
     return Case(graph, [train.update_op, loss], {})
