@@ -274,7 +274,9 @@ class _CountingLossScaleManager(LossScaleManager):
                  min_loss_scale, max_loss_scale, floor_warning_after,
                  growth_ceiling, name, scale_name_in_scope):
         self._init_loss_scale = float(init_loss_scale)
-        self._floor_warning_after = _check_floor_warning(floor_warning_after)
+        # Checked by the subclass (_check_initial_scale) before any variable.
+        self._floor_warning_after = (None if floor_warning_after is None
+                                     else int(floor_warning_after))
         self._floor_warned = False
         self._grow_every = int(grow_every)
         self._shrink_every = int(shrink_every)
