@@ -23,6 +23,12 @@ from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
 
 
+#: The child the release before commit c050077 tracked the wrapped optimizer
+#: as, in ``tf.train.Checkpoint(optimizer=LossScaleOptimizer(...))``; its
+#: checkpoints still restore (``LossScaleOptimizer._lookup_dependency``).
+_PREVIOUS_RELEASE_CHILD = "base_optimizer"
+
+
 class LossScaleOptimizer(tf.train.Optimizer):
     """Wraps one TF1 optimizer with loss scaling and overflow skipping.
 
@@ -94,13 +100,40 @@ class LossScaleOptimizer(tf.train.Optimizer):
         # its own. Tracking the wrapped optimizer as a child instead would
         # save each slot twice (once per optimizer whose get_slot finds it),
         # which the checkpoint refuses with NotImplementedError. The layout
-        # is a plain optimizer's, plus the manager's state.
-        holder = _state_holder(opt)
-        self._slots = holder._slots  # pylint: disable=protected-access
-        self._non_slot_dict = holder._non_slot_dict  # pylint: disable=protected-access
-        self._deferred_slot_restorations = holder._deferred_slot_restorations  # pylint: disable=protected-access
+        # is a plain optimizer's, plus the manager's state. A restore made
+        # before the state exists waits in the holder's deferred
+        # dependencies (``_deferred_dependencies`` below), which the holder
+        # serves when it makes the variable.
+        self._holder = _state_holder(opt)
+        self._slots = self._holder._slots  # pylint: disable=protected-access
+        self._non_slot_dict = self._holder._non_slot_dict  # pylint: disable=protected-access
+        self._deferred_slot_restorations = self._holder._deferred_slot_restorations  # pylint: disable=protected-access
         for index, variable in enumerate(_inputs.manager_variables(loss_scale_manager)):
             self._track_trackable(variable, name="loss_scale_state_%d" % index)
+
+    @property
+    def _deferred_dependencies(self):
+        """The holder's restores waiting for their variable (Trackable's hook).
+
+        Adam makes its beta powers in the holder, which then serves the
+        restores deferred in its own dict: one dict for both, so a
+        ``checkpoint.restore`` made before ``minimize`` restores them too.
+        """
+        self._holder._maybe_initialize_trackable()  # pylint: disable=protected-access
+        return self._holder._deferred_dependencies  # pylint: disable=protected-access
+
+    def _lookup_dependency(self, name, *args, **kwargs):
+        """The object a checkpoint's child ``name`` restores into (Trackable's hook).
+
+        Also reads the layout of the release before commit c050077, which
+        tracked the wrapped optimizer as the child ``base_optimizer``
+        (``optimizer/base_optimizer/beta1_power``): that child restores into
+        the wrapped optimizer. Saving is unchanged (today's layout).
+        """
+        found = super(LossScaleOptimizer, self)._lookup_dependency(name, *args, **kwargs)
+        if found is None and name == _PREVIOUS_RELEASE_CHILD:
+            return self._opt
+        return found
 
     @property
     def inner_optimizer(self):

@@ -1,11 +1,14 @@
 """LossScaleOptimizer: the Optimizer API over the builder's machinery."""
 
+import importlib.util
+import os
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import snapshot_globals
+from conftest import GRAPH_MODE, snapshot_globals
 from models import two_group_gan
 
 
@@ -184,6 +187,125 @@ def test_object_checkpoint_with_variables_saves_and_restores_slots(tmp_path):
         assert np.asarray(restored[name]).tobytes() == np.asarray(saved[name]).tobytes(), name
         assert (np.asarray(continued[name]).tobytes()
                 == np.asarray(after_one_more[name]).tobytes()), name
+
+
+#: Object checkpoints written by the release before commit c050077 (keys
+#: ``optimizer/base_optimizer/...``), one per graph mode, and the script and
+#: model that wrote them (tests/data/make_prev_release_checkpoint.py).
+_PREV_RELEASE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                                 "prev_release_checkpoint")
+
+
+def _prev_release_script():
+    """tests/data/make_prev_release_checkpoint.py, as a module."""
+    path = os.path.join(os.path.dirname(_PREV_RELEASE_DIR), "make_prev_release_checkpoint.py")
+    spec = importlib.util.spec_from_file_location("make_prev_release_checkpoint", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _restore_adam_step(path, with_w, before_minimize):
+    """Restores ``path`` into a new graph's LossScaleOptimizer(Adam) step on a
+    zero ``w`` (shape of the script's), before or after ``minimize``.
+
+    Returns:
+      The restored values by checkpoint key, and the graph's checkpoint.
+    """
+    w = tf.get_variable("w", initializer=np.zeros((3, 2), np.float32))
+    gs = tf.train.get_or_create_global_step()
+    manager = nl.DynamicLossScaleManager(1024.0, growth_steps=2)
+    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(0.1), manager, backend="is_finite")
+    objects = dict(optimizer=opt, step=gs)
+    if with_w:
+        objects["w"] = w
+    checkpoint = tf.train.Checkpoint(**objects)
+    status = checkpoint.restore(path) if before_minimize else None
+    opt.minimize(tf.reduce_sum(tf.square(w)), global_step=gs, var_list=[w])
+    if status is None:
+        status = checkpoint.restore(path)
+    beta1, beta2 = sorted((v for v in opt.inner_optimizer.variables() if "power" in v.name),
+                          key=lambda v: v.name)
+    held = {"beta1_power": beta1, "beta2_power": beta2,
+            "loss_scale_state_0": manager.variables[0], "step": gs,
+            "save_counter": checkpoint.save_counter}
+    if with_w:
+        held.update(w=w, m=opt.get_slot(w, "m"), v=opt.get_slot(w, "v"))
+    sess = tf.get_default_session()
+    sess.run(tf.global_variables_initializer())
+    status.assert_consumed()  # every value in the checkpoint found its variable
+    status.run_restore_ops(session=sess)
+    return dict(zip(held, sess.run(list(held.values())))), checkpoint
+
+
+def _previous_release_key(name):
+    prefix = {"beta1_power": "optimizer/base_optimizer/",
+              "beta2_power": "optimizer/base_optimizer/",
+              "loss_scale_state_0": "optimizer/"}.get(name, "")
+    return prefix + name + "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+@pytest.mark.parametrize("before_minimize", [False, True],
+                         ids=["restore_after_minimize", "restore_before_minimize"])
+def test_a_checkpoint_of_the_previous_release_restores(tmp_path, before_minimize):
+    """tf.train.Checkpoint(optimizer=LossScaleOptimizer(Adam), step=gs) as the
+    release before c050077 wrote it (the wrapped optimizer under
+    ``optimizer/base_optimizer/``; weights and slots it could not save) restores
+    Adam's beta powers, the manager's state and the step bit for bit; those
+    equal what today's code computes for the script's four steps; a new save
+    has today's keys."""
+    script = _prev_release_script()
+    path = os.path.join(_PREV_RELEASE_DIR, GRAPH_MODE, "ckpt-1")
+    with tf.Graph().as_default():
+        train, poison, opt, manager, _, gs = script.build_and_train_graph(nl)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            for value in script.POISONS:
+                sess.run(train, {poison: value})
+            beta1, beta2 = sorted((v for v in opt.inner_optimizer.variables()
+                                   if "power" in v.name), key=lambda v: v.name)
+            today = dict(zip(["beta1_power", "beta2_power", "loss_scale_state_0", "step"],
+                             sess.run([beta1, beta2, manager.variables[0], gs])))
+    with tf.Graph().as_default(), tf.Session().as_default():
+        restored, checkpoint = _restore_adam_step(path, False, before_minimize)
+        resaved = checkpoint.save(str(tmp_path / "ckpt"))
+    assert restored["loss_scale_state_0"].tolist() == [1024.0, 1.0, 0.0, 0.0]
+    assert restored["step"] == 3
+    for name, value in restored.items():
+        stored = tf.train.load_variable(path, _previous_release_key(name))
+        assert np.asarray(value).tobytes() == np.asarray(stored).tobytes(), name
+        if name in today:
+            assert np.asarray(value).tobytes() == np.asarray(today[name]).tobytes(), name
+    keys = [name for name, _ in tf.train.list_variables(resaved)]
+    assert "optimizer/beta1_power/.ATTRIBUTES/VARIABLE_VALUE" in keys
+    assert not [key for key in keys if "base_optimizer" in key]
+
+
+def test_todays_checkpoint_restores_before_minimize(tmp_path):
+    """A restore made before ``minimize`` (the beta powers and slots do not exist
+    yet) restores them when they are made: weights, Adam's slots and beta powers,
+    the manager's state and the step, bit for bit (was: beta powers left at
+    their initial values)."""
+    script = _prev_release_script()
+    with tf.Graph().as_default():
+        train, poison, opt, manager, w, gs = script.build_and_train_graph(nl)
+        checkpoint = tf.train.Checkpoint(optimizer=opt, step=gs, w=w)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            for value in script.POISONS:
+                sess.run(train, {poison: value})
+            path = checkpoint.save(str(tmp_path / "ckpt"), session=sess)
+    with tf.Graph().as_default(), tf.Session().as_default():
+        restored, _ = _restore_adam_step(path, True, True)
+    slot = "w/.OPTIMIZER_SLOT/optimizer/%s/.ATTRIBUTES/VARIABLE_VALUE"
+    keys = {"beta1_power": "optimizer/beta1_power", "beta2_power": "optimizer/beta2_power",
+            "loss_scale_state_0": "optimizer/loss_scale_state_0", "step": "step",
+            "save_counter": "save_counter", "w": "w"}
+    for name, value in restored.items():
+        key = slot % name if name in ("m", "v") else keys[name] + "/.ATTRIBUTES/VARIABLE_VALUE"
+        assert np.asarray(value).tobytes() == np.asarray(
+            tf.train.load_variable(path, key)).tobytes(), name
+    assert restored["beta1_power"] != np.float32(0.9)  # trained four steps
 
 
 def test_a_second_minimize_on_one_optimizer_is_refused(graph):
