@@ -547,6 +547,36 @@ def shared_manager_npu_optimizers(one_optimizer=False):
                 {"d_train": d_train, "g_train": g_train})
 
 
+def shared_manager_steps(kind):
+    """One ``DynamicLossScaleManager`` updated by two step ops of this
+    library, the ModelZoo alternating-GAN pattern: two LossScaleOptimizers
+    sharing it (``kind="optimizers"``), one LossScaleOptimizer minimizing
+    twice (``"minimize_twice"``), or two builders sharing it
+    (``"builders"``). Each run of one step op updates it once; a run of both
+    is refused at run time (``npu_lossscale.claims``). Fetches: both step
+    ops; ``info["steps"]`` lists them."""
+    graph = tf.Graph()
+    with graph.as_default():
+        model, step = gan()
+        manager = nl.DynamicLossScaleManager()
+        pairs = ((model.d_loss, model.d_vars, "d", step), (model.g_loss, model.g_vars, "g", None))
+        steps = []
+        if kind == "builders":
+            for loss, variables, name, global_step in pairs:
+                scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+                scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=variables, name=name)
+                steps.append(scaler.build(global_step=global_step).update_op)
+        else:
+            first = nl.LossScaleOptimizer(tf.train.AdamOptimizer(1e-3), manager,
+                                          backend="is_finite")
+            second = first if kind == "minimize_twice" else nl.LossScaleOptimizer(
+                tf.train.AdamOptimizer(1e-3), manager, backend="is_finite")
+            for opt, (loss, variables, _, global_step) in zip((first, second), pairs):
+                steps.append(opt.minimize(loss, var_list=variables, global_step=global_step))
+        tf.train.Saver()
+    return Case(graph, list(steps), {"steps": steps})
+
+
 def builder_per_group_ops(skip_policy="all"):
     """The builder with ``per_group_ops=True``: ``update_op`` and
     ``per_group["d"]``/``["g"]`` each update the one manager."""
@@ -562,6 +592,88 @@ def builder_per_group_ops(skip_policy="all"):
         train = scaler.build(global_step=step, per_group_ops=True)
         tf.train.Saver()
     return Case(graph, [train.update_op, train.per_group["d"]], {"train": train})
+
+
+def _moving_statistics_layer(x, name, momentum=0.9):
+    """Training-mode batch norm as ``tf.layers.batch_normalization`` builds
+    it, in float32: the moving averages' updates go into UPDATE_OPS as the
+    ``assign_sub`` results themselves (a variable-like under resource
+    variables), named under the calling name scope, so a second call of a
+    network with ``reuse=True`` puts them under ``<network>_1/``."""
+    x32 = tf.cast(x, tf.float32)
+    with tf.variable_scope(name):
+        channels = int(x.shape[-1])
+        gamma = tf.get_variable("gamma", [channels], initializer=tf.ones_initializer())
+        beta = tf.get_variable("beta", [channels], initializer=tf.zeros_initializer())
+        mean, variance = tf.nn.moments(x32, [0])
+        for stat, value, start in (("moving_mean", mean, tf.zeros_initializer()),
+                                   ("moving_variance", variance, tf.ones_initializer())):
+            moving = tf.get_variable(stat, [channels], trainable=False, initializer=start)
+            tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, tf.assign_sub(
+                moving, (moving - value) * (1.0 - momentum), name="AssignMovingAvg"))
+    return tf.cast(tf.nn.batch_normalization(x32, mean, variance, beta, gamma, 1e-3),
+                   x.dtype)
+
+
+def pix2pix_like_gan():
+    """A pix2pix-shaped float16 GAN: batch norm in both networks, the
+    discriminator called twice (``discriminator/`` on real pairs,
+    ``discriminator_1/`` on fake ones, each call with its own UPDATE_OPS).
+
+    Returns:
+      (x, z, d_loss, g_loss, global_step), in the default graph.
+    """
+    x = tf.placeholder(tf.float32, [8, 4], name="x")
+    z = tf.placeholder(tf.float32, [8, 4], name="z")
+
+    def dense(h, units, name):
+        w = tf.get_variable(name + "_w", [int(h.shape[-1]), units])
+        return tf.matmul(h, tf.cast(w, tf.float16))
+
+    def generator(noise):
+        with tf.variable_scope("generator"):
+            h = tf.nn.relu(_moving_statistics_layer(dense(tf.cast(noise, tf.float16), 8,
+                                                          "fc1"), "bn1"))
+            return tf.tanh(dense(h, 4, "fc2"))
+
+    def discriminator(images, reuse):
+        with tf.variable_scope("discriminator", reuse=reuse):
+            h = tf.nn.leaky_relu(_moving_statistics_layer(
+                dense(tf.cast(images, tf.float16), 8, "fc1"), "bn1"), 0.2)
+            return tf.cast(dense(h, 1, "fc2"), tf.float32)
+
+    fake = generator(z)
+    d_real, d_fake = discriminator(x, reuse=False), discriminator(fake, reuse=True)
+    d_loss = tf.reduce_mean(tf.nn.softplus(-d_real)) + tf.reduce_mean(tf.nn.softplus(d_fake))
+    g_loss = tf.reduce_mean(tf.nn.softplus(-d_fake))
+    return x, z, d_loss, g_loss, tf.train.get_or_create_global_step()
+
+
+def per_group_port(authors_saver=True):
+    """The pix2pix port of issue 24, correct: one builder, ``per_group_ops``
+    for the alternating loop, every call's UPDATE_OPS given to its group
+    (the README's recipe), and a Saver made after ``build()``. With
+    ``authors_saver`` the script's own ``tf.train.Saver()``, made before the
+    loss scaling and no longer used, is still in the graph (scope ``save``;
+    the port's is ``save_1``)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        _, _, d_loss, g_loss, step = pix2pix_like_gan()
+        if authors_saver:
+            tf.train.Saver()
+        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                            backend="is_finite")
+        scaler.add(d_loss, tf.train.AdamOptimizer(1e-3),
+                   var_list=tf.trainable_variables("discriminator/"), name="d")
+        scaler.add(g_loss, tf.train.AdamOptimizer(1e-3),
+                   var_list=tf.trainable_variables("generator/"), name="g")
+        train = scaler.build(global_step=step, per_group_ops=True, update_ops={
+            "d": tf.get_collection(tf.GraphKeys.UPDATE_OPS, r"discriminator(_\d+)?/"),
+            "g": tf.get_collection(tf.GraphKeys.UPDATE_OPS, r"generator(_\d+)?/")})
+        saver = tf.train.Saver()
+    return Case(graph, [train.per_group["d"], d_loss],
+                {"train": train, "g_fetches": [train.per_group["g"], g_loss],
+                 "saver": saver})
 
 
 # -- the repository's own models ----------------------------------------------------

@@ -403,6 +403,8 @@ def test_saver_made_before_build_says_to_make_it_later(manager_first):
     message = found[0].message
     assert "create the Saver after build()" in message
     assert "leave var_list out" not in message
+    assert message.startswith("Saver 'save' (filename tensor 'save/Const:0')")
+    assert "does save" not in message  # no other Saver saves the scale
     expected = "loss_scale/skipped_steps" if manager_first else "dynamic_loss_scale/state"
     assert expected in found[0].ops
     with case.graph.as_default():  # Adam's slots and beta powers, made by build()
@@ -418,6 +420,37 @@ def test_saver_made_before_build_says_to_make_it_later(manager_first):
     explicit = only(audit(ag.saver_without_scale().graph), "NLS006-unsaved-scale")
     assert all("leave var_list out" in f.message for f in explicit)
     assert not any("create the Saver after" in f.message for f in explicit)
+
+
+def test_an_unused_early_saver_is_named_beside_the_one_that_saves():
+    """The pix2pix port: the authors' ``tf.train.Saver()`` (scope ``save``,
+    made before the loss scaling, no longer used) beside the port's Saver
+    made after build() (``save_1``). The finding names the early Saver by
+    its scope and filename tensor, says that this Saver does not save the
+    scale, and that ``save_1`` does; it is the only warning without fetches."""
+    case = ag.per_group_port(authors_saver=True)
+    findings = audit(case.graph)
+    assert [f.code for f in findings if f.severity in ("error", "warning")] == [
+        "NLS006-unsaved-scale"]
+    message = only(findings, "NLS006-unsaved-scale")[0].message
+    port = case.info["saver"].saver_def
+    assert port.filename_tensor_name == "save_1/Const:0"
+    assert message.startswith("Saver 'save' (filename tensor 'save/Const:0') was created "
+                              "before the loss-scale state dynamic_loss_scale/state")
+    assert "so this Saver does not save them" in message
+    assert ("Saver 'save_1' (filename tensor 'save_1/Const:0') does save them: if that "
+            "is the Saver you checkpoint with, delete this unused one") in message
+    assert "else create the Saver after build()" in message
+    meta = tf.train.export_meta_graph(graph=case.graph)
+    assert only(audit(meta), "NLS006-unsaved-scale")[0].message == message
+    # An explicit var_list without the scale, beside a Saver of everything.
+    explicit = ag.saver_without_scale(explicit=True)
+    with explicit.graph.as_default():
+        tf.train.Saver(name="full_saver")
+    found = only(audit(explicit.graph, explicit.fetches), "NLS006-unsaved-scale")
+    assert len(found) == 1 and "leave var_list out" in found[0].message
+    assert "Saver 'full_saver' (filename tensor 'full_saver/Const:0') does save" in (
+        found[0].message)
 
 
 def test_saver_def_of_meta_graph_is_read():
@@ -483,12 +516,22 @@ def test_one_npu_manager_updated_by_two_minimize_calls(npu_shim, op_set, one_opt
                                                       "bad_steps"))
     assert len(state) == 3 and list(double[0].ops[:3]) == state
     assert "updated by 2 update ops in one step" in double[0].message
-    # Each train op in its own session.run updates the manager once.
+    # Each train op in its own session.run updates the manager once: an
+    # info names the two step ops that must not be fetched together.
+    steps = sorted(case.info[train].name for train in ("d_train", "g_train"))
     for train in ("d_train", "g_train"):
-        assert "NLS011-double-scale-update" not in codes(
-            audit(case.graph, [case.info[train]]))
-    # Without fetches, possible rather than certain.
-    assert only(audit(case.graph), "NLS011-double-scale-update")[0].severity == "warning"
+        alone = audit(case.graph, [case.info[train]])
+        assert "NLS011-double-scale-update" not in codes(alone)
+        note = only(alone, "NLS011-double-scale-update")
+        assert len(note) == 1 and note[0].severity == "info"
+        assert set(steps) <= set(note[0].ops) and "updates the scale twice" in note[0].message
+    # Without fetches, the same info (alternating runs are fine), no warning
+    # (NLS001 still warns: npu_bridge's optimizers clear the register).
+    findings = audit(case.graph)
+    assert "NLS011-double-scale-update" not in codes(findings)
+    note = only(findings, "NLS011-double-scale-update")
+    assert len(note) == 1 and note[0].severity == "info"
+    assert all(step in note[0].message for step in steps)
 
 
 @pytest.mark.parametrize("skip_policy", ["all", "per_group"])
@@ -505,6 +548,53 @@ def test_per_group_op_fetched_with_update_op_updates_the_scale_twice(skip_policy
     assert "NLS011-double-scale-update" in codes(both)
     for alone in (train.update_op, train.per_group["d"], train.per_group["g"]):
         assert "NLS011-double-scale-update" not in codes(audit(case.graph, [alone]))
+
+
+@pytest.mark.parametrize("kind", ["optimizers", "minimize_twice", "builders"])
+def test_one_manager_shared_by_two_of_our_step_ops(kind):
+    """The alternating-GAN pattern with this library's classes (issue 24):
+    two step ops updating one manager. Fetched together: an error that says
+    the run-time claims refuse the run; each alone or without fetches: one
+    info naming both step ops, no warning."""
+    case = ag.shared_manager_steps(kind)
+    steps = sorted(op.name for op in case.info["steps"])
+    double = only(audit(case.graph, case.fetches), "NLS011-double-scale-update")
+    assert [f.severity for f in double] == ["error"]
+    assert double[0].ops[0] == "dynamic_loss_scale/state"
+    assert "updated by 2 update ops in one step" in double[0].message
+    assert "fails with an InvalidArgumentError" in double[0].message
+    for fetches in ([case.info["steps"][0]], [case.info["steps"][1]], None):
+        findings = audit(case.graph, fetches)
+        assert codes(findings) == [], fetches
+        note = only(findings, "NLS011-double-scale-update")
+        assert len(note) == 1 and note[0].severity == "info"
+        assert set(steps + ["dynamic_loss_scale/state"]) <= set(note[0].ops)
+        assert "refuses such a run at run time" in note[0].message
+
+
+def test_per_group_port_without_fetches_is_precise():
+    """A correct per-group port (pix2pix-shaped: batch norm in both networks,
+    the discriminator called twice) audited without fetches: the joint
+    update_op and the per_group ops are alternatives that the run-time
+    claims keep apart, so no NLS010/NLS011 warnings about them running
+    together (there were 18 on pix2pix), only one info naming the step ops
+    that must not be fetched together."""
+    case = ag.per_group_port(authors_saver=False)
+    train = case.info["train"]
+    findings = audit(case.graph)
+    assert_clean(findings)
+    infos = [f for f in findings if f.code != "NLS000-needs-fetches"]
+    assert [(f.code, f.severity) for f in infos] == [("NLS011-double-scale-update", "info")]
+    steps = sorted(op.name for op in [train.update_op] + list(train.per_group.values()))
+    assert steps == ["loss_scale/update", "loss_scale_d/update", "loss_scale_g/update"]
+    assert set(steps) <= set(infos[0].ops)
+    assert "never fetch two of them in one session.run" in infos[0].message
+    # Each run of the alternating loop audits clean too.
+    assert_clean(audit(case.graph, case.fetches))
+    assert_clean(audit(case.graph, case.info["g_fetches"]))
+    # Two step ops in one run are still errors: the claims fail that run.
+    both = audit(case.graph, [train.per_group["d"], train.update_op])
+    assert {"NLS010-double-update", "NLS011-double-scale-update"} <= set(codes(both, ("error",)))
 
 
 def test_two_managers_are_not_a_double_update():

@@ -52,9 +52,10 @@ CODES = collections.OrderedDict([
                                      "window's overflow")),
     ("NLS010-double-update", ("error (warning)", "a variable (or global_step) "
                               "updated by more than one train op in one step")),
-    ("NLS011-double-scale-update", ("error (warning)", "one loss-scale manager's "
+    ("NLS011-double-scale-update", ("error (info)", "one loss-scale manager's "
                                     "state updated by more than one update op in "
-                                    "one step")),
+                                    "one step (info: by several step ops of the "
+                                    "graph, which must not be fetched together)")),
 ])
 
 
@@ -80,8 +81,14 @@ class Context(object):
         return severity if self.fetched else "warning"
 
     def co_runnable(self, first, second):
-        return not self.model.exclusive(self.model.conditions(first),
-                                        self.model.conditions(second))
+        """Whether two ops can run in one step: their branch conditions do
+        not exclude each other and, without fetches, they do not follow two
+        one-step-per-run claims on one counter (alternative step ops, such
+        as a builder's ``update_op`` and ``per_group`` ops: a run of both
+        fails at run time; with fetches that run is what is audited)."""
+        if self.model.exclusive(self.model.conditions(first), self.model.conditions(second)):
+            return False
+        return self.fetched or not self.facts.claim_exclusive(first, second)
 
     def train_updates(self):
         return dict((op, var) for op, var in self.facts.train_updates.items()
@@ -358,16 +365,18 @@ def check_unsaved_scale(context):
     before the manager: its default var_list, the global variables that
     existed then, cannot hold them, so the fix is to create it later, not
     to touch its var_list. State made before the Saver and left out means
-    an explicit var_list without it.
+    an explicit var_list without it. Each finding names the Saver (its
+    scope and filename tensor) and says which other Saver, if any, does
+    save the state: a script may keep its authors' early Saver unused
+    beside the one it checkpoints with.
     """
     facts, model = context.facts, context.model
     state = facts.scale_state.union(facts.flag_vars, facts.accumulators) - model.collections.local
     if not facts.scale_state:
         return []
+    savers = [saver for saver in facts.savers() if saver.saved & facts.trainable]
     found = []
-    for saver in facts.savers():
-        if not saver.saved & facts.trainable:
-            continue
+    for saver in savers:
         missing = sorted(state - saver.saved)
         if not missing:
             continue
@@ -377,27 +386,50 @@ def check_unsaved_scale(context):
         if late:
             others = sorted(v for v in facts.variables - saver.saved - state
                             - model.collections.local if model.position(v) > made)
+            fix = ("create the Saver after build() (tf.train.Saver() last, once the "
+                   "whole training graph is built)")
             found.append(Finding(
                 "NLS006-unsaved-scale", "warning",
-                "Saver %r was created before the loss-scale state %s (before "
+                "Saver %s was created before the loss-scale state %s (before "
                 "build(), or before the manager), and a Saver made without var_list "
-                "saves only the variables that exist when it is made, so it does "
-                "not save them%s and a restored run restarts from the initial scale "
-                "and counters; create the Saver after build() (tf.train.Saver() "
-                "last, once the whole training graph is built)."
-                % (saver.name, ", ".join(late),
+                "saves only the variables that exist when it is made, so this Saver "
+                "does not save them%s and a run restored from its checkpoints "
+                "restarts from the initial scale and counters; %s."
+                % (_saver_label(saver), ", ".join(late),
                    " (nor %d other variable(s) made after it, e.g. %s)"
-                   % (len(others), _some(others, 4)) if others else ""),
+                   % (len(others), _some(others, 4)) if others else "",
+                   _other_saver_fix(savers, saver, late, fix)),
                 tuple(late + saver.saves)))
         if early:
+            fix = ("leave var_list out (save every global variable) or add these "
+                   "variables to it")
             found.append(Finding(
                 "NLS006-unsaved-scale", "warning",
-                "Saver %r does not save the loss-scale state %s, so a restored "
-                "run restarts from the initial scale and counters; leave var_list "
-                "out (save every global variable) or add these variables to it."
-                % (saver.name, ", ".join(early)),
+                "Saver %s does not save the loss-scale state %s, so a run restored "
+                "from its checkpoints restarts from the initial scale and counters; %s."
+                % (_saver_label(saver), ", ".join(early),
+                   _other_saver_fix(savers, saver, early, fix)),
                 tuple(early + saver.saves)))
     return found
+
+
+def _saver_label(saver):
+    """'save' (filename tensor 'save/Const:0'): how a Saver is named."""
+    if saver.filename:
+        return "%r (filename tensor %r)" % (saver.name, saver.filename)
+    return repr(saver.name)
+
+
+def _other_saver_fix(savers, saver, variables, fix):
+    """``fix``, preceded by the Savers that do save ``variables`` if any."""
+    keeping = [other for other in savers
+               if other is not saver and set(variables) <= other.saved]
+    if not keeping:
+        return fix
+    return ("Saver %s does save %s: if that is the Saver you checkpoint with, delete "
+            "this unused one (nothing is lost), else %s"
+            % (" and ".join(_saver_label(other) for other in keeping),
+               "it" if len(variables) == 1 else "them", fix))
 
 
 # -- NLS007 ----------------------------------------------------------------------
@@ -525,44 +557,138 @@ def check_double_updates(context):
 
 # -- NLS011 ----------------------------------------------------------------------
 
+#: One manager's state updated by several update ops: the state variables,
+#: the names of the updates, and the step ops a user fetches that run them.
+SharedState = collections.namedtuple("SharedState", ["variables", "updates", "step_ops"])
+
+
 def check_double_scale_updates(context):
-    """A manager's state written by two update ops that run together.
+    """A manager's state written by several update ops.
 
     One update of a manager writes each state variable at most once per run:
     its writes of one variable sit in branches that exclude each other
     (grow or count, back off or count). Two writes of one state variable
-    that can run in the same step come from two updates of the same
-    manager: one manager shared by two optimizers or builders, one
-    LossScaleOptimizer used for two minimize calls, a builder's per_group
-    op fetched with its update_op (or two per_group ops). The updates are
+    therefore come from two updates of the same manager: one manager shared
+    by two optimizers or builders, one LossScaleOptimizer used for two
+    minimize calls, a builder's update_op and per_group ops. The updates are
     told apart by the overflow checks their writes decide on.
+
+    An error when the fetched run holds two updates that can run together
+    (the scale would move twice per run); otherwise, when the graph holds
+    several, one info naming the step ops that must not be fetched together
+    (fine in separate session.runs, as alternating GAN loops run them).
     """
-    facts, model = context.facts, context.model
+    facts = context.facts
     clashes = collections.OrderedDict()  # update-op names -> state variables
+    shared = collections.OrderedDict()   # SharedState key -> state variables
     for var in sorted(facts.scale_state):
-        writes = sorted(w for w in facts.mutations.get(var, ()) if w in context.run)
+        every = sorted(facts.mutations.get(var, ()))
+        writes = [w for w in every if w in context.run]
         clashing = set()
         for first, second in itertools.combinations(writes, 2):
             if context.co_runnable(first, second):
                 clashing |= set([first, second])
-        if clashing:
+        if clashing and context.fetched:
             clashes.setdefault(_update_ops(context, clashing), []).append(var)
+            continue
+        updates = _update_ops(context, every)
+        if len(updates) > 1:
+            shared.setdefault((updates, _step_ops(context, every)), []).append(var)
     found = []
     for updates, variables in clashes.items():
         found.append(Finding(
-            "NLS011-double-scale-update", context.run_severity("error"),
-            "the loss-scale state %s is updated by %d update ops in one step%s (%s), "
+            "NLS011-double-scale-update", "error",
+            "the loss-scale state %s is updated by %d update ops in one step (%s), "
             "so one manager counts each step more than once and its scale grows or "
             "backs off too fast (one manager shared by two optimizers or builders, "
             "one LossScaleOptimizer used for two minimize calls, or a builder's "
-            "per_group op fetched with its update_op); update each manager once per "
-            "session.run: add every optimizer to one MultiOptimizerLossScale and "
-            "fetch its update_op (or one per_group op per run), or give each "
-            "optimizer its own manager if independent scales are meant."
-            % (", ".join(variables), max(len(updates), 2), _if_run_together(context),
-               _some(list(updates), 4)),
+            "per_group op fetched with its update_op)%s; update each manager once per "
+            "session.run: fetch one of these step ops per run (alternating runs are "
+            "fine), or add every optimizer to one MultiOptimizerLossScale and fetch "
+            "its update_op, or give each optimizer its own manager if independent "
+            "scales are meant."
+            % (", ".join(variables), max(len(updates), 2), _some(list(updates), 4),
+               _refused_note(context, variables)),
             tuple(variables) + updates))
+    if shared:
+        found.append(_shared_manager_note(context, shared))
     return found
+
+
+def _refused_note(context, variables):
+    """Says that the run fails at run time when the clashing writes follow
+    one-step-per-run claims on one counter."""
+    facts = context.facts
+    writes = [w for v in variables for w in facts.mutations.get(v, ()) if w in context.run]
+    if any(facts.claim_exclusive(a, b) for a, b in itertools.combinations(writes, 2)):
+        return (" (these step ops claim the run, so such a session.run fails with an "
+                "InvalidArgumentError, after one of them may have applied)")
+    return ""
+
+
+def _shared_manager_note(context, shared):
+    """The one info finding for managers that several step ops update."""
+    facts = context.facts
+    parts, ops, refused = [], [], True
+    for (updates, step_ops), variables in shared.items():
+        parts.append("%s by %s" % (", ".join(variables), _some(list(step_ops), 6)))
+        ops.extend(variables)
+        ops.extend(step_ops)
+        writes = [w for v in variables for w in facts.mutations.get(v, ())]
+        refused = refused and all(
+            facts.claim_exclusive(a, b) for a, b in itertools.combinations(writes, 2)
+            if not context.model.exclusive(context.model.conditions(a),
+                                           context.model.conditions(b)))
+    what = ("the library refuses such a run at run time (InvalidArgumentError; one "
+            "of them may have applied first)" if refused
+            else "such a run updates the scale twice (NLS011 error with those fetches)")
+    return Finding(
+        "NLS011-double-scale-update", "info",
+        "several step ops update one loss-scale manager (%s): that is right when each "
+        "session.run fetches one of them, as an alternating GAN loop does, but never "
+        "fetch two of them in one session.run: %s." % ("; ".join(parts), what),
+        _sorted(ops))
+
+
+def _step_ops(context, writes):
+    """The ops a user fetches that run ``writes``: the nodes without
+    consumers among the writes' dependents (all edges), leaving out reads
+    of a variable (a manager reading its state back), sorted."""
+    model = context.model
+    consumers = _consumers(context)
+    seen, stack, sinks = set(), list(writes), set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        after = consumers.get(name, ())
+        if not after and not _reads_a_variable(model, name):
+            sinks.add(_outermost(model, name))
+        stack.extend(after)
+    return tuple(sorted(sinks))
+
+
+def _reads_a_variable(model, name):
+    node = model.nodes[name]
+    return node.type in _READ_TYPES and bool(node.inputs) and (
+        model.nodes.get(node.inputs[0][0]) is not None
+        and model.nodes[node.inputs[0][0]].type in _graph.VARIABLE_TYPES)
+
+
+_READ_TYPES = frozenset(["ReadVariableOp", "Identity", "RefIdentity", "Snapshot"])
+
+
+def _consumers(context):
+    """dict node -> the nodes that wait for it (all edges), built once."""
+    cached = getattr(context, "_consumer_map", None)
+    if cached is None:
+        cached = {}
+        for name in context.model.nodes:
+            for dep in context.model.all_deps(name):
+                cached.setdefault(dep, []).append(name)
+        context._consumer_map = cached  # pylint: disable=protected-access
+    return cached
 
 
 def _update_ops(context, writes):
@@ -615,7 +741,10 @@ def needs_fetches_note():
     return Finding(
         "NLS000-needs-fetches", "info",
         "no fetches were given, so the whole graph was audited as one run: "
-        "NLS001, NLS005, NLS010 and NLS011 are warnings about ops that would "
-        "clash if run together, and NLS002 counts every train op in the graph; pass the ops you "
-        "run in one session.run as fetches (--fetch NAME) to confirm them.",
+        "NLS001, NLS005 and NLS010 are warnings about ops that would clash if run "
+        "together (except step ops whose run-time claims refuse a run of both, such "
+        "as a builder's update_op and per_group ops: alternatives, not one run), "
+        "NLS011 is an info naming the step ops that update one manager, and NLS002 "
+        "counts every train op in the graph; pass the ops you run in one "
+        "session.run as fetches (--fetch NAME) to confirm them.",
         ())

@@ -17,8 +17,10 @@ from npu_lossscale.backends import DATA_INPUT_TYPES
 __all__ = ["CHECK_TYPES", "COLLECTIVE_TYPES", "Facts", "STATUS_TYPES", "SaverUse"]
 
 #: One Saver of the graph: its name (top name scope), its save op names,
-#: and the set of variables it saves.
-SaverUse = collections.namedtuple("SaverUse", ["name", "saves", "saved"])
+#: the set of variables it saves, and the name of its filename tensor (the
+#: checkpoint prefix ``Saver.save`` feeds; None where the graph does not
+#: show one).
+SaverUse = collections.namedtuple("SaverUse", ["name", "saves", "saved", "filename"])
 
 STATUS_READ_TYPES = frozenset(["NpuGetFloatStatus", "NpuGetFloatStatusV2"])
 STATUS_CLEAR_TYPES = frozenset(["NpuClearFloatStatus", "NpuClearFloatStatusV2"])
@@ -62,6 +64,8 @@ _SCALE_STATE_NAMES = re.compile(
 _GLOBAL_STEP_NAME = re.compile(r"(^|/)global_step$")
 
 DT_HALF = tf.float16.as_datatype_enum
+_INTEGER = frozenset([tf.int32.as_datatype_enum, tf.int64.as_datatype_enum])
+_ADD_TYPES = frozenset(["AssignAdd", "AssignAddVariableOp"])
 _FLOATING = frozenset([tf.float16.as_datatype_enum, tf.float32.as_datatype_enum,
                        tf.float64.as_datatype_enum, tf.bfloat16.as_datatype_enum])
 
@@ -111,7 +115,8 @@ class Facts(object):
       trainable: trainable variables (the collection; without collections,
         the variables an optimizer apply op updates).
       mutations: dict variable -> names of the ops that write it, leaving
-        out initializers and restores (``Facts._is_mutation_counted``).
+        out initializers and restores (``Facts._is_mutation_counted``) and
+        the writes of one-step-per-run claims (their counters).
       target: dict mutation op -> the variable it writes.
       checked: names of nodes whose value derives (data edges) from an
         overflow check: ``IsFinite``/``IsInf``/``IsNan`` or a float-status
@@ -131,6 +136,8 @@ class Facts(object):
         gradient-derived value (gradient accumulation).
       train_updates: dict op -> variable, for optimizer apply ops and
         gradient-derived writes of trainable variables.
+      claims: dict claim (an ``Assert`` node) -> its counter variable, for
+        run-time one-step-per-run claims (``Facts._find_claims``).
     """
 
     def __init__(self, model):
@@ -152,6 +159,10 @@ class Facts(object):
         if not model.collections.trainable:
             self.trainable = set(v for op, v in self.target.items()
                                  if _graph.is_optimizer_apply(nodes[op].type))
+        self.claims, bookkeeping = self._find_claims()
+        self._claim_sets = None
+        for op in bookkeeping:  # the claims' own counting, not an update
+            self.mutations[self.target.pop(op)].remove(op)
         self.checked = self._derived(
             lambda n: nodes[n].type in CHECK_TYPES and not _is_shim_internal(n))
         self.seeds = self._find_seeds()
@@ -324,6 +335,83 @@ class Facts(object):
             losses |= self.seeds_of(dep)
         return losses
 
+    # -- one-step-per-run claims ---------------------------------------------
+
+    def _find_claims(self):
+        """The run-time claims of the graph: ``Assert(Equal(a, b))`` where one
+        side derives from an add to a non-trainable integer counter that
+        counts within the run: the other side reads the counter without the
+        add (the count at the run's start), or the add follows a write of
+        the counter that is not an add (its reset at the run's start).
+
+        This is the shape of the library's claims (``npu_lossscale.claims``):
+        each step op adds one to the counter before its first write and
+        asserts that it is the run's only claim, so of two claims on one
+        counter in a run one fails the run, and the writes that follow it
+        never run.
+
+        Returns:
+          (dict from Assert node name to the counter variable's name, the
+          set of the claims' own writes: the counters' adds and resets and
+          whatever else non-trainable the claims write, bookkeeping that no
+          check reports).
+        """
+        model = self.model
+        adds = dict((op, var) for op, var in self.target.items()
+                    if model.nodes[op].type in _ADD_TYPES and var not in self.trainable
+                    and model.dtype_enum(var) in _INTEGER and not self.is_global_step(var))
+        claims, bookkeeping = {}, set()
+        if not adds:
+            return claims, bookkeeping
+        stop = lambda n: n in self.variables
+        for name, node in model.nodes.items():
+            if node.type != "Assert" or not node.inputs:
+                continue
+            equal = model.nodes.get(node.inputs[0][0])
+            if equal is None or equal.type != "Equal" or len(equal.inputs) != 2:
+                continue
+            sides = [model.ancestors([source], stop=stop) for source, _ in equal.inputs]
+            for add, var in adds.items():
+                for this, other in (sides, sides[::-1]):
+                    if add not in this or add in other:
+                        continue
+                    reset = any(w != add and w in this and model.nodes[w].type not in _ADD_TYPES
+                                for w in self.mutations.get(var, ()))
+                    if var in other or reset:
+                        claims[name] = var
+            if name in claims:
+                bookkeeping |= set(
+                    w for w in model.ancestors([name], stop=stop)
+                    if w in self.target and self.target[w] not in self.trainable)
+        return claims, bookkeeping
+
+    def claims_followed(self, name):
+        """The claims (``Assert`` node names) that a node waits for (all
+        edges), as a frozenset."""
+        if not self.claims:
+            return frozenset()
+        if self._claim_sets is None:
+            model = self.model
+            sets, empty = {}, frozenset()
+            for node in model.topological(model.all_deps):
+                found = set([node]) if node in self.claims else set()
+                for dep in model.all_deps(node):
+                    found |= sets.get(dep, empty)
+                sets[node] = frozenset(found) if found else empty
+            self._claim_sets = sets
+        return self._claim_sets.get(name, frozenset())
+
+    def claim_exclusive(self, first, second):
+        """True when two nodes follow different claims on one counter: a
+        run that would run both fails at the later claim, before the writes
+        that follow it (one of the two steps may have run first)."""
+        claimed = {}
+        for claim in self.claims_followed(first) | self.claims_followed(second):
+            claimed.setdefault(self.claims[claim], set()).add(claim)
+        first_vars = set(self.claims[c] for c in self.claims_followed(first))
+        second_vars = set(self.claims[c] for c in self.claims_followed(second))
+        return any(len(claimed[var]) > 1 for var in first_vars & second_vars)
+
     # -- gates, sources, savers -----------------------------------------------
 
     def gates(self, op):
@@ -363,18 +451,30 @@ class Facts(object):
             saves = [n for n in model.ancestors([root]) if n in save_nodes]
             if saves:
                 covered |= set(saves)
-                result.append((root.split("/")[0], saves))
+                result.append((root.split("/")[0], saves, saver_def.filename_tensor_name))
         leftovers = {}
         for name in save_nodes:
             if name not in covered:
                 leftovers.setdefault(name.split("/")[0], []).append(name)
-        result.extend(sorted(leftovers.items()))
+        result.extend((scope, saves, None) for scope, saves in sorted(leftovers.items()))
         named = []
-        for saver, saves in result:
+        for saver, saves, filename in result:
             saved = set()
             for save in saves:
                 node = model.nodes[save]
                 sources = [s for s, _ in node.inputs[SAVE_TYPES[node.type]:]]
                 saved |= model.ancestors(sources, data_only=True) & self.variables
-            named.append(SaverUse(saver, sorted(saves), saved))
+            named.append(SaverUse(saver, sorted(saves), saved,
+                                  filename or self._prefix_input(saves[0])))
         return named
+
+    def _prefix_input(self, save):
+        """The placeholder a save op's prefix comes from (``<scope>/Const:0``
+        for a ``tf.train.Saver``), as a tensor name, or None."""
+        node = self.model.nodes[save]
+        if not node.inputs:
+            return None
+        for name in sorted(self.model.ancestors([node.inputs[0][0]], data_only=True)):
+            if self.model.nodes[name].type in ("PlaceholderWithDefault", "Placeholder"):
+                return name + ":0"
+        return None
