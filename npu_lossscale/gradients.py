@@ -17,6 +17,16 @@ from npu_lossscale import managers as _managers
 #: benchmarks/small_tensor_reads.py).
 SMALL_GRADIENT_ELEMENTS = 16384
 
+#: The scales ``check_scale`` accepts: those whose inverse is a normal float32
+#: too, 2**-126 to 2**126. Then both have full precision and unscaling by a
+#: power of two is exact. Outside it TF's CPU kernels flush the subnormal
+#: (the scale below, the inverse above) to zero: a scale of 0 makes the
+#: unscaled gradients NaN, an inverse of 0 applies zero gradients as a finite
+#: step. NaN and inf skip every step. Scales below 1 are accepted: PyTorch's
+#: GradScaler may back off below 1, and they suit float32 gradients (with
+#: float16 ones, small gradients flush to 0 there: the manager's choice).
+SCALE_RANGE = (2.0 ** -126, 2.0 ** 126)
+
 
 class Scale(collections.namedtuple("Scale", ["value", "inverse", "is_unit"])):
     """One manager's loss scale for this step.
@@ -44,10 +54,17 @@ def scale_snapshot(manager):
     overwrites in place.
 
     For a manager that is not one of this package's (custom, contrib's,
-    npu_bridge's), the snapshot waits for ``check_scale``: a scale of 0 or
-    NaN fails the run before anything of the step runs. This package's
-    managers cannot produce either (``managers.keeps_scale_positive``) and
-    get no check.
+    npu_bridge's), the snapshot waits for ``check_scale``: a scale outside
+    ``SCALE_RANGE`` (0, negative, NaN, inf, a float64 or float16 value that
+    is inf in float32) fails the run before anything of the step runs. This
+    package's managers get no check (``managers.keeps_scale_positive``).
+
+    The tensors made here (the float32 cast, the snapshot) and, for this
+    package's managers, the tensor ``get_loss_scale()`` returned cannot be
+    fed (``Graph.prevent_feeding``): a ``feed_dict`` entry for them makes
+    ``session.run`` raise ValueError before the step runs, where a fed 0
+    used to apply NaN weights. A custom manager's own tensor may still be
+    fed (a placeholder may be its design): the check reads the fed value.
 
     Args:
       manager: a loss-scale manager.
@@ -75,21 +92,31 @@ def scale_snapshot(manager):
             "the loss-scale manager %r returned a scale of shape %s from "
             "get_loss_scale(); one step uses one scalar scale. Return a scalar, "
             "e.g. tf.reshape(scale, [])." % (manager, scale.shape))
+    own = _managers.keeps_scale_positive(manager)
+    if own:
+        _prevent_feeding(scale)
     if scale.dtype.base_dtype != tf.float32:
-        scale = tf.cast(scale, tf.float32)
-    checks = [] if _managers.keeps_scale_positive(manager) else [check_scale(manager, scale)]
+        scale = _prevent_feeding(tf.cast(scale, tf.float32))
+    checks = [] if own else [check_scale(manager, scale)]
     with tf.control_dependencies(checks):
-        return tf.raw_ops.Snapshot(input=scale, name="scale")
+        return _prevent_feeding(tf.raw_ops.Snapshot(input=scale, name="scale"))
+
+
+def _prevent_feeding(tensor):
+    """``tensor``, which ``session.run`` now refuses to take from a feed_dict."""
+    tensor.graph.prevent_feeding(tensor)
+    return tensor
 
 
 def check_scale(manager, scale):
-    """The run-time check that a manager's scale is above 0 (so not NaN).
+    """The run-time check that a manager's scale lies in ``SCALE_RANGE``.
 
     A scale of 0 zeroes every scaled gradient and makes its unscaled value
-    NaN (0 * inf); a NaN scale makes every gradient NaN, so every step is
-    skipped without a word. ``scale > 0`` is false for both (and for a
-    negative scale), so one comparison and one ``Assert`` op (no cond guard)
-    catch them.
+    NaN (0 * inf); a NaN or infinite scale makes every gradient non-finite,
+    so every step is skipped without a word; above 2**126 the inverse is
+    subnormal, read as 0. The two comparisons are false for all of them (NaN
+    compares false), for negative and for subnormal scales; one ``Assert`` op
+    (no cond guard) fails the run on them.
 
     Args:
       manager: the manager the scale comes from (its class names the error).
@@ -99,15 +126,17 @@ def check_scale(manager, scale):
       The ``Assert`` op; it fails the run with InvalidArgumentError, printing
       the manager's class, the scale and the fix.
     """
+    low, high = SCALE_RANGE
     message = (
-        "npu_lossscale: the loss-scale manager %s returned a loss scale that is "
-        "not > 0 from get_loss_scale(); 0 turns the unscaled gradients into NaN "
-        "and NaN skips every step. Keep the scale finite and >= 1 in its "
-        "update_loss_scale (e.g. tf.maximum(new_scale, 1.0), as "
-        "DynamicLossScaleManager does), or use one of npu_lossscale's managers. "
-        "The scale was:" % type(manager).__name__)
+        "npu_lossscale: the loss-scale manager %s returned a loss scale outside "
+        "[2**-126, 2**126] from get_loss_scale() (0 makes the gradients NaN, NaN "
+        "and inf skip every step, beyond 2**126 1/scale flushes to 0). Keep it "
+        "there in its update_loss_scale, e.g. tf.clip_by_value(new_scale, 1.0, "
+        "2.0 ** 64). The scale was:"
+        % type(manager).__name__)
+    in_range = tf.logical_and(tf.greater_equal(scale, low), tf.less_equal(scale, high))
     # The raw op: tf.Assert would wrap a float datum in a cond guard.
-    return tf.raw_ops.Assert(condition=tf.greater(scale, 0.0), data=[message, scale],
+    return tf.raw_ops.Assert(condition=in_range, data=[message, scale],
                              summarize=1, name="check_scale")
 
 
@@ -119,12 +148,12 @@ def read_scale(manager):
 
     Returns:
       A ``Scale``; ``inverse`` is None when the manager declares the constant
-      scale 1 (``static_loss_scale == 1``).
+      scale 1 (``static_loss_scale == 1``). Neither tensor can be fed.
     """
     value = scale_snapshot(manager)
     if getattr(manager, "static_loss_scale", None) == 1.0:
         return Scale(value, None, True)
-    return Scale(value, tf.reciprocal(value, name="inv_scale"), False)
+    return Scale(value, _prevent_feeding(tf.reciprocal(value, name="inv_scale")), False)
 
 
 def read_scales(plan):

@@ -5,8 +5,9 @@ first run that meets it, before any weight moves.
 
 * ``check_floor`` with a session of another graph, or no session.
 * a custom ``update_loss_scale`` that returns no op (None, a number...).
-* a custom scale of 0 (NaN weights before) or NaN (every step skipped, no
-  word): the run fails and no weight, slot, statistic or step moves.
+* a custom scale outside [2**-126, float32 max]: 0 (NaN weights before),
+  NaN or inf (every step skipped, no word), negative or subnormal: the run
+  fails and no weight, slot, statistic or step moves.
 """
 
 import numpy as np
@@ -122,13 +123,13 @@ def test_update_returning_an_op_a_tensor_or_an_assign_runs(graph, path, form):
         assert sess.run(counter) == 2.0
 
 
-# -- a custom scale of 0 or NaN ---------------------------------------------------
+# -- a custom scale outside [2**-126, float32 max] ---------------------------------
 
 class _StoredScale(object):
     """A custom manager whose scale is a variable the test sets."""
 
-    def __init__(self, value):
-        self.scale = tf.Variable(value, trainable=False, name="custom_scale")
+    def __init__(self, value, dtype=tf.float32):
+        self.scale = tf.Variable(value, trainable=False, name="custom_scale", dtype=dtype)
 
     def get_loss_scale(self):
         return self.scale.read_value()
@@ -148,27 +149,104 @@ def _state(sess, model, optimizer):
     return [np.array(value) for value in sess.run(variables)]
 
 
+#: (dtype of the custom scale, a good scale, the bad one as a function of the
+#: variable, what the message prints). All but zero, nan and negative were
+#: silent before: every step skipped (inf), or the scale or its inverse
+#: outside float32's normal range, flushed to 0, accepted.
+_BAD_SCALES = {
+    "zero": (tf.float32, 4.0, lambda v: 0.0, "[0]"),
+    "nan": (tf.float32, 4.0, lambda v: float("nan"), "[nan]"),
+    "negative": (tf.float32, 4.0, lambda v: -4.0, "[-4]"),
+    "inf": (tf.float32, 4.0, lambda v: float("inf"), "[inf]"),
+    "float64_1e39": (tf.float64, 4.0, lambda v: 1e39, "[inf]"),  # inf in float32
+    "float16_overflowed": (tf.float16, 2.0 ** 15, lambda v: v * 2, "[inf]"),  # 65536
+    # TF's CPU kernels flush subnormals to zero (ScopedFlushDenormal): read as 0.
+    "subnormal": (tf.float32, 4.0, lambda v: 2.0 ** -127, "[0]"),
+    # Its inverse, 2**-127, is subnormal: read as 0, it zeroed every gradient.
+    "above_2**126": (tf.float32, 4.0, lambda v: 2.0 ** 127, "[1.70141"),
+    "float32_max": (tf.float32, 4.0, lambda v: FLOAT32_MAX, "[3.40282"),
+}
+
+
 @pytest.mark.parametrize("path", ["builder", "optimizer"])
-@pytest.mark.parametrize("bad", [0.0, float("nan")])
-def test_custom_scale_of_zero_or_nan_fails_the_run_and_moves_nothing(graph, path, bad):
-    """Before: the builder applied NaN weights at 0 and advanced global_step;
-    LossScaleOptimizer and NaN skipped every step without a word."""
-    manager = _StoredScale(4.0)
+@pytest.mark.parametrize("bad", sorted(_BAD_SCALES))
+def test_custom_scale_outside_the_range_fails_the_run_and_moves_nothing(graph, path, bad):
+    """Before: the builder applied NaN weights at 0, NaN and inf skipped every
+    step without a word, a subnormal scale or inverse was taken."""
+    dtype, good, make_bad, printed = _BAD_SCALES[bad]
+    manager = _StoredScale(good, dtype)
     optimizer = tf.train.AdamOptimizer(0.1)
     update, model = _build(manager, path, optimizer)
+    spoil = manager.scale.assign(make_bad(manager.scale))
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
-        sess.run(update, model.feed)  # a good step: the check lets 4 through
+        sess.run(update, model.feed)  # a good step: the check lets it through
         before = _state(sess, model, optimizer)
         assert before[-1] == 1
-        sess.run(manager.scale.assign(bad))
+        sess.run(spoil)
         with pytest.raises(tf.errors.InvalidArgumentError) as error:
             sess.run(update, model.feed)
         after = _state(sess, model, optimizer)
-    _message_has(error, "_StoredScale", "not > 0", "tf.maximum(new_scale, 1.0)",
-                 "[%s]" % ("0" if bad == 0 else "nan"))
+    _message_has(error, "_StoredScale", "outside [2**-126, 2**126]",
+                 "tf.clip_by_value(new_scale, 1.0, 2.0 ** 64)", printed)
     for old, new in zip(before, after):
         assert old.tobytes() == new.tobytes()
+
+
+def test_the_range_is_where_the_scale_and_its_inverse_are_normal():
+    """SCALE_RANGE's ends are float32's smallest normal and its inverse. TF
+    reads a subnormal as 0: one binade outside, the scale (below) or
+    ``tf.reciprocal`` of it (above) is 0 in TF, while both ends are exact."""
+    from npu_lossscale.gradients import SCALE_RANGE  # pylint: disable=import-outside-toplevel
+    low, high = SCALE_RANGE
+    assert low == np.finfo(np.float32).tiny and high == 1 / low
+    with tf.Graph().as_default():
+        scales = tf.constant([low / 2, low, high, high * 2], tf.float32)
+        with tf.Session() as sess:
+            seen, inverse = sess.run([scales + 0.0, tf.reciprocal(scales)])
+    assert seen.tolist() == [0.0, low, high, high * 2]
+    assert inverse.tolist() == [float("inf"), high, low, 0.0]
+
+
+@pytest.mark.parametrize("path", ["builder", "optimizer"])
+@pytest.mark.parametrize("scale", [2.0 ** -20, 2.0 ** 100])
+def test_custom_scale_below_one_is_accepted_and_trains_exactly(path, scale):
+    """A scale below 1 is legitimate (PyTorch's GradScaler may back off below
+    1); with float32 gradients and a power of two, scaling and unscaling are
+    exact: three steps at 2**-20 (and at 2**100) equal an unscaled twin's
+    (plain Adam) bit for bit."""
+    def run(use_manager):
+        with tf.Graph().as_default():
+            optimizer = tf.train.AdamOptimizer(0.1)
+            if use_manager:
+                update, model = _build(_StoredScale(scale), path, optimizer)
+            else:
+                model = two_group_gan()
+                update = optimizer.minimize(
+                    model.g_loss, var_list=model.g_vars,
+                    global_step=tf.train.get_or_create_global_step())
+            with tf.Session() as sess:
+                sess.run(tf.global_variables_initializer())
+                for _ in range(3):
+                    sess.run(update, model.feed)
+                return _state(sess, model, optimizer)
+
+    scaled, plain = run(True), run(False)
+    assert scaled[-1] == 3
+    for ours, twin in zip(scaled, plain):
+        assert ours.tobytes() == twin.tobytes()
+
+
+@pytest.mark.parametrize("path", ["builder", "optimizer"])
+@pytest.mark.parametrize("scale", [2.0 ** -126, 2.0 ** 126])
+def test_custom_scale_at_the_ends_of_the_range_runs(graph, path, scale):
+    """The check lets both ends through, and the step applies (what it
+    applies at 2**-126, gradients flushed to 0, is the manager's choice)."""
+    update, model = _build(_StoredScale(scale), path)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(update, model.feed)
+        assert sess.run(tf.train.get_global_step()) == 1
 
 
 def _check_ops(graph):
@@ -221,3 +299,71 @@ def test_own_managers_keep_the_scale_in_range_at_the_extremes(graph, kind):
             assert np.isfinite(scale) and 1.0 <= scale <= FLOAT32_MAX, (value, scale)
         # The floor was reached, and the ceiling held off growth past float32.
         assert scale == 1.0
+
+
+# -- feeding the step's scale ------------------------------------------------------
+
+def _scale_tensors(graph):
+    """The step's scale tensors: the snapshot every use reads and its inverse."""
+    return [op.outputs[0] for op in graph.get_operations()
+            if (op.type, op.name.split("/")[-1]) in (("Snapshot", "scale"),
+                                                     ("Reciprocal", "inv_scale"))]
+
+
+@pytest.mark.parametrize("path", ["builder", "optimizer"])
+@pytest.mark.parametrize("fed", [0.0, 1.0])
+def test_the_steps_scale_cannot_be_fed_and_can_be_fetched(graph, path, fed):
+    """Before: feeding train.loss_scale=0 applied NaN weights with is_finite
+    True (and 1.0 silently trained at another scale). Now session.run refuses
+    the feed (TF's ValueError, "may not be fed") before anything runs, for the
+    snapshot and its inverse; fetching them still works."""
+    manager = nl.DynamicLossScaleManager(1024.0)
+    optimizer = tf.train.AdamOptimizer(0.1)
+    if path == "builder":
+        model = two_group_gan()
+        scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+        scaler.add(model.g_loss, optimizer, var_list=model.g_vars, name="g")
+        train = scaler.build(global_step=tf.train.get_or_create_global_step())
+        update, loss_scale = train.update_op, train.loss_scale
+    else:
+        update, model = _build(manager, path, optimizer)
+        loss_scale = None
+    tensors = _scale_tensors(graph)
+    assert len(tensors) == 2, tensors
+    if loss_scale is not None:
+        assert loss_scale in tensors
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        before = _state(sess, model, optimizer)
+        for tensor in tensors:
+            assert not graph.is_feedable(tensor)
+            feed = dict(model.feed)
+            feed[tensor] = fed
+            with pytest.raises(ValueError, match="may not be fed"):
+                sess.run(update, feed)
+        assert [a.tobytes() for a in _state(sess, model, optimizer)] == [
+            b.tobytes() for b in before]
+        assert sess.run(tensors) == [1024.0, 1.0 / 1024]
+        sess.run(update, model.feed)
+        assert sess.run(tf.train.get_global_step()) == 1
+
+
+@pytest.mark.parametrize("path", ["builder", "optimizer"])
+def test_a_custom_managers_own_scale_fed_is_checked(graph, path):
+    """A custom manager's own tensor may be fed (a placeholder may be its
+    design); a fed 0 fails the run at the scale check, and nothing moves."""
+    manager = _StoredScale(4.0)
+    optimizer = tf.train.AdamOptimizer(0.1)
+    update, model = _build(manager, path, optimizer)
+    (check,) = _check_ops(graph)
+    raw = [t for t in check.inputs if t.dtype == tf.float32]  # the scale it reads
+    assert len(raw) == 1 and graph.is_feedable(raw[0])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        before = _state(sess, model, optimizer)
+        feed = dict(model.feed)
+        feed[raw[0]] = 0.0
+        with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+            sess.run(update, feed)
+        assert [a.tobytes() for a in _state(sess, model, optimizer)] == [
+            b.tobytes() for b in before]
