@@ -122,7 +122,13 @@ def check_optimizer(optimizer, argument="optimizer"):
 
 
 def check_global_step(global_step):
-    """Raises TypeError unless ``global_step`` is None or an integer variable."""
+    """Checks the ``global_step`` a step is to advance.
+
+    Raises:
+      TypeError: unless ``global_step`` is None or an integer variable.
+      ValueError: for a variable of another graph than the default one (or
+        a graph it is nested in), which the step's ops cannot assign.
+    """
     if global_step is None:
         return
     dtype = getattr(global_step, "dtype", None)
@@ -130,6 +136,12 @@ def check_global_step(global_step):
         raise TypeError(
             "global_step must be None or an integer tf.Variable, got %r. Use "
             "tf.train.get_or_create_global_step()." % (global_step,))
+    if _of_another_graph(global_step):
+        raise ValueError(
+            "global_step %r belongs to another graph than the default one, in which "
+            "this step is built (made before tf.reset_default_graph() or in another "
+            "tf.Graph). Call tf.train.get_or_create_global_step() in the graph you "
+            "train in." % (global_step,))
 
 
 def is_variable(value):

@@ -145,6 +145,24 @@ class LossScaleOptimizer(tf.train.Optimizer):
         """The loss-scale manager."""
         return self._manager
 
+    def minimize(self, loss, global_step=None, var_list=None,
+                 gate_gradients=tf.train.Optimizer.GATE_OP, aggregation_method=None,
+                 colocate_gradients_with_ops=False, name=None, grad_loss=None):
+        """``tf.compat.v1.train.Optimizer.minimize``, with ``global_step``
+        checked before ``compute_gradients`` makes its first op.
+
+        Raises:
+          TypeError: if ``global_step`` is not None or an integer variable.
+          ValueError: if ``global_step`` is of another graph; as
+            ``apply_gradients`` otherwise.
+        """
+        _inputs.check_global_step(global_step)
+        return super(LossScaleOptimizer, self).minimize(
+            loss, global_step=global_step, var_list=var_list,
+            gate_gradients=gate_gradients, aggregation_method=aggregation_method,
+            colocate_gradients_with_ops=colocate_gradients_with_ops, name=name,
+            grad_loss=grad_loss)
+
     def compute_gradients(self, loss, var_list=None,
                           gate_gradients=tf.train.Optimizer.GATE_OP,
                           aggregation_method=None,

@@ -523,3 +523,29 @@ def test_variable_of_another_graph_in_var_list(graph):
                  "reset_default_graph", "as_default"):
         scaler.add(model.g_loss, tf.train.AdamOptimizer(),
                    var_list=model.g_vars + [stranger])
+
+
+@pytest.mark.parametrize("api", ["build", "minimize", "apply_gradients"])
+def test_global_step_of_another_graph(graph, api):
+    """Named, with the fix, before any op (was TF's raw "must be from the same
+    graph" from inside the step, after its ops were made)."""
+    model = two_group_gan()
+    with tf.Graph().as_default():
+        stranger = tf.train.get_or_create_global_step()
+    manager = nl.DynamicLossScaleManager()
+    if api == "apply_gradients":
+        grads = [(tf.ones_like(v), v) for v in model.g_vars]
+    before = len(graph.get_operations())
+    with _raises(ValueError, "global_step", repr(stranger), "another graph",
+                 "get_or_create_global_step() in the graph you train in"):
+        if api == "build":
+            scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+            scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars)
+            scaler.build(global_step=stranger)
+        else:
+            opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager, backend="is_finite")
+            if api == "minimize":
+                opt.minimize(model.g_loss, global_step=stranger, var_list=model.g_vars)
+            else:
+                opt.apply_gradients(grads, global_step=stranger)
+    assert len(graph.get_operations()) == before
