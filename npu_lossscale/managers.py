@@ -1025,7 +1025,9 @@ def convert_checkpoint(source, target, to="npu_lossscale"):
       source: prefix of the checkpoint to read (as given to ``Saver.restore``),
         a str or ``os.PathLike``.
       target: prefix to write the converted checkpoint to (its directory must
-        exist), a str or ``os.PathLike``.
+        exist), a str or ``os.PathLike``. Only the checkpoint's data and
+        index files are written: the directory's ``checkpoint`` state file
+        (``tf.train.latest_checkpoint``) is left as it is.
       to: "npu_lossscale" or "npu_bridge".
 
     Returns:
@@ -1034,9 +1036,10 @@ def convert_checkpoint(source, target, to="npu_lossscale"):
     Raises:
       TypeError: if ``source`` or ``target`` is not a path, or ``to`` not a str.
       ValueError: if ``to`` is not one of the two formats, ``source`` is not a
-        readable checkpoint, ``target``'s directory does not exist, or (with
-        ``to="npu_bridge"``) a name npu_bridge's layout needs is taken by
-        another tensor. Nothing is written then.
+        readable checkpoint, ``target``'s directory does not exist, is a file
+        or cannot be written, or (with ``to="npu_bridge"``) a name
+        npu_bridge's layout needs is taken by another tensor. Nothing is
+        written then.
     """
     if not isinstance(to, str):
         raise TypeError("to must be a str, one of %r, got %r (%s). Pass \"npu_lossscale\" "
@@ -1049,11 +1052,7 @@ def convert_checkpoint(source, target, to="npu_lossscale"):
                               "Pass what Saver.save returned, e.g. \"ckpt/model-1000\".")
     target = _checkpoint_path("target", target,
                               "Pass the prefix to write, e.g. \"converted/model-1000\".")
-    directory = os.path.dirname(target) or "."
-    if not tf.io.gfile.isdir(directory):
-        raise ValueError("target must be a prefix in an existing directory, got %r (%r "
-                         "does not exist). Create it first, e.g. os.makedirs(%r)."
-                         % (target, directory, directory))
+    _check_target_directory(target)
     try:
         reader = tf.train.load_checkpoint(source)
     except (ValueError, tf.errors.OpError) as error:
@@ -1073,8 +1072,44 @@ def convert_checkpoint(source, target, to="npu_lossscale"):
     return converted
 
 
+def _check_target_directory(target):
+    """Checks that ``target``'s directory exists and takes new files.
+
+    The check writes and removes an empty file there, as the checkpoint
+    writer would (``tf.io.gfile``, so remote file systems are checked too).
+
+    Raises:
+      ValueError: if the directory does not exist, is a file, or refuses
+        the file.
+    """
+    directory = os.path.dirname(target) or "."
+    if not tf.io.gfile.isdir(directory):
+        if tf.io.gfile.exists(directory):
+            raise ValueError("target must be a prefix in a directory, got %r: %r is a "
+                             "file, not a directory. Pass a prefix in an existing "
+                             "directory, e.g. %r." % (target, directory, os.path.join(
+                                 os.path.dirname(directory) or ".",
+                                 os.path.basename(target))))
+        raise ValueError("target must be a prefix in an existing directory, got %r (%r "
+                         "does not exist). Create it first, e.g. os.makedirs(%r)."
+                         % (target, directory, directory))
+    probe = os.path.join(directory, ".%s.npu_lossscale_write_test" % os.path.basename(target))
+    try:
+        with tf.io.gfile.GFile(probe, "w") as stream:
+            stream.write("")
+        tf.io.gfile.remove(probe)
+    except tf.errors.OpError as error:
+        raise ValueError("target must be a prefix in a writable directory, got %r (%s: "
+                         "%s). Pass a prefix in a directory you can write to."
+                         % (target, type(error).__name__, error.message))
+
+
 def _write_checkpoint(entries, target):
-    """Writes {name: ``_Tensor``} as a name-based checkpoint at ``target``."""
+    """Writes {name: ``_Tensor``} as a name-based checkpoint at ``target``:
+    its data and index files only. The directory's ``checkpoint`` state file
+    (which ``latest_checkpoint`` reads) is left as it is: a conversion into
+    the training directory must not replace the list of the user's
+    checkpoints."""
     with tf.Graph().as_default():
         feeds, variables = {}, {}
         for index, name in enumerate(sorted(entries)):
@@ -1086,4 +1121,4 @@ def _write_checkpoint(entries, target):
         saver = tf.train.Saver(var_list=variables)
         with tf.Session() as session:
             session.run([v.initializer for v in variables.values()], feeds)
-            saver.save(session, target, write_meta_graph=False)
+            saver.save(session, target, write_meta_graph=False, write_state=False)

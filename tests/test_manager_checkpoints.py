@@ -10,6 +10,8 @@ Both layouts are built by hand here, saved, converted and restored into the
 current managers; the npu_bridge one is also converted back.
 """
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -296,3 +298,79 @@ def test_path_like_arguments_are_accepted(tmp_path):
     assert convert_checkpoint(tmp_path / "old", tmp_path / "new") == [
         "dynamic_loss_scale/state", "exponential_loss_scale/state"]
     _assert_same_bytes(_tensors(saved), _tensors(str(tmp_path / "new")), ["w"])
+
+
+# -- issue 24: the training directory's state file; targets that cannot be written --
+
+def test_conversion_into_the_training_directory_leaves_its_state_file(tmp_path):
+    """Before: the converted checkpoint became ``latest_checkpoint`` and the
+    list of the user's checkpoints was lost. Now only the converted data and
+    index files are added; the state file keeps its bytes."""
+    with tf.Graph().as_default():
+        _old_layout()
+        saver = tf.train.Saver(max_to_keep=5)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            first = saver.save(sess, str(tmp_path / "model"), global_step=1000)
+            second = saver.save(sess, str(tmp_path / "model"), global_step=2000)
+    state_file = tmp_path / "checkpoint"
+    state_before = state_file.read_bytes()
+    files_before = set(p.name for p in tmp_path.iterdir())
+    assert convert_checkpoint(first, str(tmp_path / "converted-1000")) == [
+        "dynamic_loss_scale/state", "exponential_loss_scale/state"]
+    assert state_file.read_bytes() == state_before
+    assert tf.train.latest_checkpoint(str(tmp_path)) == second
+    assert list(tf.train.get_checkpoint_state(str(tmp_path)).all_model_checkpoint_paths) == [
+        first, second]
+    # The converted files, and nothing else (the write check leaves no file).
+    assert set(p.name for p in tmp_path.iterdir()) - files_before == {
+        "converted-1000.index", "converted-1000.data-00000-of-00001"}
+    with tf.Graph().as_default():
+        dynamic, _, _ = _new_managers()
+        with tf.Session() as sess:
+            tf.train.Saver().restore(sess, str(tmp_path / "converted-1000"))
+            assert sess.run(dynamic.variables[0]).tolist() == [512.0, 7.0, 0.0, 2.0]
+
+
+def test_a_target_whose_directory_is_a_file_says_so(tmp_path):
+    """Was: the file "does not exist"."""
+    saved = _save(_old_layout, str(tmp_path / "old"))
+    (tmp_path / "notes.txt").write_text("not a directory")
+    target = str(tmp_path / "notes.txt" / "converted")
+    with pytest.raises(ValueError) as raised:
+        convert_checkpoint(saved, target)
+    message = str(raised.value)
+    for fragment in ["target", repr(target), "is a file, not a directory",
+                     repr(str(tmp_path / "converted"))]:
+        assert fragment in message, (fragment, message)
+    assert "does not exist" not in message
+
+
+@pytest.mark.parametrize("where", ["read_only_directory", "sysfs"])
+def test_an_unwritable_target_is_a_value_error_naming_it(tmp_path, where):
+    """Was TF's raw NotFoundError/PermissionDeniedError from the Saver's
+    SaveV2 op. A directory without write permission (not for root, whom the
+    permission does not stop) and Linux's read-only /sys."""
+    saved = _save(_old_layout, str(tmp_path / "old"))
+    if where == "sysfs":
+        if not os.path.isdir("/sys"):
+            pytest.skip("no /sys on this system")
+        target = "/sys/npu_lossscale_converted"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only directories")
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        target = str(locked / "converted")
+    try:
+        with pytest.raises(ValueError) as raised:
+            convert_checkpoint(saved, target)
+    finally:
+        if where != "sysfs":
+            locked.chmod(0o700)
+    message = str(raised.value)
+    for fragment in ["target must be a prefix in a writable directory", repr(target),
+                     "Pass a prefix in a directory you can write to"]:
+        assert fragment in message, (fragment, message)
+    assert not tf.io.gfile.glob(target + "*")
