@@ -25,6 +25,7 @@ import warnings
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import inputs as _inputs
 from npu_lossscale.gradients import SMALL_GRADIENT_ELEMENTS, dense_values
 
@@ -194,8 +195,8 @@ class NpuFloatStatusBackend(object):
           An op named ``loss_scale/clear_status``.
         """
         graph = tf.get_default_graph()
-        record = _register(graph)
-        if record.clear is None:
+        state = _graph_state.of(graph)
+        if state.register_clear is None:
             gen = self._gen_ops
             # Outside any control context or dependency of the caller: the
             # clear must be free to run first.
@@ -205,39 +206,12 @@ class NpuFloatStatusBackend(object):
                         cleared = gen.npu_clear_float_status_v2()
                     else:
                         cleared = gen.npu_clear_float_status(gen.npu_alloc_float_status())
-                    record.clear = tf.group(cleared, name=scope)
-        return record.clear
+                    state.register_clear = tf.group(cleared, name=scope)
+        return state.register_clear
 
 
-class _Reader(collections.namedtuple("_Reader", ["owner", "what"])):
+class Reader(collections.namedtuple("Reader", ["owner", "what"])):
     """An object that reads the float-status register, and its description."""
-
-
-class _Register(object):
-    """What the library put in one graph for the float-status register.
-
-    Attributes:
-      clear: the graph's one clear op, or None before the first read.
-      readers: the ``_Reader`` records, in claim order.
-      ordered: the ops given ``clear`` as a control input, in order.
-    """
-
-    def __init__(self):
-        self.clear = None
-        self.readers = []
-        self.ordered = []
-
-
-def _register(graph):
-    """The ``_Register`` of ``graph``, kept on the graph object itself: it
-    lives and dies with the graph (a table keyed by graph would keep every
-    graph alive through its ops), and a graph collection would put Python
-    objects into exported meta graphs."""
-    record = getattr(graph, "_npu_lossscale_register", None)
-    if record is None:
-        record = _Register()
-        graph._npu_lossscale_register = record  # pylint: disable=protected-access
-    return record
 
 
 def order_after_clear(clear, tensors):
@@ -262,7 +236,7 @@ def order_after_clear(clear, tensors):
       clear: an op.
       tensors: tensors (or operations).
     """
-    record = _register(clear.graph)
+    state = _graph_state.of(clear.graph)
     passes = {}  # op -> whether it passes graph inputs on (_passes_on_input)
     seen, stack = set([clear]), [getattr(t, "op", t) for t in tensors]
     while stack:
@@ -280,8 +254,8 @@ def order_after_clear(clear, tensors):
                 and not _inside_loop(op)
                 and any(_is_graph_input(parent) or _passes_on_input(parent, passes)
                         for parent in parents)):
-            op._add_control_input(clear)  # pylint: disable=protected-access
-            record.ordered.append(op)
+            _graph_state.add_control_input(op, clear)
+            state.register_ordered.append(op)
         stack.extend(parent for parent in parents if parent not in seen)
 
 
@@ -362,22 +336,6 @@ DATA_INPUT_TYPES = frozenset([
 _FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
 
 
-def ordering_mark(graph=None):
-    """How many ops of ``graph`` have been ordered after its clear so far."""
-    return len(_register(graph or tf.get_default_graph()).ordered)
-
-
-def undo_ordering(mark, graph=None):
-    """Removes the clear from the control inputs of the ops ordered after
-    ``mark`` (an ``ordering_mark``), for a build that failed half-way."""
-    record = _register(graph or tf.get_default_graph())
-    for op in record.ordered[mark:]:
-        kept = [dep for dep in op.control_inputs if dep is not record.clear]
-        op._remove_all_control_inputs()  # pylint: disable=protected-access
-        op._add_control_inputs(kept)  # pylint: disable=protected-access
-    del record.ordered[mark:]
-
-
 def claim_register(owner, what):
     """Records that ``owner`` reads the float-status register in this graph,
     and warns when another object already does.
@@ -390,7 +348,7 @@ def claim_register(owner, what):
       owner: the reading object (a builder or a ``LossScaleOptimizer``).
       what: a short description of it, for the message.
     """
-    readers = _register(tf.get_default_graph()).readers
+    readers = _graph_state.of().register_readers
     if any(reader.owner is owner for reader in readers):
         return
     if readers:
@@ -403,7 +361,7 @@ def claim_register(owner, what):
             "(build(per_group_ops=True) for alternating runs), or fetch one of them per "
             "run." % (what, readers[0].what),
             UserWarning, stacklevel=3)
-    readers.append(_Reader(owner, what))
+    readers.append(Reader(owner, what))
 
 
 def _import_npu_gen_ops():

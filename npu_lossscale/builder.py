@@ -36,11 +36,14 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import _validation
 from npu_lossscale import backends as _backends
+from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
+from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import inputs as _inputs
 from npu_lossscale import manager_update as _manager_update
+from npu_lossscale import managers as _managers
 from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
 from npu_lossscale import window as _window
@@ -95,8 +98,8 @@ class TrainOps(collections.namedtuple(
         stays the joint step. Fetch one step op per ``session.run``: each is
         a whole step, so two of them (or one and ``update_op``) would apply
         a group twice. Such a run fails with an InvalidArgumentError that
-        says so, on every backend (``commit.OneStepPerRun``; one of the two
-        may have applied before the other failed). Empty otherwise.
+        says so, on every backend (``claims``; one of the two may have
+        applied before the other failed). Empty otherwise.
       skipped_steps: int64 scalar, the number of steps (windows) on which
         some group did not apply, before this run (as ``loss_scale`` is the
         scale before this run's update); fetching it alone runs no step. It
@@ -336,17 +339,24 @@ class MultiOptimizerLossScale(object):
         Raises:
           ValueError: if called twice, with no groups, in eager mode, when a
             group's loss reaches none of its variables, for
-            ``accumulation_steps`` < 1, or for groups sharing a loss under
-            ``skip_policy="per_group"`` on the npu backend, for a manager
-            another builder or ``LossScaleOptimizer`` already updates in this
-            graph, or on the
+            ``accumulation_steps`` < 1, for ``update_ops`` the gate cannot
+            hold (``commit.check_update_ops``), or for groups sharing a loss under
+            ``skip_policy="per_group"`` on the npu backend, or on the
             float-status register inside a ``tf.cond``/``tf.while_loop`` body
-            or a ``tf.function``. Every check runs
-            before the first op is made; a build that fails leaves the
-            builder as it was, so it can be called again.
+            or a ``tf.function``. Every check runs before the first op is
+            made; a build that fails later (inside TF, or a custom manager)
+            leaves the builder and the graph's variables as they were, so it
+            can be called again.
+
+        A manager may be shared with other builders and
+        ``LossScaleOptimizer``s: each ``session.run`` that fetches one of
+        their step ops updates it once. A run that fetches two step ops
+        updating one manager fails with an InvalidArgumentError before the
+        second one writes anything.
           TypeError: for a global_step that is not an integer variable, a
-            non-int ``accumulation_steps`` or a non-bool
-            ``count_skipped_steps``.
+            non-int ``accumulation_steps``, a non-bool
+            ``count_skipped_steps``, or an op name (a string) in
+            ``update_ops``.
         """
         _inputs.require_graph_mode("MultiOptimizerLossScale.build")
         if self._built:
@@ -356,30 +366,13 @@ class MultiOptimizerLossScale(object):
                 "returned instead of building again.")
         plan = self._plan(global_step, accumulation_steps, count_skipped_steps)
         update_ops = self._check_update_ops(update_ops, plan, per_group_ops)
-        what = "a MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
-        try:
-            for use in plan.managers:
-                if use.groups:  # a manager no group uses is read, never updated
-                    _inputs.claim_manager(use.manager, self, what)
-        except ValueError:
-            _inputs.release_managers(self)
-            raise
+        # A failed build leaves the graph's variables, the control inputs of
+        # the user's ops (the pivot gate's, the register clear's), the
+        # optimizers' slots and the library's records as they were.
+        with _graph_state.transaction(optimizers=[g.optimizer for g in plan.groups]):
+            train = self._build(plan, global_step, update_ops, per_group_ops)
         self._built = True
-        # The pivot gate adds a control input to the user's update ops, and
-        # the register backend orders the user's forward ops after its
-        # clear; a failed build must not leave either behind.
-        saved = [(op, list(op.control_inputs)) for ops in update_ops.values() for op in ops]
-        mark = _backends.ordering_mark()
-        try:
-            return self._build(plan, global_step, update_ops, per_group_ops)
-        except Exception:
-            self._built = False  # a retry starts afresh
-            _inputs.release_managers(self)
-            for op, inputs in saved:
-                op._remove_all_control_inputs()  # pylint: disable=protected-access
-                op._add_control_inputs(inputs)  # pylint: disable=protected-access
-            _backends.undo_ordering(mark)
-            raise
+        return train
 
     def _check_update_ops(self, update_ops, plan, per_group_ops):
         """``update_ops`` as a dict from group name (or "" for all) to ops."""
@@ -455,20 +448,16 @@ class MultiOptimizerLossScale(object):
 
     def _build(self, plan, global_step, update_ops, per_group_ops):
         """The joint step, then the per-group steps if asked."""
+        what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
         if self._backend.reads_register:
-            _backends.claim_register(self,
-                                     "a MultiOptimizerLossScale (groups %s)"
-                                     % ", ".join(plan.group_names))
+            _backends.claim_register(self, "a " + what)
         # Absolute ("loss_scale/"): a root op named "loss_scale" (npu_bridge's
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
-            # Several step ops write the same variables and managers: one
-            # run may fetch only one of them.
-            one_step = _commit.OneStepPerRun() if per_group_ops else None
             train = self._build_step(plan, global_step, skipped_steps,
                                      [op for ops in update_ops.values() for op in ops],
-                                     one_step)
+                                     "update_op of " + what)
             clear_status = self._backend.clear_status()
         per_group = {}
         if per_group_ops:
@@ -478,7 +467,7 @@ class MultiOptimizerLossScale(object):
                     # Copies: the originals already belong to update_op's gate.
                     step = self._build_step(alone, global_step, skipped_steps,
                                             _commit.Copies(update_ops.get(group.name, ())),
-                                            one_step)
+                                            "per_group[%s] of %s" % (group.name, what))
                 per_group[group.name] = step.update_op
         return train._replace(per_group=per_group, skipped_steps=skipped_steps.before,
                               clear_status=clear_status)
@@ -491,20 +480,17 @@ class MultiOptimizerLossScale(object):
             allreduce_gradients=plan.reduction.allreduce_gradients,
             count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind)
 
-    def _build_step(self, plan, global_step, skipped_steps, update_ops, one_step=None):
+    def _build_step(self, plan, global_step, skipped_steps, update_ops, description):
         """The pipeline: gradients, overflow, window, commit, manager update.
 
-        With ``one_step`` (a ``commit.OneStepPerRun``), every write of the
-        step follows its claim: they all follow the overflow flags.
+        The step claims, per run, the builder's counters and every manager
+        whose scale it moves (``claims``): a run that fetches two step ops
+        updating one of them fails before the second writes anything.
         """
         scales = _gradients.read_scales(plan)
         checked = _overflow.check(plan, self._backend, scales)
         grads = _gradients.unscale_all(plan, scales, checked.scaled, checked.packing)
         flags = checked.flags
-        if one_step is not None:
-            with tf.control_dependencies([one_step.claim()]):
-                flags = collections.OrderedDict(
-                    (name, tf.identity(flag)) for name, flag in flags.items())
 
         def finish(flags, grads, after, to_apply):
             return _finish_step(plan, flags, grads, global_step, after, to_apply,
@@ -518,6 +504,12 @@ class MultiOptimizerLossScale(object):
         group_is_finite = dict(
             (name, step.decisions.all_of([plan.check_of(name)] if plan.check_of(name) else []))
             for name in plan.group_names)
+        states = _claimed_states(self, plan)
+        _claims.claim(states, description,
+                      step.decisions.ops if step.entry_ops is None else step.entry_ops)
+        if step.accumulate_op is not None:
+            _claims.claim(states, description.replace("update_op", "accumulate_op", 1),
+                          step.accumulate_entry_ops)
         return TrainOps(
             update_op=update_op, is_finite=is_finite,
             loss_scale=scales[plan.managers[0].name].value,
@@ -527,6 +519,18 @@ class MultiOptimizerLossScale(object):
                              for group in plan.groups),
             accumulate_op=step.accumulate_op, per_group={}, skipped_steps=None,
             clear_status=None)
+
+
+def _claimed_states(builder, plan):
+    """What a step of ``builder`` moves once per run: the builder's counters
+    and each manager whose scale can move (``claims``)."""
+    names = ", ".join(group.name for group in builder._groups)  # pylint: disable=protected-access
+    states = [_claims.StateKey(
+        builder, "the step counters of MultiOptimizerLossScale (groups %s)" % names)]
+    for use in plan.managers:
+        if use.groups and _managers.scale_moves(use.manager):
+            states.append(_claims.StateKey(use.manager, _managers.describe(use.manager)))
+    return states
 
 
 class _Finished(collections.namedtuple("_Finished", ["applied", "decisions", "grads"])):

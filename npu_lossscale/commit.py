@@ -7,6 +7,7 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import inputs as _inputs
 from npu_lossscale.gradients import clip
 
@@ -49,7 +50,7 @@ def run_if(pred, build, name, data=None, existing=()):
         when_false, when_true = tf.raw_ops.Switch(data=data, pred=pred, name="switch")
         pivot = tf.identity(when_true, name="pivot_t")
     for op in existing:
-        op._add_control_input(pivot.op)  # pylint: disable=protected-access
+        _graph_state.add_control_input(op, pivot.op)
     with tf.control_dependencies([pivot]):
         done = list(build(scope.rstrip("/"))) + list(existing)
         with tf.control_dependencies(done), tf.name_scope(scope):
@@ -308,51 +309,6 @@ class SkippedSteps(object):
         """``+= by`` (a bool), after this run's ``before`` was read."""
         with tf.control_dependencies([self.before]):
             return _increment(self.variable, by=by)
-
-
-class OneStepPerRun(object):
-    """Refuses, at run time, a ``session.run`` that fetches two step ops.
-
-    With ``per_group_ops`` the builder makes several step ops (``update_op``
-    and one per group) that apply the same variables and update the same
-    managers; fetched together they would apply a group twice. Each step
-    claims the run before its first write: it adds one to ``variable`` and
-    reads the count back, and the run must have seen exactly one claim since
-    ``before``, the count read once at the start of the run (every claim
-    follows it). Adds are atomic, so of two claims in one run the later one
-    reads both and fails, whatever order the executor picks; the run stops
-    with an InvalidArgumentError carrying ``MESSAGE``. The next run starts
-    from the new count, so one bad fetch does not poison later runs.
-
-    ``variable`` is ``<scope>/step_claims`` (int64, not trainable).
-    """
-
-    MESSAGE = (
-        "npu_lossscale: one session.run fetched two step ops of the same "
-        "MultiOptimizerLossScale (update_op and a per_group op, or two per_group "
-        "ops). Each is a whole training step: together they would apply a group "
-        "twice and update its loss scale twice. Fetch one step op per "
-        "session.run: update_op for every group, or per_group[name] for one. "
-        "The other op of this run may already have applied.")
-
-    def __init__(self):
-        self.variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_claims")
-        self.before = tf.raw_ops.Snapshot(input=self.variable.read_value(),
-                                          name="step_claims_before")
-
-    def claim(self, name="claim"):
-        """An op that fails the run if another step already claimed it.
-
-        Args:
-          name: the name of the claim's assert.
-
-        Returns:
-          An op; the step's writes must follow it.
-        """
-        with tf.control_dependencies([self.before]):
-            after = tf.identity(tf.assign_add(self.variable, tf.constant(1, tf.int64),
-                                              use_locking=True))
-        return tf.Assert(tf.equal(after, self.before + 1), [self.MESSAGE], name=name)
 
 
 class Committed(collections.namedtuple("Committed", ["applied", "ops"])):

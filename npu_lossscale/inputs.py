@@ -3,7 +3,6 @@ optimizers, variables, managers and global steps, in graph mode."""
 
 from __future__ import absolute_import, division, print_function
 
-import collections
 import inspect
 import re
 
@@ -545,73 +544,3 @@ def reaches_variables(loss, var_list):
             if dtype.is_floating or dtype == tf.resource or dtype.is_complex:
                 stack.append(tensor.op)
     return False
-
-
-class ManagerClaim(collections.namedtuple("ManagerClaim", ["manager", "owner", "what"])):
-    """A record that ``owner`` (a builder or a ``LossScaleOptimizer``)
-    updates ``manager`` in a graph; ``what`` describes the owner."""
-
-
-def _manager_claims(graph):
-    """The graph's list of ``ManagerClaim``s, kept on the graph object."""
-    claims = getattr(graph, "_npu_lossscale_manager_claims", None)
-    if claims is None:
-        claims = []
-        graph._npu_lossscale_manager_claims = claims  # pylint: disable=protected-access
-    return claims
-
-
-def claim_manager(manager, owner, what):
-    """Records that ``owner`` updates ``manager`` in the default graph.
-
-    Each builder and ``LossScaleOptimizer`` updates its managers once per
-    run; a manager updated by two of them would move its scale twice per
-    run (and count each step twice). The same owner may claim again (a
-    builder's per-group steps, a group reusing the builder's manager).
-
-    Args:
-      manager: a loss-scale manager.
-      owner: the builder or optimizer that updates it.
-      what: a description of the owner for messages, e.g.
-        "a MultiOptimizerLossScale (groups d, g)".
-
-    Raises:
-      ValueError: if another owner already claimed ``manager`` in this graph.
-    """
-    claim = find_claim(manager)
-    if claim is not None:
-        if claim.owner is owner:
-            return
-        raise ValueError(
-            "loss_scale_manager %r is already updated by %s in this graph, and "
-            "%s would update it too: its scale would move twice per run. A manager "
-            "belongs to one MultiOptimizerLossScale or LossScaleOptimizer. Give "
-            "each its own manager, or add both losses to one "
-            "MultiOptimizerLossScale (build(per_group_ops=True) for alternating "
-            "runs)." % (manager, claim.what, what))
-    _manager_claims(tf.get_default_graph()).append(ManagerClaim(manager, owner, what))
-
-
-def find_claim(manager):
-    """The ``ManagerClaim`` on ``manager`` in the default graph, or None.
-
-    Args:
-      manager: a loss-scale manager.
-
-    Returns:
-      The claim recorded by ``claim_manager``, or None if none was.
-    """
-    for claim in _manager_claims(tf.get_default_graph()):
-        if claim.manager is manager:
-            return claim
-    return None
-
-
-def release_managers(owner):
-    """Drops ``owner``'s claims in the default graph (after a failed build).
-
-    Args:
-      owner: the builder or optimizer whose claims to drop.
-    """
-    claims = _manager_claims(tf.get_default_graph())
-    claims[:] = [claim for claim in claims if claim.owner is not owner]

@@ -814,6 +814,33 @@ def keeps_scale_positive(manager):
                              ExponentialUpdateLossScaleManager)
 
 
+def scale_moves(manager):
+    """Whether ``manager``'s update can change its state.
+
+    False for a manager that declares a constant scale
+    (``static_loss_scale``, as ``FixedLossScaleManager`` does): its update is
+    a no-op, so any number of steps may update it in one run.
+
+    Args:
+      manager: any loss-scale manager.
+
+    Returns:
+      A Python bool.
+    """
+    return getattr(manager, "static_loss_scale", None) is None
+
+
+def describe(manager):
+    """A short description of ``manager`` for messages: its class and the
+    name of its first state variable, e.g. "loss-scale manager
+    DynamicLossScaleManager (state loss_scale/state)"; no quotes, which
+    run-time messages would print escaped."""
+    variables = _inputs.manager_variables(manager)
+    if not variables:
+        return "loss-scale manager %s" % type(manager).__name__
+    return "loss-scale manager %s (state %s)" % (type(manager).__name__, variables[0].op.name)
+
+
 # ---------------------------------------------------------------------------
 # Checkpoint conversion.
 # ---------------------------------------------------------------------------

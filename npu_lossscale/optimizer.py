@@ -14,11 +14,14 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import _validation
 from npu_lossscale import backends as _backends
+from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
+from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import inputs as _inputs
 from npu_lossscale import manager_update as _manager_update
+from npu_lossscale import managers as _managers
 from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
 
@@ -205,9 +208,13 @@ class LossScaleOptimizer(tf.train.Optimizer):
         Raises:
           ValueError: before any op is made: if no gradient is given, inside
             a ``tf.cond``/``tf.while_loop`` body or a graph-mode
-            ``tf.function``, for a second call on this optimizer in the
-            graph, or for a manager of another graph or one that another
-            builder or ``LossScaleOptimizer`` already updates in the graph.
+            ``tf.function``, or for a manager of another graph.
+
+        Several calls (several ``minimize`` ops, or optimizers sharing one
+        manager) are fine when each ``session.run`` fetches one of them, as
+        alternating GAN loops do: each run updates the scale once. A run
+        that fetches two step ops updating one manager fails with an
+        InvalidArgumentError before the second one writes anything.
         """
         _inputs.require_graph_mode("LossScaleOptimizer.apply_gradients",
                                    eager_functions=True)
@@ -220,26 +227,14 @@ class LossScaleOptimizer(tf.train.Optimizer):
                 "Check that the loss depends on the variables."
                 % ([v.name for _, v in grads_and_vars],))
         _inputs.check_manager_graph(self._manager)
-        claim = _inputs.find_claim(self._manager)
-        if claim is not None and claim.owner is self:
-            raise ValueError(
-                "apply_gradients() (or minimize()) was already called on "
-                "LossScaleOptimizer %r in this graph, got a second call: each call "
-                "updates the loss scale, so it would move twice per run. Use one "
-                "LossScaleOptimizer per minimize call, each with its own manager, or "
-                "MultiOptimizerLossScale for several losses (one skip decision and "
-                "one scale update per run)." % (self.get_name(),))
-        _inputs.claim_manager(self._manager, self,
-                              "LossScaleOptimizer %r" % (self.get_name(),))
-        try:
+        # A failed call leaves the graph, the optimizer's slots and the
+        # library's records as they were, so it can be retried.
+        with _graph_state.transaction(optimizers=[_state_holder(self._opt)]):
             return self._apply(present, global_step, name)
-        except Exception:
-            _inputs.release_managers(self)  # a retry starts afresh
-            raise
 
     def _apply(self, present, global_step, name):
         """``apply_gradients``' ops, after its checks."""
-        with tf.name_scope(name, "loss_scale_apply"):
+        with tf.name_scope(name, "loss_scale_apply") as scope:
             grads = [g for g, _ in present]
             flags = {}
             # Decided here, as npu_bridge's NPULossScaleOptimizer does.
@@ -259,7 +254,14 @@ class LossScaleOptimizer(tf.train.Optimizer):
                 if self._engine is not None:
                     with tf.name_scope("reduce_overflow_flags"):
                         flags["gradients"] = self._engine.sum(flags["gradients"])
-            is_finite = _overflow.Decisions(flags, grads).all_of(list(flags))
+            decisions = _overflow.Decisions(flags, grads)
+            is_finite = decisions.all_of(list(flags))
+            # Two steps updating this manager in one run are refused then.
+            if _managers.scale_moves(self._manager):
+                _claims.claim([_claims.StateKey(self._manager, _managers.describe(self._manager))],
+                              "LossScaleOptimizer %s, step %s" % (self.get_name(),
+                                                                  scope.rstrip("/")),
+                              decisions.ops)
             applied = _commit.guarded_apply(
                 is_finite, [_commit.Apply(name or self._opt.get_name(), self._opt, present,
                                           None)],

@@ -163,6 +163,15 @@ class Decisions(object):
                                                   name="group_is_finite")
         self._always = None
 
+    @property
+    def ops(self):
+        """The decision ops made so far: every write gated on a decision
+        follows one of them."""
+        tensors = list(self.by_check.values())
+        if self._always is not None:
+            tensors.append(self._always)
+        return [tensor.op for tensor in tensors]
+
     def all_of(self, checks, name=None):
         """True when every check in ``checks`` passed (True if there is none).
 

@@ -116,7 +116,8 @@ class GradientAccumulator(object):
 
 
 class WindowStep(collections.namedtuple(
-        "WindowStep", ["applied", "window_end", "accumulate_op", "decisions", "grads"])):
+        "WindowStep", ["applied", "window_end", "accumulate_op", "decisions", "grads",
+                       "entry_ops", "accumulate_entry_ops"])):
     """What the window hands back to ``build``.
 
     Attributes:
@@ -126,6 +127,10 @@ class WindowStep(collections.namedtuple(
         or None without accumulation.
       decisions: the ``overflow.Decisions`` reported by ``TrainOps``.
       grads: ordered dict of the (gradient, variable) pairs reported.
+      entry_ops: top-level ops that every write of ``update_op``'s run
+        follows (and no write of ``accumulate_op``), for its run-time claim;
+        None without accumulation, where the decisions are those ops.
+      accumulate_entry_ops: the same for ``accumulate_op``, or None.
     """
 
 
@@ -147,7 +152,7 @@ def run(plan, grads, flags, finish, after):
     if plan.window.steps == 1:
         step = finish(flags, grads, after, None)
         return WindowStep(step.applied, tf.constant(True, name="window_end"), None,
-                          step.decisions, step.grads)
+                          step.decisions, step.grads, None, None)
     if plan.window.closed_by_update_op:
         return _closed_by_update_op(plan, grads, flags, finish, after)
     return _closed_at_window_end(plan, grads, flags, finish, after)
@@ -167,16 +172,18 @@ def _check_flags(plan, window_flags):
 
 
 def _open(plan, grads, flags):
-    """The window's accumulators, this run's flag vector, and the op that adds
-    a micro-batch without closing the window."""
+    """The window's accumulators, this run's flag vector, the op that adds a
+    micro-batch without closing the window, and the op its writes follow."""
     accumulator = GradientAccumulator(grads, plan.window.steps)
     vector = _flag_vector(plan, flags)
-    return accumulator, vector, _accumulate_only(accumulator, grads, vector)
+    accumulate_op, entry = _accumulate_only(accumulator, grads, vector)
+    return accumulator, vector, accumulate_op, entry
 
 
 def _closed_at_window_end(plan, grads, flags, finish, after):
-    accumulator, vector, accumulate_op = _open(plan, grads, flags)
-    with tf.control_dependencies(accumulator.accumulate(grads, vector) + list(after)):
+    accumulator, vector, accumulate_op, accumulate_entry = _open(plan, grads, flags)
+    adds = accumulator.accumulate(grads, vector)
+    with tf.control_dependencies(adds + list(after)):
         window_end = tf.equal(accumulator.micro_step.read_value(), plan.window.steps - 1,
                               name="window_end")
         window_flags = accumulator.window_flags.read_value()
@@ -195,11 +202,12 @@ def _closed_at_window_end(plan, grads, flags, finish, after):
     applied = tf.cond(window_end, at_window_end, mid_window, name="window")
     # This run's own decision, as without accumulation.
     decisions = _overflow.Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
-    return WindowStep(applied, window_end, accumulate_op, decisions, grads)
+    return WindowStep(applied, window_end, accumulate_op, decisions, grads, adds,
+                      [accumulate_entry])
 
 
 def _closed_by_update_op(plan, grads, flags, finish, after):
-    accumulator, vector, accumulate_op = _open(plan, grads, flags)
+    accumulator, vector, accumulate_op, accumulate_entry = _open(plan, grads, flags)
     with tf.name_scope("close_window"):
         last = _window_position_check(accumulator, last=True)
         with tf.control_dependencies([last]):
@@ -215,7 +223,7 @@ def _closed_by_update_op(plan, grads, flags, finish, after):
     with tf.control_dependencies(resets):
         applied = tf.identity(step.applied, name="window_applied")
     return WindowStep(applied, tf.constant(True, name="window_end"), accumulate_op,
-                      step.decisions, step.grads)
+                      step.decisions, step.grads, [last], [accumulate_entry])
 
 
 def _window_position_check(accumulator, last):
@@ -235,14 +243,17 @@ def _window_position_check(accumulator, last):
         fix = ("runs of accumulate_op in a window of %d micro-batches; the last "
                "micro-batch belongs to update_op, which closes the window. Run "
                "update_op for the last micro-batch of each window." % steps)
-    return tf.Assert(ok, [message, position, fix], name="window_position")
+    # The raw op: tf.Assert would wrap non-string data in a cond guard, whose
+    # inner assert a control input of the guard does not order (claims).
+    return tf.raw_ops.Assert(condition=ok, data=[message, position, fix], name="window_position")
 
 
 def _accumulate_only(accumulator, grads, flag_vector):
-    """The op adding one micro-batch that is not its window's last."""
+    """The op adding one micro-batch that is not its window's last, and the
+    check every write of it follows."""
     with tf.name_scope("accumulate_only"):
         check = _window_position_check(accumulator, last=False)
         with tf.control_dependencies([check]):
             adds = accumulator.accumulate(grads, flag_vector)
         with tf.control_dependencies(adds):
-            return tf.group(accumulator.advance(), name="accumulate_op")
+            return tf.group(accumulator.advance(), name="accumulate_op"), check

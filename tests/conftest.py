@@ -64,8 +64,6 @@ def saturation_mode(npu_shim):
 #: The builder's skipped-steps counter: library state, like a manager's, that
 #: moves on a skipped step by design.
 SKIPPED_STEPS = "loss_scale/skipped_steps"
-# With per_group_ops: one claim per run of a step op (commit.OneStepPerRun).
-STEP_CLAIMS = "loss_scale/step_claims"
 
 
 def snapshot_globals(sess, exclude=()):

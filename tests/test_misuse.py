@@ -193,37 +193,6 @@ def _two_nets():
     return x, y, tf.reduce_sum(x * x), tf.reduce_sum(y * y)
 
 
-def test_one_manager_shared_by_two_builders_is_refused(graph):
-    """Each builder updates its manager once per run: two builders on one
-    manager would update its scale twice. The second build() says so and
-    makes no op."""
-    x, y, loss_x, loss_y = _two_nets()
-    manager = nl.DynamicLossScaleManager()
-    first = nl.MultiOptimizerLossScale(manager, backend="is_finite")
-    first.add(loss_x, tf.train.GradientDescentOptimizer(0.1), var_list=[x], name="x")
-    first.build()
-    second = nl.MultiOptimizerLossScale(manager, backend="is_finite")
-    second.add(loss_y, tf.train.GradientDescentOptimizer(0.1), var_list=[y], name="y")
-    before = len(graph.get_operations())
-    with pytest.raises(ValueError, match="already updated by a MultiOptimizerLossScale "
-                                         r"\(groups x\)"):
-        second.build()
-    assert len(graph.get_operations()) == before
-
-
-def test_a_groups_own_manager_shared_with_another_builder_is_refused(graph):
-    x, y, loss_x, loss_y = _two_nets()
-    shared = nl.FixedLossScaleManager(8.0)
-    first = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
-    first.add(loss_x, tf.train.GradientDescentOptimizer(0.1), var_list=[x], name="x",
-              loss_scale_manager=shared)
-    first.build()
-    second = nl.MultiOptimizerLossScale(shared, backend="is_finite")
-    second.add(loss_y, tf.train.GradientDescentOptimizer(0.1), var_list=[y], name="y")
-    with pytest.raises(ValueError, match="already updated by"):
-        second.build()
-
-
 def test_one_builder_reusing_its_manager_across_groups_and_per_group_steps_is_fine(graph):
     """The same owner may use one manager for its default and a group's own,
     and again in its per-group steps: one update per run of each step op.
