@@ -81,6 +81,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 import npu_lossscale as nl  # noqa: E402
+from npu_lossscale import gradients as _gradients  # noqa: E402
 
 #: The builder's count of skipped steps (TrainOps.skipped_steps reads it).
 SKIPPED_STEPS = "loss_scale/skipped_steps"
@@ -296,7 +297,16 @@ def run_soak(config, log=None):
         scaler.add(model.g_loss, tf.train.AdamOptimizer(1e-3, beta1=0.5),
                    var_list=model.g_vars, name="generator")
         train = scaler.build(global_step=gs)
-        all_grads = [g for pairs in train.grads_and_vars.values() for g, _ in pairs]
+        # The step's scale cannot be fed (gradients.scale_snapshot): the probe
+        # rebuilds the step's gradients, scaled and unscaled by the library's
+        # own functions, at a placeholder scale.
+        probe_scale = tf.placeholder(tf.float32, [], name="probe_scale")
+        at_probe_scale = _gradients.Scale(probe_scale, tf.reciprocal(probe_scale), False)
+        all_grads = []
+        for loss, var_list in ((model.d_loss, model.d_vars), (model.g_loss, model.g_vars)):
+            grads = tf.gradients(_gradients.scale_loss(loss, probe_scale), var_list)
+            all_grads += [g for g, _ in _gradients.unscale(list(zip(grads, var_list)),
+                                                                at_probe_scale)]
         state = tf.global_variables()
         trainable = model.d_vars + model.g_vars
         # The manager's state: one float32 vector [scale, good, bad, streak].
@@ -322,7 +332,7 @@ def run_soak(config, log=None):
                 """Whether the gradients to apply are all finite at a fed scale
                 (no update runs: a pure re-evaluation of the step)."""
                 feed = dict(zip(feeds, feed_values))
-                feed[train.loss_scale] = fed_scale
+                feed[probe_scale] = fed_scale
                 return all(np.all(np.isfinite(g)) for g in sess.run(all_grads, feed))
 
             def snapshot():
