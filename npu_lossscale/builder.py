@@ -326,7 +326,10 @@ class MultiOptimizerLossScale(object):
             ``tf.get_collection(tf.GraphKeys.UPDATE_OPS)`` (batch-norm moving
             statistics, which an overflowing step would otherwise poison
             with inf/nan). They run with ``update_op`` when every group
-            applies; do not run them yourself as well. With
+            applies; do not run them yourself as well. An op that wraps
+            updates (``tf.group``, ``tf.tuple``, ``check_numerics``, a
+            ``tf.print`` under ``control_dependencies``...) stands for the
+            variable updates behind it, which are gated instead. With
             ``per_group_ops=True`` pass a dict from group name to that
             group's update ops. Not with accumulation.
           per_group_ops: also build ``TrainOps.per_group``, one update op per
@@ -378,6 +381,7 @@ class MultiOptimizerLossScale(object):
         """``update_ops`` as a dict from group name (or "" for all) to ops."""
         _validation.check_bool("per_group_ops", per_group_ops,
                                "Pass True to also get one update op per group.")
+        _commit.check_not_a_name(update_ops)
         if plan.window.steps > 1 and (update_ops or per_group_ops):
             raise ValueError(
                 "update_ops and per_group_ops apply to steps without accumulation, "

@@ -8,6 +8,7 @@ import collections
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import graph_state as _graph_state
+from npu_lossscale import graph_walk as _graph_walk
 from npu_lossscale import inputs as _inputs
 from npu_lossscale.gradients import clip
 
@@ -120,13 +121,18 @@ def gate(kind, pred, build, name, existing=()):
     originals get the pivot as a control input (so fetching them elsewhere
     is gated too), unless they are ``Copies``; under the cond gate, and for
     ``Copies``, copies made inside the gate run instead of the originals.
+    The result's op is recorded as a step's gate (``check_update_ops``).
     """
     if kind == "cond":
-        return cond_if(pred, build, name, existing)
-    if isinstance(existing, Copies):
-        return run_if(pred, lambda scope: list(build(scope)) + [_copy_op(op) for op in existing],
-                      name)
-    return run_if(pred, build, name, existing=existing)
+        applied = cond_if(pred, build, name, existing)
+    elif isinstance(existing, Copies):
+        applied = run_if(pred,
+                         lambda scope: list(build(scope)) + [_copy_op(op) for op in existing],
+                         name)
+    else:
+        applied = run_if(pred, build, name, existing=existing)
+    _mark_gate(applied)
+    return applied
 
 
 class Copies(tuple):
@@ -163,75 +169,176 @@ def check_update_ops_off_the_losses(update_ops, losses):
         stack.extend(op.control_inputs)
 
 
-# Ops that only pass an update on (tf.group's NoOp, tf.identity, a read of
-# a variable an assign returned): the walk goes on to what they follow.
-_WRAPPERS = frozenset(["NoOp", "Identity", "IdentityN", "Snapshot", "ReadVariableOp"])
-# Through these only control inputs lead to updates (a read's input is the
-# variable's handle).
-_CONTROL_ONLY = frozenset(["NoOp", "ReadVariableOp"])
-# Control flow: the updates sit inside a branch or a loop body, where a gate
-# cannot reach them.
-_CONTROL_FLOW = frozenset(["Switch", "Merge", "RefSwitch", "RefMerge", "Enter", "RefEnter",
-                           "Exit", "RefExit", "NextIteration", "LoopCond", "If",
-                           "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile"])
-# Variables and constants: state, not an update of it.
-_NOT_UPDATES = frozenset(["VarHandleOp", "VariableV2", "Variable", "Const", "Placeholder",
-                          "PlaceholderWithDefault"])
+# -- what an update_ops entry stands for ----------------------------------------
+
+def _mark_gate(applied):
+    """Records the op of a gate's result (and a v2 cond's ``If`` behind its
+    output identity) as a step's gate, in its graph's ``GraphState``."""
+    op = applied.op
+    gates = _graph_state.of(op.graph).gates
+    gates.add(op.name)
+    gates.update(tensor.op.name for tensor in op.inputs
+                 if tensor.op.type in _graph_walk.CONTROL_FLOW_TYPES)
 
 
-def _updates_behind(op):
-    """The update ops ``op`` stands for: itself, or what its wrappers follow.
+def _is_gate(op):
+    return op.name in _graph_state.of(op.graph).gates
+
+
+def _function_writes(op):
+    """True when a function ``op`` runs (a branch, a loop body, a called
+    function), or one they call, writes a variable, or when the graph does
+    not hold one of them (it cannot be looked into).
+
+    Args:
+      op: a functional control-flow op or a function call.
+    """
+    get = getattr(op.graph, "_get_function", lambda name: None)
+    pending, seen = _called_functions(op.node_def), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        definition = getattr(get(name), "definition", None)
+        if definition is None:
+            return True
+        for node in definition.node_def:
+            if _graph_walk.is_update(node.op):
+                return True
+            pending.extend(_called_functions(node))
+            if get(node.op) is not None:  # a function called by its name
+                pending.append(node.op)
+    return False
+
+
+def _called_functions(node_def):
+    """The names of the functions a NodeDef's attrs name (branches, bodies,
+    ``f``)."""
+    names = []
+    for value in node_def.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        elif value.HasField("list"):
+            names.extend(func.name for func in value.list.func)
+    return names
+
+
+def _classify(op):
+    """``graph_walk`` kind of an op for the update_ops walk.
+
+    Another step's gate is a barrier; so is a tf.cond/tf.while_loop (v2)
+    whose body writes a variable. A called ``tf.function`` that writes one
+    is an update: gated as one op, its whole body waits for the gate.
+    """
+    if _is_gate(op):
+        return _graph_walk.BARRIER
+    if op.type in _graph_walk.FUNCTIONAL_CONTROL_FLOW_TYPES:
+        return _graph_walk.BARRIER if _function_writes(op) else _graph_walk.CONTROL
+    if op.type in _graph_walk.FUNCTION_CALL_TYPES and _function_writes(op):
+        return _graph_walk.UPDATE
+    return _graph_walk.kind_of_type(op.type)
+
+
+def _parents(op):
+    """What ``op`` waits for: its inputs' ops (``graph_walk.walked_inputs``),
+    then its control inputs."""
+    inputs = _graph_walk.walked_inputs(op.type, op.inputs)
+    return [tensor.op for tensor in inputs] + list(op.control_inputs)
+
+
+def check_not_a_name(value):
+    """Raises TypeError for an op name given instead of the op.
+
+    Args:
+      value: the ``update_ops`` argument or one of its entries.
+    """
+    if isinstance(value, (str, bytes)):
+        raise TypeError(
+            "update_ops must hold ops or tensors, got the string %r. Pass the op, "
+            "tf.get_default_graph().get_operation_by_name(%r), or the collection, "
+            "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (value, value))
+
+
+def updates_of(op):
+    """The variable updates an ``update_ops`` entry stands for, after
+    refusing what the gate cannot hold.
+
+    Args:
+      op: the entry's ``tf.Operation``.
+
+    Returns:
+      A list of ops: writes of variables (``graph_walk.is_update``) and
+      calls of functions that write one.
 
     Raises:
-      ValueError: when the walk meets control flow (a tf.cond output).
+      ValueError: when the entry leads to another step's gate, or to updates
+        inside (or only reachable through) a tf.cond, a tf.while_loop or a
+        v2 functional cond or loop, or when it leads to no update.
     """
-    found, seen, stack = [], set(), [op]
-    while stack:
-        current = stack.pop()
-        if current.name in seen:
-            continue
-        seen.add(current.name)
-        if current.type in _CONTROL_FLOW:
+    walk = _graph_walk.updates_behind([op], _parents, _classify)
+    for barrier in walk.barriers:
+        if _is_gate(barrier.node):
             raise ValueError(
-                "update_ops entry %r is (or wraps) the output of a tf.cond or "
-                "tf.while_loop (op %r, type %s); the updates inside it cannot be held "
-                "by the apply gate and would run on skipped steps too. Pass the update "
-                "ops themselves, made at the top level of the graph "
-                "(tf.get_collection(tf.GraphKeys.UPDATE_OPS)), without the cond."
-                % (op.name, current.name, current.type))
-        if current.type in _WRAPPERS:
-            if current.type not in _CONTROL_ONLY:
-                stack.extend(tensor.op for tensor in reversed(current.inputs))
-            stack.extend(reversed(current.control_inputs))
-        elif current.type not in _NOT_UPDATES:
-            found.append(current)
-    return found
+                "update_ops entry %r is (or runs) another training step's update op "
+                "(gate %r of a MultiOptimizerLossScale or LossScaleOptimizer), not an "
+                "update to gate. Run that step in its own session.run and pass the "
+                "model's update ops, e.g. tf.get_collection(tf.GraphKeys.UPDATE_OPS)."
+                % (op.name, barrier.node.name))
+    inside = [barrier.node for barrier in walk.barriers]
+    inside += [reached.via for reached in walk.updates if reached.via is not None]
+    if inside:
+        raise ValueError(
+            "update_ops entry %r leads to variable updates through control flow (op %r, "
+            "type %s: a tf.cond or tf.while_loop), which the apply gate cannot hold. "
+            "Pass the update ops themselves, made at the top level of the graph "
+            "(tf.get_collection(tf.GraphKeys.UPDATE_OPS)), without the cond."
+            % (op.name, inside[0].name, inside[0].type))
+    updates = [reached.node for reached in walk.updates]
+    if not updates:
+        raise ValueError(
+            "update_ops entry %r (type %s) updates nothing: no variable update is "
+            "behind its inputs or control inputs. Pass the ops that update state, e.g. "
+            "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (op.name, op.type))
+    for update in updates:
+        if update._control_flow_context is not None:  # pylint: disable=protected-access
+            raise ValueError(
+                "update op %r sits inside a while loop or cond, so the apply gate "
+                "cannot hold it. Pass update ops made at the top level of the graph "
+                "(as batch normalization makes them)." % (update.name,))
+    return updates
 
 
 def check_update_ops(update_ops):
     """Checks the ops passed as ``update_ops`` and returns the updates to gate.
 
-    A ``tf.group`` or ``tf.identity`` of updates stands for the updates it
-    follows: gating the wrapper alone would leave them running on skipped
-    steps, so the gate holds them instead.
+    An entry stands for the variable updates it leads to (``graph_walk``):
+    itself if it is one, else those behind its wrappers (``tf.group``,
+    ``tf.identity``, ``tf.tuple``, ``check_numerics``, ``stop_gradient``, a
+    ``tf.print`` under ``control_dependencies``...), over data and control
+    inputs, up to the first update on each path. Those are gated; the
+    wrappers themselves do not run with the step.
 
     Args:
       update_ops: ops, tensors or the variable-like results of
         ``var.assign_sub`` (``tf.get_collection(tf.GraphKeys.UPDATE_OPS)``),
-        or groups/identities of them.
+        or wrappers of them.
 
     Returns:
       A tuple of ops.
 
     Raises:
-      TypeError: for an entry that is none of these.
-      ValueError: for one from another graph, one inside a while loop or
-        cond, a cond's output, or one that wraps no update.
+      TypeError: for a string (an op name) or an entry that is no op or
+        tensor.
+      ValueError: for one from another graph, or one ``updates_of``
+        refuses.
     """
+    check_not_a_name(update_ops)
     if _inputs.op_of(update_ops) is not None:
         update_ops = [update_ops]
     ops = []
     for entry in update_ops:
+        check_not_a_name(entry)
         op = _inputs.op_of(entry)
         if op is None:
             raise TypeError(
@@ -241,18 +348,7 @@ def check_update_ops(update_ops):
             raise ValueError(
                 "update op %r belongs to another graph than the default one. Pass the "
                 "update ops of the model's graph." % (op.name,))
-        updates = _updates_behind(op)
-        if not updates:
-            raise ValueError(
-                "update_ops entry %r (type %s) updates nothing: it is a variable, a "
-                "constant, or a group/identity of no update. Pass the ops that update "
-                "state, e.g. tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (op.name, op.type))
-        for update in updates:
-            if update._control_flow_context is not None:  # pylint: disable=protected-access
-                raise ValueError(
-                    "update op %r sits inside a while loop or cond, so the apply gate "
-                    "cannot hold it. Pass update ops made at the top level of the graph "
-                    "(as batch normalization makes them)." % (update.name,))
+        for update in updates_of(op):
             if update not in ops:
                 ops.append(update)
     return tuple(ops)

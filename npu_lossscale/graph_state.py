@@ -8,7 +8,9 @@ exported meta graphs. It records
 * the float-status register: the graph's one clear, the objects that read
   the register, and the ops ordered after the clear (``backends``);
 * the run-time claims: which step ops update which state, so that one
-  ``session.run`` moves each loss scale once (``claims``).
+  ``session.run`` moves each loss scale once (``claims``);
+* the steps' gates, so that an ``update_ops`` entry that runs another step
+  is named as such (``commit``).
 
 Every build (``MultiOptimizerLossScale.build``, ``LossScaleOptimizer``'s
 ``apply_gradients``) runs inside ``transaction``: if it fails, the graph's
@@ -36,6 +38,8 @@ class GraphState(object):
       register_ordered: the ops given ``register_clear`` as a control input.
       claimed: ``claims.ClaimedState`` records, one per piece of state that
         several step ops update.
+      gates: names of the ops a step's gate returns (a failed build's stay:
+        nothing the user runs reaches them).
     """
 
     def __init__(self):
@@ -43,6 +47,7 @@ class GraphState(object):
         self.register_readers = []
         self.register_ordered = []
         self.claimed = []
+        self.gates = set()
         self._journal = None
 
     def _snapshot(self):

@@ -56,3 +56,34 @@ def add_gan_groups(scaler, model, learning_rate=0.01, g_manager=None):
         scaler.add(model.g_loss, tf.train.AdamOptimizer(learning_rate),
                    var_list=model.g_vars, name="g", loss_scale_manager=g_manager)
     return scaler
+
+
+def _printed(value):
+    """A ``tf.print`` that follows ``value`` (a control dependency)."""
+    with tf.control_dependencies([value]):
+        return tf.print("updated")
+
+
+def _constant_after(value):
+    """A constant that carries ``value`` as a control input."""
+    with tf.control_dependencies([value]):
+        return tf.constant(1.0)
+
+
+#: What scripts wrap a variable update in before handing it to a gate
+#: (issue #24): each maps the update (what ``tf.assign_add`` returns: a ref
+#: tensor under v1, a variable-like under resource variables) to the op or
+#: tensor passed. ``tf.tuple`` of a ref tensor is a RefIdentity under v1.
+UPDATE_WRAPPERS = {
+    "tuple": lambda update: tf.tuple([update])[0],
+    "check_numerics": lambda update: tf.debugging.check_numerics(update, "update"),
+    "stop_gradient": tf.stop_gradient,
+    "print": _printed,
+    "constant": _constant_after,
+    "print_of_checked_tuple": lambda update: _printed(
+        tf.debugging.check_numerics(tf.tuple([update])[0], "update")),
+    "group_of_stopped_identity": lambda update: tf.group(
+        tf.identity(tf.stop_gradient(update))),
+    "tuple_of_printed_constant": lambda update: tf.tuple(
+        [_constant_after(_printed(update))])[0],
+}

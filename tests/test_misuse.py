@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+import models
 import npu_lossscale as nl
 from npu_lossscale.builder import CLIP_NORM_RANGE
 
@@ -185,6 +186,168 @@ def test_tf_layers_batch_norm_update_ops_are_accepted_and_gated(graph):
         assert all(np.array_equal(a, b) for a, b in zip(sess.run(moving), start))
         sess.run(train.update_op)
         assert not np.array_equal(sess.run(moving)[0], start[0])
+
+
+# -- update_ops wrappers and what they stand for (issue #24) ------------------------
+
+def _sgd_step(scaler, loss, variables, name="net"):
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=variables, name=name)
+
+
+def _counter_model():
+    """A one-variable model whose loss a fed ``poison`` can make inf, and a
+    counter update (``tf.assign_add``'s result). Returns (loss, w, poison,
+    counter, update)."""
+    w = tf.get_variable("w", [2], initializer=tf.ones_initializer())
+    poison = tf.placeholder_with_default(tf.constant(1.0), [], name="poison")
+    loss = tf.reduce_sum(w * w) * poison
+    counter = tf.get_variable("counter", [], initializer=tf.zeros_initializer(),
+                              trainable=False)
+    return loss, w, poison, counter, tf.assign_add(counter, 1.0)
+
+
+def _applied_skipped_applied(train, poison, watched):
+    """Runs update_op three times (the second with an inf loss); returns the
+    values of ``watched`` after each run."""
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        values = []
+        for factor in (1.0, np.inf, 1.0):
+            sess.run(train.update_op, {poison: factor})
+            values.append(sess.run(watched))
+        return values
+
+
+@pytest.mark.parametrize("gate", ["pivot", "cond"])
+@pytest.mark.parametrize("wrap", sorted(models.UPDATE_WRAPPERS))
+def test_updates_behind_any_wrapper_run_only_on_applied_steps(graph, wrap, gate):
+    """tf.tuple (a RefIdentity under v1), check_numerics, stop_gradient, a
+    tf.print or a constant under control_dependencies, and nestings of
+    them: the counter they wrap moves on applied steps only (1, 1, 2 over
+    applied, skipped, applied; it went 1, 2, 3 when the wrapper alone was
+    gated), and the global step with it."""
+    loss, w, poison, counter, update = _counter_model()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite",
+                                        gate=gate)
+    _sgd_step(scaler, loss, [w])
+    step = tf.train.get_or_create_global_step()
+    train = scaler.build(global_step=step, update_ops=[models.UPDATE_WRAPPERS[wrap](update)])
+    values = _applied_skipped_applied(train, poison, [counter, step])
+    assert [list(v) for v in values] == [[1.0, 1], [1.0, 1], [2.0, 2]]
+
+
+@pytest.mark.parametrize("gate", ["pivot", "cond"])
+def test_an_update_around_the_forward_pass_gates_only_the_update(graph, gate):
+    """The wrapper is an identity of a forward-pass value that reads the data
+    pipeline's get-next op, a random op and a cond (no update in it), under a
+    control dependency on the counter update. Only the update is gated: the
+    iterator still advances on the skipped step (0, 1, 2), the random op and
+    the cond still run, and the counter goes 1, 1, 2. No existing op but the
+    update gets a control input."""
+    x = tf.data.make_one_shot_iterator(
+        tf.data.Dataset.range(10).map(lambda i: tf.cast(i, tf.float32))).get_next()
+    noise = tf.random_uniform([], 0.0, 0.5)
+    w = tf.get_variable("w", [2], initializer=tf.ones_initializer())
+    poison = tf.placeholder_with_default(tf.constant(1.0), [], name="poison")
+    loss = tf.reduce_sum(w * w) * (x + 1.0) * poison
+    counter = tf.get_variable("counter", [], initializer=tf.zeros_initializer(),
+                              trainable=False)
+    update = tf.assign_add(counter, 1.0)
+    forward = tf.cond(noise < 1.0, lambda: x * 2.0, lambda: x) + noise
+    with tf.control_dependencies([update]):
+        entry = tf.identity(forward)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite",
+                                        gate=gate)
+    _sgd_step(scaler, loss, [w])
+    existing = dict((op, list(op.control_inputs)) for op in graph.get_operations())
+    train = scaler.build(update_ops=[entry])
+    changed = [op for op, inputs in existing.items() if list(op.control_inputs) != inputs]
+    assert changed == ([update.op] if gate == "pivot" else [])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        seen = []
+        for factor in (1.0, np.inf, 1.0):
+            _, data, sample, finite = sess.run([train.update_op, x, noise, train.is_finite],
+                                               {poison: factor})
+            seen.append((data, finite, sess.run(counter)))
+            assert 0.0 <= sample < 0.5
+    assert seen == [(0.0, True, 1.0), (1.0, False, 1.0), (2.0, True, 2.0)]
+
+
+def test_a_tf_function_that_updates_is_gated_whole(graph):
+    """A graph-mode tf.function whose body updates the counter: its call op
+    is the update (its whole body waits for the gate), 1, 1, 2. A resource
+    variable: a function cannot assign a ref one."""
+    loss, w, poison, _, _ = _counter_model()
+    counter = tf.get_variable("calls", [], initializer=tf.zeros_initializer(),
+                              trainable=False, use_resource=True)
+
+    @tf.function(autograph=False)
+    def count():
+        counter.assign_add(1.0)
+        return tf.constant(True)
+
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    _sgd_step(scaler, loss, [w])
+    train = scaler.build(update_ops=[tf.identity(count())])
+    assert _applied_skipped_applied(train, poison, counter) == [1.0, 1.0, 2.0]
+
+
+def test_updates_made_inside_a_cond_are_refused(graph):
+    """The update is made in the cond's branch (a Switch/Merge frame under
+    v1, the If's branch function under v2): refused, naming the cond."""
+    loss, w, _, counter, _ = _counter_model()
+    training = tf.placeholder_with_default(True, [])
+    entry = tf.cond(training, lambda: tf.identity(tf.assign_add(counter, 1.0)),
+                    lambda: tf.constant(0.0))
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    _sgd_step(scaler, loss, [w])
+    before = len(graph.get_operations())
+    with pytest.raises(ValueError, match=r"through control flow \(op 'cond.*tf.cond or "
+                                         r"tf.while_loop.*without the cond"):
+        scaler.build(update_ops=[entry])
+    assert len(graph.get_operations()) == before
+
+
+def test_another_steps_update_op_is_refused_as_such(graph):
+    """Another builder's update_op, or a LossScaleOptimizer's train op, given
+    as update_ops: the message says what it is (not a tf.cond the user never
+    wrote) and the fix; no op is made."""
+    x, y, loss_x, loss_y = _two_nets()
+    z = tf.get_variable("z", [2], initializer=tf.ones_initializer())
+    first = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    _sgd_step(first, loss_x, [x], name="x")
+    other_builder = first.build().update_op
+    other_optimizer = nl.LossScaleOptimizer(
+        tf.train.GradientDescentOptimizer(0.1), nl.FixedLossScaleManager(8.0),
+        backend="is_finite").minimize(tf.reduce_sum(z * z), var_list=[z])
+    for other in (other_builder, other_optimizer, tf.group(other_builder)):
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0),
+                                            backend="is_finite")
+        _sgd_step(scaler, loss_y, [y], name="y")
+        before = len(graph.get_operations())
+        with pytest.raises(ValueError, match=r"update_ops entry %r is \(or runs\) another "
+                                             r"training step's update op.*in its own "
+                                             r"session.run" % other.name):
+            scaler.build(update_ops=[other])
+        assert len(graph.get_operations()) == before
+
+
+@pytest.mark.parametrize("form", ["argument", "entry", "group_entry"])
+def test_update_ops_given_by_name_are_a_type_error(graph, form):
+    """An op name (a string) is no op: named in full, with the two fixes (it
+    used to be iterated and echoed as its first character)."""
+    loss, w, _, _, update = _counter_model()
+    name = update.op.name
+    value = {"argument": name, "entry": [name], "group_entry": {"net": [name]}}[form]
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    _sgd_step(scaler, loss, [w])
+    before = len(graph.get_operations())
+    with pytest.raises(TypeError, match=r"got the string %s\. Pass the op, "
+                                        r"tf.get_default_graph\(\).get_operation_by_name"
+                                        r".*tf.GraphKeys.UPDATE_OPS" % re.escape(repr(name))):
+        scaler.build(update_ops=value)
+    assert len(graph.get_operations()) == before
 
 
 def _two_nets():

@@ -1,0 +1,171 @@
+"""Which variable updates an op stands for: one op vocabulary and one walk,
+shared by the builder's ``update_ops`` check (``tf.Operation``s) and the
+audit's NLS005 (``GraphDef`` nodes, by name).
+
+An op given as an update (``tf.group``, ``tf.tuple``, ``check_numerics``,
+``stop_gradient``, a ``tf.print`` under ``control_dependencies``, or the
+update itself) stands for the variable updates the walk reaches from it,
+over data and control edges, through any op that is not an update. The walk
+stops at the first update on each path: an update's own inputs are the
+forward pass and the data pipeline, which must run on every step, so it
+never goes past one. A data pipeline's get-next op or a random op is
+stateful but writes no variable, so it is walked through like any other op.
+
+This module imports no TensorFlow and makes no op: the caller says how to
+read its graph through two functions, ``parents`` and ``classify``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+import re
+
+__all__ = ["BARRIER", "CONTROL", "STOP", "THROUGH", "UPDATE", "CONTROL_FLOW_TYPES",
+           "FUNCTION_CALL_TYPES", "FUNCTIONAL_CONTROL_FLOW_TYPES", "Reached", "Walk",
+           "is_optimizer_apply", "is_update", "kind_of_type", "updates_behind",
+           "walked_inputs"]
+
+# Variable writes, from the ops' definitions: each takes the variable as its
+# first input, a ref (Assign, ScatterAdd, ApplyAdam...) or a resource handle
+# (AssignVariableOp, ResourceScatterAdd, ResourceApplyAdam...), and stores
+# into it. Ops with such a first input that only read it (ReadVariableOp,
+# ResourceGather, IsVariableInitialized), pass it on (RefIdentity, RefSwitch)
+# or own other state (IteratorGetNext, StatefulUniform, queues, tables,
+# TensorArrays) are not updates. tests/test_graph_walk.py checks the
+# patterns against the op registry.
+_VARIABLE_WRITE = re.compile(
+    r"^(Assign(Add|Sub)?|Assign(Add|Sub)?VariableOp|AssignVariableXlaConcatND|"
+    r"(Resource)?Scatter(Nd)?(Update|Add|Sub|Mul|Div|Min|Max)|"
+    r"(Resource)?StridedSliceAssign|(Resource)?CountUpTo)$")
+# The fused optimizer updates (ApplyAdam, ResourceSparseApplyMomentum...).
+_OPTIMIZER_APPLY = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]\w*$")
+
+#: v2 control flow: functional ops whose bodies are functions.
+FUNCTIONAL_CONTROL_FLOW_TYPES = frozenset([
+    "If", "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile"])
+#: Control flow: v1's Switch/Merge frames and v2's functional ops. What lies
+#: behind them runs only on some branch or iteration.
+CONTROL_FLOW_TYPES = FUNCTIONAL_CONTROL_FLOW_TYPES | frozenset([
+    "Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
+    "NextIteration", "RefNextIteration", "LoopCond"])
+# Inputs that pick a branch rather than pass a value on: a Switch's
+# predicate (its second input), an If's or a Case's first input.
+_SWITCH_TYPES = frozenset(["Switch", "RefSwitch"])
+_BRANCH_INDEX_FIRST = frozenset(["If", "StatelessIf", "Case", "StatelessCase"])
+#: Calls of a function (a graph-mode ``tf.function``): one op that runs its
+#: whole body.
+FUNCTION_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
+
+# What ``classify`` says of a node.
+#: A variable update: recorded; the walk does not go past it.
+UPDATE = "update"
+#: Something the caller refuses to look past (another step's gate, a
+#: functional op whose body writes a variable): recorded; not walked past.
+BARRIER = "barrier"
+#: Control flow: walked through; updates behind it are reached ``via`` it.
+CONTROL = "control"
+#: Any other op: walked through.
+THROUGH = "through"
+#: Not walked through, not recorded.
+STOP = "stop"
+
+
+class Reached(collections.namedtuple("Reached", ["node", "via"])):
+    """A node the walk stopped at.
+
+    Attributes:
+      node: the update or barrier.
+      via: the first control-flow node on a path to it that crosses control
+        flow, or None when no path does.
+    """
+
+
+class Walk(collections.namedtuple("Walk", ["updates", "barriers"])):
+    """What a walk found, each list in walk order, each node once.
+
+    Attributes:
+      updates: ``Reached`` updates.
+      barriers: ``Reached`` barriers.
+    """
+
+
+def is_update(op_type):
+    """True for op types that write a variable (through their first input)."""
+    return bool(_VARIABLE_WRITE.match(op_type) or _OPTIMIZER_APPLY.match(op_type))
+
+
+def is_optimizer_apply(op_type):
+    """True for the fused optimizer updates (ApplyAdam, ResourceApplyAdam...)."""
+    return bool(_OPTIMIZER_APPLY.match(op_type))
+
+
+def kind_of_type(op_type):
+    """The kind the vocabulary alone gives an op type: ``UPDATE``, ``CONTROL``
+    or ``THROUGH``. Callers refine it (barriers, stops) in ``classify``."""
+    if is_update(op_type):
+        return UPDATE
+    if op_type in CONTROL_FLOW_TYPES:
+        return CONTROL
+    return THROUGH
+
+
+def walked_inputs(op_type, inputs):
+    """The data inputs the walk follows: all of them, except the predicate
+    (or branch index) of a Switch, If or Case, which picks what runs rather
+    than being what the op passes on.
+
+    Args:
+      op_type: the op's type.
+      inputs: its data inputs, in order (any objects).
+
+    Returns:
+      A list.
+    """
+    inputs = list(inputs)
+    if op_type in _SWITCH_TYPES:
+        return inputs[:1]
+    if op_type in _BRANCH_INDEX_FIRST:
+        return inputs[1:]
+    return inputs
+
+
+def updates_behind(roots, parents, classify, seen=None):
+    """The updates (and barriers) ``roots`` stand for.
+
+    Depth first from each root, in order; each node's parents in the order
+    ``parents`` gives them. A root is classified like any node, so an update
+    given as a root stands for itself.
+
+    Args:
+      roots: iterable of nodes (any hashable: ops, node names).
+      parents: node -> iterable of the nodes it waits for (data inputs,
+        then control inputs), the data inputs filtered by ``walked_inputs``.
+      classify: node -> ``UPDATE``, ``BARRIER``, ``CONTROL``, ``THROUGH`` or
+        ``STOP``.
+      seen: optional set of ``(node, behind control flow)`` pairs already
+        walked, shared by several calls; updated in place.
+
+    Returns:
+      A ``Walk``.
+    """
+    seen = set() if seen is None else seen
+    found = {UPDATE: collections.OrderedDict(), BARRIER: collections.OrderedDict()}
+    stack = [(root, None) for root in reversed(list(roots))]
+    while stack:
+        node, via = stack.pop()
+        key = (node, via is not None)
+        if key in seen:
+            continue
+        seen.add(key)
+        kind = classify(node)
+        if kind in found:
+            if found[kind].get(node) is None:
+                found[kind][node] = via
+            continue
+        if kind == STOP:
+            continue
+        if kind == CONTROL and via is None:
+            via = node
+        stack.extend((parent, via) for parent in reversed(list(parents(node))))
+    return Walk(*[[Reached(node, via) for node, via in found[kind].items()]
+                  for kind in (UPDATE, BARRIER)])
