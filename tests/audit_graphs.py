@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from npu_lossscale import backends as _backends
+from npu_lossscale import commit as _commit
 import models
 
 #: The backend that reads Ascend's float-status register: "npu" in the first
@@ -398,6 +399,41 @@ def batch_norm_in_place(compute_dtype=tf.float16):
         tf.train.Saver()
         assert not tf.get_collection(tf.GraphKeys.UPDATE_OPS)
     return Case(graph, [train.update_op, loss], {})
+
+
+def wrapped_update(wrap, fixed=False):
+    """A float16 classifier trained by the builder, and a counter update that
+    a script wraps (``models.UPDATE_WRAPPERS[wrap]``) and hands to a gate.
+
+    With ``fixed`` the wrapper goes to ``build(update_ops=...)``, which gates
+    the update behind it. Otherwise the gate holds the wrapper alone, as the
+    builder did before issue #24 for any wrapper but an identity or a group:
+    the builder's pivot gate (``commit.gate``) given the wrapper's op, on the
+    step's decision, its result fetched with ``update_op``.
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        counter = tf.get_variable("counter", [], initializer=tf.zeros_initializer(),
+                                  trainable=False)
+        entry = models.UPDATE_WRAPPERS[wrap](tf.assign_add(counter, 1.0))
+        x = tf.placeholder(tf.float32, [16, 8], name="x")
+        y = tf.placeholder(tf.float32, [16, 1], name="y")
+        w = tf.get_variable("w", [8, 1])
+        logits = tf.cast(tf.matmul(tf.cast(x, tf.float16), tf.cast(w, tf.float16)), tf.float32)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
+        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), backend="is_finite",
+                                            gate="pivot")
+        scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=[w], name="net")
+        train = scaler.build(global_step=tf.train.get_or_create_global_step(),
+                             update_ops=[entry] if fixed else None)
+        fetches = [train.update_op, loss]
+        if not fixed:
+            with tf.name_scope("loss_scale/"):
+                fetches.append(_commit.gate("pivot", train.is_finite, lambda scope: [],
+                                            "update_ops_if_finite",
+                                            existing=[getattr(entry, "op", entry)]))
+        tf.train.Saver()
+    return Case(graph, fetches, {})
 
 
 def weight_average_beside_gate():

@@ -14,6 +14,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import audit_graphs as ag
+import models
 from conftest import REPO
 from npu_lossscale.audit import CODES, Finding, audit, main
 
@@ -360,6 +361,24 @@ def test_batch_norm_updated_in_place_says_to_use_update_ops(compute_dtype, sever
     beside = only(audit(*ag.batch_norm_beside_gate()[:2]), "NLS005-ungated-update")[0]
     assert "beside the loss-scale gate" in beside.message
     assert "updates_collections=None" in beside.message
+
+
+@pytest.mark.parametrize("wrap", sorted(models.UPDATE_WRAPPERS))
+def test_an_update_whose_wrapper_alone_is_gated(wrap):
+    """A gate that holds only a wrapper (tf.tuple, check_numerics,
+    stop_gradient, a tf.print or a constant under control_dependencies, or a
+    nesting) of a variable update: the update runs on skipped steps too, an
+    error naming the update and the wrapper. The same model with the wrapper
+    passed to build(update_ops=...) gates the update and audits clean."""
+    case = ag.wrapped_update(wrap)
+    found = [f for f in only(audit(case.graph, case.fetches), "NLS005-ungated-update")
+             if "only wrap them" in f.message]
+    assert len(found) == 1 and found[0].severity == "error", found
+    updates = [op for op in found[0].ops if op.startswith("AssignAdd")]
+    assert len(updates) == 1 and updates[0] in found[0].message
+    assert "build(update_ops=...)" in found[0].message
+    fixed = ag.wrapped_update(wrap, fixed=True)
+    assert_clean(audit(fixed.graph, fixed.fetches))
 
 
 def test_weight_average_and_skip_counter_beside_the_gate_are_fine():

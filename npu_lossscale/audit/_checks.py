@@ -9,6 +9,7 @@ from __future__ import absolute_import, division, print_function
 import collections
 import itertools
 
+from npu_lossscale import graph_walk
 from npu_lossscale.audit import _facts
 from npu_lossscale.audit import _graph
 
@@ -286,17 +287,21 @@ def check_ungated_updates(context):
     or that a loss depends on. The latter, writes inside the forward pass
     (batch norm built with ``updates_collections=None``), get their own
     finding: no gate can hold them back, the layer has to be built with
-    UPDATE_OPS.
+    UPDATE_OPS. Ungated writes that a gated op stands for (``graph_walk``:
+    a ``tf.print``, ``check_numerics`` or ``tf.tuple`` around them, which
+    the gate holds instead of them) are an error of their own.
     """
     facts = context.facts
     gated = [op for op in context.train_updates() if facts.gates(op)]
     if not gated:
         return []
     update_ops = _update_ops_writes(context)
+    wrapped = _wrapped_writes(context)
     forward_pass = context.model.ancestors(set(facts.seeds.values()))
     groups = collections.OrderedDict(
         ((severity, in_place), []) for severity in ("error", "warning")
         for in_place in (True, False))
+    behind = []
     for op, var in sorted(facts.target.items()):
         if op not in context.run or facts.gates(op):
             continue
@@ -304,11 +309,25 @@ def check_ungated_updates(context):
                 or var in context.model.collections.local):
             continue
         in_place = op in forward_pass
-        if facts.forward_value(op):
+        if op in wrapped and not in_place:
+            behind.append(op)
+        elif facts.forward_value(op):
             groups[("error", in_place)].append(op)
         elif op in update_ops or in_place:
             groups[("warning", in_place)].append(op)
     found = []
+    if behind:
+        wrappers = _sorted(wrapped[op] for op in behind)
+        found.append(Finding(
+            "NLS005-ungated-update", context.run_severity("error"),
+            "%d variable update(s) (%s) run on every step, skipped (overflowing) ones "
+            "too: the loss-scale gate holds op(s) that only wrap them (%s, such as "
+            "a tf.print, check_numerics, tf.tuple or tf.group around them), not the "
+            "updates; pass the wrappers or the updates to MultiOptimizerLossScale"
+            ".build(update_ops=...), which gates the updates behind any wrapper, or "
+            "make the updates inside the gate's branch."
+            % (len(behind), _some(behind, 6), _some(list(wrappers), 4)),
+            _sorted(behind + list(wrappers) + gated[:1])))
     for (severity, in_place), ops in groups.items():
         if not ops:
             continue
@@ -341,16 +360,46 @@ def check_ungated_updates(context):
     return found
 
 
+def _walk_kind(context):
+    """``graph_walk`` classify for the audit: writes are updates; a node
+    whose value derives from an overflow decision (the gate's predicate,
+    its pivot, packed flags) is the gate's own machinery, not walked; a
+    Switch is walked (only its predicate is a decision, and the walk skips
+    it), so a cond branch's captures lead to what they capture."""
+    facts, nodes = context.facts, context.model.nodes
+
+    def classify(name):
+        node_type = nodes[name].type
+        kind = graph_walk.kind_of_type(node_type)
+        if (kind != graph_walk.UPDATE and name in facts.decision
+                and node_type not in ("Switch", "RefSwitch")):
+            return graph_walk.STOP
+        return kind
+    return classify
+
+
 def _update_ops_writes(context):
-    """Writes that are, or that feed, a member of UPDATE_OPS."""
+    """Writes that members of UPDATE_OPS stand for (``graph_walk``)."""
     facts, model = context.facts, context.model
-    members = [n for n in model.collections.update_ops if n in model.nodes]
-    result = set(n for n in members if n in facts.target)
-    stop = lambda name: name in facts.target and name not in members
-    for name in model.ancestors(members, stop=stop):
-        if name in facts.target:
-            result.add(name)
-    return result
+    members = [n for n in sorted(model.collections.update_ops) if n in model.nodes]
+    walk = graph_walk.updates_behind(members, model.walk_parents, _walk_kind(context))
+    return set(reached.node for reached in walk.updates if reached.node in facts.target)
+
+
+def _wrapped_writes(context):
+    """Ungated writes that a gated op of the run stands for (``graph_walk``),
+    as a dict from the write to that op."""
+    facts, model = context.facts, context.model
+    classify = _walk_kind(context)
+    starts = [n for n in context.run
+              if facts.gates(n) and not graph_walk.is_update(model.nodes[n].type)]
+    seen, found = set(), {}
+    for start in sorted(starts, key=model.position):
+        walk = graph_walk.updates_behind([start], model.walk_parents, classify, seen)
+        for reached in walk.updates:
+            if reached.node in facts.target and not facts.gates(reached.node):
+                found.setdefault(reached.node, start)
+    return found
 
 
 # -- NLS006 ----------------------------------------------------------------------

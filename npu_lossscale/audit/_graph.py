@@ -21,11 +21,12 @@ not installed, and importing would fail. It reads the ``GraphDef`` (and the
 from __future__ import absolute_import, division, print_function
 
 import collections
-import re
 
 import tensorflow.compat.v1 as tf
 from tensorflow.core.framework import variable_pb2
 from tensorflow.python.framework import op_def_registry
+
+from npu_lossscale import graph_walk
 
 __all__ = ["Collections", "GraphModel", "Literal", "Node", "is_mutation",
            "is_optimizer_apply", "load", "node_name"]
@@ -52,12 +53,6 @@ _WHILE_TYPES = frozenset(["While", "StatelessWhile"])
 _CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 _MAX_INLINE_DEPTH = 32
 
-_MUTATION = re.compile(
-    r"^(Assign|AssignAdd|AssignSub|AssignVariableOp|AssignAddVariableOp|"
-    r"AssignSubVariableOp|(Resource)?Scatter(Nd)?(Update|Add|Sub|Mul|Div|Min|Max)|"
-    r"(Resource)?StridedSliceAssign)$")
-_OPTIMIZER_APPLY = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]\w*$")
-
 #: A literal: the predicate tensor ("node:port"), the branch value, and its
 #: kind ("cond" for conds and gates, "loop" for loops).
 Literal = collections.namedtuple("Literal", ["pred", "value", "kind"])
@@ -77,14 +72,11 @@ Attributes:
 """
 
 
-def is_mutation(node_type):
-    """True for op types that write a variable through their first input."""
-    return bool(_MUTATION.match(node_type) or _OPTIMIZER_APPLY.match(node_type))
-
-
-def is_optimizer_apply(node_type):
-    """True for the fused optimizer update ops (ApplyAdam, ResourceApplyAdam...)."""
-    return bool(_OPTIMIZER_APPLY.match(node_type))
+#: True for op types that write a variable through their first input (the
+#: vocabulary the builder's update_ops check uses too).
+is_mutation = graph_walk.is_update
+#: True for the fused optimizer update ops (ApplyAdam, ResourceApplyAdam...).
+is_optimizer_apply = graph_walk.is_optimizer_apply
 
 
 def node_name(name):
@@ -287,6 +279,16 @@ class GraphModel(object):
         deps.extend(node.controls)
         deps.extend(self.body.get(name, ()))
         return deps
+
+    def walk_parents(self, name):
+        """What a node waits for, as ``graph_walk.updates_behind`` reads it:
+        the data inputs ``graph_walk.walked_inputs`` keeps, the control
+        inputs and, for a call node, its whole body."""
+        node = self.nodes[name]
+        deps = [source for source, _ in graph_walk.walked_inputs(node.type, node.inputs)]
+        deps.extend(node.controls)
+        deps.extend(self.body.get(name, ()))
+        return [dep for dep in deps if dep in self.nodes]
 
     def ancestors(self, names, data_only=False, stop=None):
         """Every node some of ``names`` depends on, ``names`` included.
