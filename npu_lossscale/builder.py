@@ -350,16 +350,16 @@ class MultiOptimizerLossScale(object):
             made; a build that fails later (inside TF, or a custom manager)
             leaves the builder and the graph's variables as they were, so it
             can be called again.
+          TypeError: for a global_step that is not an integer variable, a
+            non-int ``accumulation_steps``, a non-bool
+            ``count_skipped_steps``, or an op name (a string) in
+            ``update_ops``.
 
         A manager may be shared with other builders and
         ``LossScaleOptimizer``s: each ``session.run`` that fetches one of
         their step ops updates it once. A run that fetches two step ops
         updating one manager fails with an InvalidArgumentError before the
         second one writes anything.
-          TypeError: for a global_step that is not an integer variable, a
-            non-int ``accumulation_steps``, a non-bool
-            ``count_skipped_steps``, or an op name (a string) in
-            ``update_ops``.
         """
         _inputs.require_graph_mode("MultiOptimizerLossScale.build")
         if self._built:

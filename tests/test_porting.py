@@ -209,7 +209,7 @@ def test_seed003_builder_decides_right_where_two_npu_lso_in_one_run_do_not(npu_s
             sess.run(tf.global_variables_initializer())
             start = sess.run([m.wd, m.wg])
             for _ in range(5):
-                with pytest.raises(tf.errors.InvalidArgumentError, match="Fetch one step op"):
+                with pytest.raises(tf.errors.InvalidArgumentError, match="Fetch one of them per session.run"):
                     sess.run([train.per_group["d"], train.per_group["g"], train.update_op],
                              m.feed)
                 assert all((a == b).all() for a, b in zip(sess.run([m.wd, m.wg]), start))
