@@ -26,7 +26,7 @@ import warnings
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import inputs as _inputs
+from npu_lossscale import checks as _checks
 from npu_lossscale.gradients import SMALL_GRADIENT_ELEMENTS, dense_values
 
 BACKENDS = ("auto", "is_finite", "npu", "float_status")
@@ -120,7 +120,7 @@ class NpuFloatStatusBackend(object):
     else the run fetches. What it can also see is an overflow of another
     step of the same run that landed before it, which makes it skip
     (conservative), never apply. Reads are built at the top level of the
-    graph only (``inputs.require_top_level``).
+    graph only (``checks.require_top_level``).
 
     Uses the v2 ops (``npu_get_float_status_v2``/``npu_clear_float_status_v2``)
     when the installed npu_bridge has them, else the v1 ops
@@ -158,7 +158,7 @@ class NpuFloatStatusBackend(object):
         Returns:
           A float32 scalar tensor.
         """
-        _inputs.require_top_level("A float-status read")
+        _checks.require_top_level("A float-status read")
         gen = self._gen_ops
         deps = [dense_values(t) for t in list(tensors) + list(after)]
         order_after_clear(self.clear_status(), deps)

@@ -34,14 +34,14 @@ import os
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import _validation
+from npu_lossscale import checks as _checks
 from npu_lossscale import backends as _backends
 from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import inputs as _inputs
+from npu_lossscale import checks as _checks
 from npu_lossscale import manager_update as _manager_update
 from npu_lossscale import managers as _managers
 from npu_lossscale import overflow as _overflow
@@ -178,13 +178,13 @@ class MultiOptimizerLossScale(object):
 
     def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
                  distributed=None, allreduce_gradients=True, gate="auto"):
-        _inputs.require_graph_mode("MultiOptimizerLossScale")
-        _inputs.check_manager(loss_scale_manager)
-        _validation.check_bool(
+        _checks.require_graph_mode("MultiOptimizerLossScale")
+        _checks.check_manager(loss_scale_manager)
+        _checks.check_bool(
             "allreduce_gradients", allreduce_gradients,
             "Pass False when the optimizers already allreduce their gradients.")
-        _plan.check_skip_policy(skip_policy)
-        _plan.check_gate(gate)
+        _checks.check_skip_policy(skip_policy)
+        _checks.check_gate(gate)
         self._gate = gate
         self._manager = loss_scale_manager
         self._requested_backend = backend
@@ -251,18 +251,18 @@ class MultiOptimizerLossScale(object):
                 "group with add() first, then call build() once." % (loss,))
         if callable(loss) and not isinstance(loss, tf.Tensor):
             loss = loss()  # as tf.train.Optimizer.minimize accepts
-        loss = _inputs.check_loss(loss)
-        _inputs.check_optimizer(optimizer)
+        loss = _checks.check_loss(loss)
+        _checks.check_optimizer(optimizer)
         if name is None:
             name = "group_%d" % len(self._groups)
-        name = _inputs.check_group_name(name, [group.name for group in self._groups])
+        name = _checks.check_group_name(name, [group.name for group in self._groups])
         for group in self._groups:
             if group.optimizer is optimizer:
                 raise ValueError(
                     "optimizer %r is already used by group %r. Each group needs its "
                     "own optimizer instance (its slots belong to its variables); "
                     "create a second one." % (optimizer, group.name))
-        var_list = _inputs.check_var_list(var_list, name, self._groups)
+        var_list = _checks.check_var_list(var_list, name, self._groups)
         if self._engine is not None:
             _distributed.check_not_already_reducing(optimizer, name, self._allreduce_gradients)
             if not self._allreduce_gradients and not _distributed.reduces_gradients(optimizer):
@@ -278,7 +278,7 @@ class MultiOptimizerLossScale(object):
             # outside float32's normal range that quotient (or clip_norm
             # itself) flushes to 0 or overflows, and every gradient becomes
             # 0 or NaN on a step the check found finite.
-            _validation.check_number(
+            _checks.check_number(
                 "clip_norm", clip_norm, minimum=CLIP_NORM_RANGE[0],
                 maximum=CLIP_NORM_RANGE[1],
                 hint="clip_by_global_norm computes 1 / clip_norm in float32, so both "
@@ -287,7 +287,7 @@ class MultiOptimizerLossScale(object):
         if loss_scale_manager is None:
             loss_scale_manager = self._manager
         else:
-            _inputs.check_manager(loss_scale_manager)
+            _checks.check_manager(loss_scale_manager)
         # An optimizer whose compute_gradients is its own (Horovod's, NPU's,
         # or one patched in place by npu_distributed_optimizer_wrapper) must
         # compute its gradients itself: a shared tf.gradients would bypass it.
@@ -361,12 +361,19 @@ class MultiOptimizerLossScale(object):
         updating one manager fails with an InvalidArgumentError before the
         second one writes anything.
         """
-        _inputs.require_graph_mode("MultiOptimizerLossScale.build")
+        _checks.require_graph_mode("MultiOptimizerLossScale.build")
         if self._built:
             raise ValueError(
                 "build() was already called on this MultiOptimizerLossScale. It "
                 "returns the one update op for all groups; reuse the TrainOps it "
                 "returned instead of building again.")
+        _checks.check_number(
+            "accumulation_steps", accumulation_steps, minimum=1, integer=True,
+            hint="Pass the number of micro-batches per applied step, e.g. 4 (1 = "
+                 "no accumulation).")
+        _checks.check_bool(
+            "count_skipped_steps", count_skipped_steps,
+            "Pass True to advance global_step on skipped steps too.")
         plan = self._plan(global_step, accumulation_steps, count_skipped_steps)
         update_ops = self._check_update_ops(update_ops, plan, per_group_ops)
         # A failed build leaves the graph's variables, the control inputs of
@@ -379,7 +386,7 @@ class MultiOptimizerLossScale(object):
 
     def _check_update_ops(self, update_ops, plan, per_group_ops):
         """``update_ops`` as a dict from group name (or "" for all) to ops."""
-        _validation.check_bool("per_group_ops", per_group_ops,
+        _checks.check_bool("per_group_ops", per_group_ops,
                                "Pass True to also get one update op per group.")
         _commit.check_not_a_name(update_ops)
         if plan.window.steps > 1 and (update_ops or per_group_ops):
@@ -414,14 +421,14 @@ class MultiOptimizerLossScale(object):
                     "one group's step. List it once." % (op.name,))
         _commit.check_update_ops_off_the_losses(everything, plan.losses)
         if plan.gate_kind == "cond" and tf.control_flow_v2_enabled():
-            _inputs.check_no_ref_inputs(everything)
+            _checks.check_no_ref_inputs(everything)
         return checked
 
     def _plan(self, global_step, accumulation_steps, count_skipped_steps):
         """Every check of ``build``'s arguments, then the plan; no op made."""
         self._backend = _backends.resolve_backend(self._requested_backend)
         if self._backend.reads_register:
-            _inputs.require_top_level("MultiOptimizerLossScale.build")
+            _checks.require_top_level("MultiOptimizerLossScale.build")
         plan = _plan.make_plan(
             self._groups, self._manager, reads_register=self._backend.reads_register,
             skip_policy=self._skip_policy, engine=self._engine,
@@ -432,17 +439,17 @@ class MultiOptimizerLossScale(object):
                 self._gate, self._backend.on_npu,
                 os.environ.get("ENABLE_FORCE_V2_CONTROL") == "1",
                 tf.control_flow_v2_enabled()))
-        _inputs.check_global_step(global_step)
+        _checks.check_global_step(global_step)
         # Applies inside a functional If (the cond gate, or the accumulation
         # window's cond) cannot assign ref variables.
         if tf.control_flow_v2_enabled() and (plan.gate_kind == "cond"
                                              or plan.window.steps > 1):
             for group in plan.groups:
-                _inputs.check_resource_variables(group.var_list, group.name)
+                _checks.check_resource_variables(group.var_list, group.name)
             if global_step is not None:
-                _inputs.check_resource_variables([global_step], "global_step")
+                _checks.check_resource_variables([global_step], "global_step")
         for group in plan.groups:
-            if not _inputs.reaches_variables(group.loss, group.var_list):
+            if not _checks.reaches_variables(group.loss, group.var_list):
                 raise ValueError(
                     "group %r: its loss %r reaches none of its %d variables (every "
                     "gradient would be None). Check var_list, or that the loss "

@@ -9,7 +9,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import graph_walk as _graph_walk
-from npu_lossscale import inputs as _inputs
+from npu_lossscale import checks as _checks
 from npu_lossscale.gradients import clip
 
 
@@ -334,12 +334,12 @@ def check_update_ops(update_ops):
         refuses.
     """
     check_not_a_name(update_ops)
-    if _inputs.op_of(update_ops) is not None:
+    if _checks.op_of(update_ops) is not None:
         update_ops = [update_ops]
     ops = []
     for entry in update_ops:
         check_not_a_name(entry)
-        op = _inputs.op_of(entry)
+        op = _checks.op_of(entry)
         if op is None:
             raise TypeError(
                 "update_ops must hold ops or tensors, got %r. Pass "

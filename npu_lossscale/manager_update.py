@@ -4,7 +4,7 @@ from __future__ import absolute_import, division, print_function
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import inputs as _inputs
+from npu_lossscale import checks as _checks
 
 
 def update_manager(manager, is_finite, after):
@@ -44,7 +44,7 @@ def update_op(manager, update):
     Raises:
       TypeError: for anything else, before the step uses it.
     """
-    op = _inputs.op_of(update)
+    op = _checks.op_of(update)
     if op is not None:
         return op
     raise TypeError(

@@ -39,8 +39,8 @@ import warnings
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import _validation
-from npu_lossscale import inputs as _inputs
+from npu_lossscale import checks as _checks
+from npu_lossscale import checks as _checks
 
 # TF's DynamicLossScale and Keras' LossScaleOptimizer start at 2**15: the
 # largest power of two whose product with a unit loss still fits float16.
@@ -206,7 +206,7 @@ class FixedLossScaleManager(LossScaleManager):
             raise ValueError(
                 "loss_scale must be a number, got None. Pass a power of two "
                 "such as 1024, or 1 for no scaling.")
-        _validation.check_number(
+        _checks.check_number(
             "loss_scale", loss_scale, minimum=1, maximum=_FLOAT32_MAX,
             hint="A loss scale below 1 shrinks gradients towards underflow, and "
                  "one beyond float32's range cannot be represented; pass a power "
@@ -548,18 +548,18 @@ class FloorWarningHook(tf.train.SessionRunHook):
 
 
 def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
-    _validation.check_number(
+    _checks.check_number(
         "min_loss_scale", min_loss_scale, minimum=1, maximum=_FLOAT32_MAX,
         hint="The floor must be a finite number of at least 1; the default is 1.")
     if max_loss_scale is not None:
-        _validation.check_number(
+        _checks.check_number(
             "max_loss_scale", max_loss_scale, minimum=min_loss_scale,
             maximum=_FLOAT32_MAX,
             hint="The ceiling must lie in [min_loss_scale, float32 max] = [%r, %r]; "
                  "pass None (the default) for no ceiling but float32's range."
                  % (min_loss_scale, _FLOAT32_MAX))
     high = _FLOAT32_MAX if max_loss_scale is None else max_loss_scale
-    _validation.check_number(
+    _checks.check_number(
         init_name, init_value, minimum=min_loss_scale, maximum=high,
         hint="It must lie within [min_loss_scale, max_loss_scale] = [%r, %r]; "
              "lower it, or raise max_loss_scale." % (min_loss_scale, high))
@@ -593,7 +593,7 @@ def _count(name, value, hint, maximum=None):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(whole)
     # NaN, inf and the bounds, reported with the value as given.
-    _validation.check_number(name, value, minimum=1, maximum=maximum, hint=hint)
+    _checks.check_number(name, value, minimum=1, maximum=maximum, hint=hint)
     if not isinstance(value, numbers.Integral) and not float(value).is_integer():
         raise TypeError(whole)
     return int(value)
@@ -616,7 +616,7 @@ def _check_period(name, value, example):
 
 
 def _check_ratio(name, value, example):
-    _validation.check_number(
+    _checks.check_number(
         name, value, minimum=1, min_open=True, maximum=_FLOAT32_MAX,
         hint="The scale must grow when it grows; pass e.g. %r." % example)
     if _float32(float(value)) <= 1.0:
@@ -632,7 +632,7 @@ def _check_initial_scale(name, value, min_loss_scale, max_loss_scale, floor_warn
             "%s must be a number, got None. Start at a power of two such as 2**15."
             % name)
     _check_floor_warning(floor_warning_after)
-    _validation.check_number(
+    _checks.check_number(
         name, value, minimum=1, maximum=_FLOAT32_MAX,
         hint="Start at a power of two such as 2**15.")
     _check_bounds(name, value, min_loss_scale, max_loss_scale)
@@ -687,13 +687,13 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
                  min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
                  max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
                  floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER):
-        _inputs.require_graph_mode("ExponentialUpdateLossScaleManager")
+        _checks.require_graph_mode("ExponentialUpdateLossScaleManager")
         _check_initial_scale("init_loss_scale", init_loss_scale, min_loss_scale,
                              max_loss_scale, floor_warning_after)
         _check_period("incr_every_n_steps", incr_every_n_steps, 1000)
         _check_period("decr_every_n_nan_or_inf", decr_every_n_nan_or_inf, 2)
         _check_ratio("incr_ratio", incr_ratio, 2)
-        _validation.check_number(
+        _checks.check_number(
             "decr_ratio", decr_ratio, minimum=0, maximum=1, min_open=True, max_open=True,
             hint="The scale must shrink when it shrinks; pass e.g. 0.5.")
         self._decr_every = int(decr_every_n_nan_or_inf)
@@ -761,7 +761,7 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
                  min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
                  max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
                  floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER):
-        _inputs.require_graph_mode("DynamicLossScaleManager")
+        _checks.require_graph_mode("DynamicLossScaleManager")
         _check_initial_scale("initial_scale", initial_scale, min_loss_scale,
                              max_loss_scale, floor_warning_after)
         _check_period("growth_steps", growth_steps, 2000)
@@ -835,7 +835,7 @@ def describe(manager):
     name of its first state variable, e.g. "loss-scale manager
     DynamicLossScaleManager (state loss_scale/state)"; no quotes, which
     run-time messages would print escaped."""
-    variables = _inputs.manager_variables(manager)
+    variables = _checks.manager_variables(manager)
     if not variables:
         return "loss-scale manager %s" % type(manager).__name__
     return "loss-scale manager %s (state %s)" % (type(manager).__name__, variables[0].op.name)

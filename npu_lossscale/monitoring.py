@@ -6,7 +6,7 @@ from __future__ import absolute_import, division, print_function
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import _validation
+from npu_lossscale import checks as _checks
 
 
 def summaries(train_ops, family="loss_scale", step_applied=False):
@@ -38,7 +38,7 @@ def summaries(train_ops, family="loss_scale", step_applied=False):
         not a bool.
     """
     _check_train_ops(train_ops)
-    _validation.check_bool("step_applied", step_applied,
+    _checks.check_bool("step_applied", step_applied,
                            "Pass True to also get the joint step's applied flag.")
     with tf.name_scope(None):
         result = [
@@ -78,7 +78,7 @@ class LossScaleHook(tf.train.SessionRunHook):
 
     def __init__(self, train_ops, every_n_steps=100):
         _check_train_ops(train_ops)
-        _validation.check_number("every_n_steps", every_n_steps, minimum=1, integer=True,
+        _checks.check_number("every_n_steps", every_n_steps, minimum=1, integer=True,
                                  hint="Pass how often to log, e.g. 100.")
         self._train = train_ops
         self._every = every_n_steps

@@ -12,14 +12,14 @@ import os
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import _validation
+from npu_lossscale import checks as _checks
 from npu_lossscale import backends as _backends
 from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import inputs as _inputs
+from npu_lossscale import checks as _checks
 from npu_lossscale import manager_update as _manager_update
 from npu_lossscale import managers as _managers
 from npu_lossscale import overflow as _overflow
@@ -73,14 +73,14 @@ class LossScaleOptimizer(tf.train.Optimizer):
 
     def __init__(self, opt, loss_scale_manager, backend="auto", is_distributed=None,
                  gate="auto"):
-        _inputs.check_optimizer(opt, argument="opt")
-        _inputs.check_manager(loss_scale_manager)
+        _checks.check_optimizer(opt, argument="opt")
+        _checks.check_manager(loss_scale_manager)
         if is_distributed is not None:
-            _validation.check_bool(
+            _checks.check_bool(
                 "is_distributed", is_distributed,
                 "Pass True to sum the overflow decision across Ascend devices (as "
                 "NPULossScaleOptimizer does), False if each device trains alone.")
-        _plan.check_gate(gate)
+        _checks.check_gate(gate)
         self._gate = gate
         self._opt = opt
         self._manager = loss_scale_manager
@@ -111,7 +111,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         self._slots = self._holder._slots  # pylint: disable=protected-access
         self._non_slot_dict = self._holder._non_slot_dict  # pylint: disable=protected-access
         self._deferred_slot_restorations = self._holder._deferred_slot_restorations  # pylint: disable=protected-access
-        for index, variable in enumerate(_inputs.manager_variables(loss_scale_manager)):
+        for index, variable in enumerate(_checks.manager_variables(loss_scale_manager)):
             self._track_trackable(variable, name="loss_scale_state_%d" % index)
 
     @property
@@ -159,7 +159,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
           ValueError: if ``global_step`` is of another graph; as
             ``apply_gradients`` otherwise.
         """
-        _inputs.check_global_step(global_step)
+        _checks.check_global_step(global_step)
         return super(LossScaleOptimizer, self).minimize(
             loss, global_step=global_step, var_list=var_list,
             gate_gradients=gate_gradients, aggregation_method=aggregation_method,
@@ -176,9 +176,9 @@ class LossScaleOptimizer(tf.train.Optimizer):
         ``loss`` may be a callable taking no argument, as there. Pairs whose
         gradient is None are kept, as the base class does.
         """
-        _inputs.require_graph_mode("LossScaleOptimizer.compute_gradients",
+        _checks.require_graph_mode("LossScaleOptimizer.compute_gradients",
                                    eager_functions=True)
-        _inputs.check_manager_graph(self._manager)
+        _checks.check_manager_graph(self._manager)
         if callable(loss) and not isinstance(loss, tf.Tensor):
             loss = loss()
         with tf.name_scope("loss_scale"):
@@ -216,9 +216,9 @@ class LossScaleOptimizer(tf.train.Optimizer):
         that fetches two step ops updating one manager fails with an
         InvalidArgumentError before the second one writes anything.
         """
-        _inputs.require_graph_mode("LossScaleOptimizer.apply_gradients",
+        _checks.require_graph_mode("LossScaleOptimizer.apply_gradients",
                                    eager_functions=True)
-        _inputs.check_global_step(global_step)
+        _checks.check_global_step(global_step)
         grads_and_vars = list(grads_and_vars)
         present = [(g, v) for g, v in grads_and_vars if g is not None]
         if not present:
@@ -226,7 +226,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
                 "apply_gradients() got no gradients (all None) for variables %r. "
                 "Check that the loss depends on the variables."
                 % ([v.name for _, v in grads_and_vars],))
-        _inputs.check_manager_graph(self._manager)
+        _checks.check_manager_graph(self._manager)
         # A failed call leaves the graph, the optimizer's slots and the
         # library's records as they were, so it can be retried.
         with _graph_state.transaction(optimizers=[_state_holder(self._opt)]):
@@ -240,12 +240,12 @@ class LossScaleOptimizer(tf.train.Optimizer):
             # Decided here, as npu_bridge's NPULossScaleOptimizer does.
             backend = _backends.resolve_backend(self._requested_backend)
             if backend.reads_register and _overflow.overflow_check_enabled(self._manager):
-                _inputs.require_top_level("LossScaleOptimizer.apply_gradients")
+                _checks.require_top_level("LossScaleOptimizer.apply_gradients")
             kind = _plan.choose_gate(self._gate, backend.on_npu,
                                      os.environ.get("ENABLE_FORCE_V2_CONTROL") == "1",
                                      tf.control_flow_v2_enabled())
             if kind == "cond" and tf.control_flow_v2_enabled():
-                _inputs.check_resource_variables([v for _, v in present], self.get_name())
+                _checks.check_resource_variables([v for _, v in present], self.get_name())
             if _overflow.overflow_check_enabled(self._manager):
                 if backend.reads_register:
                     _backends.claim_register(self,

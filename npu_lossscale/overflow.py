@@ -10,7 +10,7 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
-from npu_lossscale import inputs as _inputs
+from npu_lossscale import checks as _checks
 from npu_lossscale import gradients as _gradients
 
 
@@ -45,7 +45,7 @@ def all_finite(grads, backend="auto"):
         another graph, or the register inside a ``tf.cond``/``tf.while_loop``
         body or a ``tf.function``.
     """
-    grads = _inputs.check_gradients(grads)
+    grads = _checks.check_gradients(grads)
     flag = _backends.resolve_backend(backend).overflow_flag(grads)
     return Decisions({"all": flag}, grads).all_of(["all"])
 

@@ -12,15 +12,6 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 
-from npu_lossscale import _validation
-
-#: The skip policies ``build`` accepts.
-SKIP_POLICIES = ("all", "per_group")
-#: How the apply gate is built: "pivot" (one Switch/Merge, the cheapest on
-#: CPU/GPU), "cond" (``tf.cond``: a functional ``If`` under control flow v2,
-#: a v1 cond that Ascend's adapter can functionalize otherwise), or "auto".
-GATES = ("auto", "pivot", "cond")
-
 
 class Group(collections.namedtuple(
         "Group", ["name", "loss", "optimizer", "var_list", "clip_norm", "manager",
@@ -133,7 +124,7 @@ class Plan(collections.namedtuple(
       window: the ``Window``.
       reduction: the ``Reduction``.
       count_skipped_steps: whether ``global_step`` advances on skipped steps.
-      gate_kind: "pivot" or "cond" (see ``GATES``).
+      gate_kind: "pivot" or "cond" (see ``checks.GATES``).
     """
 
     def group(self, name):
@@ -177,24 +168,6 @@ def _distinct(items):
     return result
 
 
-def check_skip_policy(skip_policy):
-    """Raises ValueError unless ``skip_policy`` is a known policy."""
-    if skip_policy not in SKIP_POLICIES:
-        raise ValueError(
-            "skip_policy must be one of %r, got %r. Use 'all' to skip every "
-            "group on any overflow, or 'per_group' to skip only the group "
-            "that overflowed." % (SKIP_POLICIES, skip_policy))
-
-
-def check_gate(gate):
-    """Raises ValueError unless ``gate`` is a known gate kind."""
-    if gate not in GATES:
-        raise ValueError(
-            "gate must be one of %r, got %r. Use 'auto' (a functional cond where "
-            "Ascend needs one, else the cheaper pivot), 'cond' to force tf.cond "
-            "(no raw Switch/Merge), or 'pivot'." % (GATES, gate))
-
-
 def choose_gate(gate, on_npu, force_v2_control, control_flow_v2):
     """The gate kind for a step.
 
@@ -206,7 +179,7 @@ def choose_gate(gate, on_npu, force_v2_control, control_flow_v2):
     which TF 2.x's default control flow v2 alone is no reason to give up.
 
     Args:
-      gate: "auto", "pivot" or "cond".
+      gate: "auto", "pivot" or "cond" (checked by ``checks.check_gate``).
       on_npu: whether the step runs on Ascend.
       force_v2_control: whether ``ENABLE_FORCE_V2_CONTROL=1`` is set.
       control_flow_v2: whether control flow v2 is enabled.
@@ -214,7 +187,6 @@ def choose_gate(gate, on_npu, force_v2_control, control_flow_v2):
     Returns:
       "pivot" or "cond".
     """
-    check_gate(gate)
     if gate != "auto":
         return gate
     return "cond" if force_v2_control or (on_npu and control_flow_v2) else "pivot"
@@ -240,25 +212,18 @@ def make_plan(groups, manager, reads_register, skip_policy="all", engine=None,
     Returns:
       A ``Plan``.
 
+    The options are the caller's, already checked at the boundary
+    (``checks``); the plan checks only the rules across groups.
+
     Raises:
-      TypeError: for a non-int ``accumulation_steps`` or a non-bool flag.
-      ValueError: with no groups, for ``accumulation_steps`` < 1, an unknown
-        skip policy, or groups sharing a loss that serialised status reads
-        cannot tell apart.
+      ValueError: with no groups, or for groups sharing a loss that
+        serialised status reads cannot tell apart.
     """
     groups = tuple(groups)
     if not groups:
         raise ValueError(
             "build() was called with no groups. Call add(loss, optimizer, "
             "var_list) for each optimizer first.")
-    _validation.check_number(
-        "accumulation_steps", accumulation_steps, minimum=1, integer=True,
-        hint="Pass the number of micro-batches per applied step, e.g. 4 (1 = "
-             "no accumulation).")
-    _validation.check_bool(
-        "count_skipped_steps", count_skipped_steps,
-        "Pass True to advance global_step on skipped steps too.")
-    check_skip_policy(skip_policy)
     serial_reads = skip_policy == "per_group" and reads_register and len(groups) > 1
     if serial_reads:
         _check_no_shared_loss(groups)

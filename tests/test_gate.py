@@ -14,6 +14,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
+from npu_lossscale import checks
 from npu_lossscale import plan as P
 from conftest import GRAPH_MODE, SKIPPED_STEPS, snapshot_globals
 from models import add_gan_groups, two_group_gan
@@ -118,7 +119,7 @@ def test_choose_gate_rule():
     assert P.choose_gate("auto", False, True, False) == "cond"
     assert P.choose_gate("pivot", True, True, True) == "pivot"
     with pytest.raises(ValueError, match="gate"):
-        P.choose_gate("if", False, False, False)
+        checks.check_gate("if")
 
 
 def test_ref_variables_under_a_functional_if_get_a_clear_error():

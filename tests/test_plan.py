@@ -132,20 +132,6 @@ def test_window_is_closed_by_update_op_only_with_an_engine():
     assert plan.reduction.active and plan.reduction.engine is engine
 
 
-@pytest.mark.parametrize("kwargs, error, fragments", [
-    (dict(accumulation_steps=0), ValueError, ["accumulation_steps", "0"]),
-    (dict(accumulation_steps=2.0), TypeError, ["accumulation_steps", "2.0"]),
-    (dict(accumulation_steps=float("nan")), TypeError, ["accumulation_steps", "nan"]),
-    (dict(count_skipped_steps="yes"), TypeError, ["count_skipped_steps", "'yes'"]),
-    (dict(skip_policy="some"), ValueError, ["skip_policy", "'some'"]),
-])
-def test_bad_options_are_rejected_by_the_plan(kwargs, error, fragments):
-    with pytest.raises(error) as info:
-        P.make_plan([_group("a")], _SHARED, False, **kwargs)
-    for fragment in fragments:
-        assert fragment in str(info.value)
-
-
 def test_no_groups_is_rejected():
     with pytest.raises(ValueError, match="no groups"):
         P.make_plan([], _SHARED, False)

@@ -1,13 +1,29 @@
-"""What the library accepts from its callers, checked as TF objects: losses,
-optimizers, variables, managers and global steps, in graph mode."""
+"""The boundary: what the library accepts from its callers, checked once,
+where it is handed in, before any op is made.
+
+Numbers, counts and flags (``check_number``, ``check_bool``), and TF objects:
+losses, optimizers, variables, managers, gradients and global steps, and the
+graph context a step may be built in (graph mode, the top level). Every check
+raises ValueError or TypeError with a message that names the argument, shows
+the value with ``%r`` and says the fix. Inside the step, checked values are
+trusted."""
 
 from __future__ import absolute_import, division, print_function
 
 import inspect
+import math
+import numbers
 import re
 
 import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import resource_variable_ops
+
+#: The skip policies ``build`` accepts.
+SKIP_POLICIES = ("all", "per_group")
+#: How the apply gate is built: "pivot" (one Switch/Merge, the cheapest on
+#: CPU/GPU), "cond" (``tf.cond``: a functional ``If`` under control flow v2,
+#: a v1 cond that Ascend's adapter can functionalize otherwise), or "auto".
+GATES = ("auto", "pivot", "cond")
 
 _LOSS_SCALE_WRAPPERS = ("LossScaleOptimizer", "NPULossScaleOptimizer",
                         "MixedPrecisionLossScaleOptimizer")
@@ -544,3 +560,81 @@ def reaches_variables(loss, var_list):
             if dtype.is_floating or dtype == tf.resource or dtype.is_complex:
                 stack.append(tensor.op)
     return False
+
+
+def check_number(name, value, minimum=None, maximum=None, min_open=False,
+                 max_open=False, integer=False, hint=""):
+    """Checks that ``value`` is a real number inside the given bounds.
+
+    Args:
+      name: the argument's name, for the message.
+      value: the value to check.
+      minimum: lower bound or None.
+      maximum: upper bound or None.
+      min_open: whether the lower bound is excluded.
+      max_open: whether the upper bound is excluded.
+      integer: whether the value must be an int (bools are rejected).
+      hint: a sentence appended to the message, saying what to pass instead.
+
+    Returns:
+      The value, unchanged.
+
+    Raises:
+      TypeError: if the value is not a number (or not an int when required).
+      ValueError: if the value is NaN, infinite or outside the bounds. (NaN
+        fails no comparison and inf passes every lower bound, so both are
+        rejected before the bounds are looked at.)
+    """
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError("%s must be %s, got %r (%s). %s" % (
+            name, "an int" if integer else "a number", value,
+            type(value).__name__, hint))
+    if not isinstance(value, numbers.Integral) and not math.isfinite(value):
+        raise ValueError("%s must be a finite number, got %r. %s" % (name, value, hint))
+    bad = ((minimum is not None and (value < minimum or (min_open and value == minimum)))
+           or (maximum is not None and (value > maximum or (max_open and value == maximum))))
+    if bad:
+        low = "" if minimum is None else ("%s %r" % ("(" if min_open else "[", minimum))
+        high = "" if maximum is None else ("%r%s" % (maximum, ")" if max_open else "]"))
+        if minimum is None:
+            span = "<%s %r" % ("" if max_open else "=", maximum)
+        elif maximum is None:
+            span = ">%s %r" % ("" if min_open else "=", minimum)
+        else:
+            span = "in %s, %s" % (low, high)
+        raise ValueError("%s must be %s, got %r. %s" % (name, span, value, hint))
+    return value
+
+
+def check_bool(name, value, hint):
+    """Raises TypeError unless ``value`` is a bool.
+
+    Args:
+      name: the argument's name, for the message.
+      value: the value to check.
+      hint: a sentence saying what to pass.
+
+    Raises:
+      TypeError: if the value is not True or False.
+    """
+    if not isinstance(value, bool):
+        raise TypeError("%s must be a bool, got %r. %s" % (name, value, hint))
+
+
+def check_skip_policy(skip_policy):
+    """Raises ValueError unless ``skip_policy`` is a known policy."""
+    if skip_policy not in SKIP_POLICIES:
+        raise ValueError(
+            "skip_policy must be one of %r, got %r. Use 'all' to skip every "
+            "group on any overflow, or 'per_group' to skip only the group "
+            "that overflowed." % (SKIP_POLICIES, skip_policy))
+
+
+def check_gate(gate):
+    """Raises ValueError unless ``gate`` is a known gate kind."""
+    if gate not in GATES:
+        raise ValueError(
+            "gate must be one of %r, got %r. Use 'auto' (a functional cond where "
+            "Ascend needs one, else the cheaper pivot), 'cond' to force tf.cond "
+            "(no raw Switch/Merge), or 'pivot'." % (GATES, gate))
