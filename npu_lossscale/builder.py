@@ -34,18 +34,18 @@ import os
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import checks as _checks
 from npu_lossscale import backends as _backends
+from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import checks as _checks
 from npu_lossscale import manager_update as _manager_update
 from npu_lossscale import managers as _managers
 from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
+from npu_lossscale import update_ops as _update_ops
 from npu_lossscale import window as _window
 
 # The clip_norm values for which clip_by_global_norm stays exact: clip_norm
@@ -343,7 +343,7 @@ class MultiOptimizerLossScale(object):
           ValueError: if called twice, with no groups, in eager mode, when a
             group's loss reaches none of its variables, for
             ``accumulation_steps`` < 1, for ``update_ops`` the gate cannot
-            hold (``commit.check_update_ops``), or for groups sharing a loss under
+            hold (``update_ops.check_update_ops``), or for groups sharing a loss under
             ``skip_policy="per_group"`` on the npu backend, or on the
             float-status register inside a ``tf.cond``/``tf.while_loop`` body
             or a ``tf.function``. Every check runs before the first op is
@@ -375,7 +375,7 @@ class MultiOptimizerLossScale(object):
             "count_skipped_steps", count_skipped_steps,
             "Pass True to advance global_step on skipped steps too.")
         plan = self._plan(global_step, accumulation_steps, count_skipped_steps)
-        update_ops = self._check_update_ops(update_ops, plan, per_group_ops)
+        update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
         # A failed build leaves the graph's variables, the control inputs of
         # the user's ops (the pivot gate's, the register clear's), the
         # optimizers' slots and the library's records as they were.
@@ -383,46 +383,6 @@ class MultiOptimizerLossScale(object):
             train = self._build(plan, global_step, update_ops, per_group_ops)
         self._built = True
         return train
-
-    def _check_update_ops(self, update_ops, plan, per_group_ops):
-        """``update_ops`` as a dict from group name (or "" for all) to ops."""
-        _checks.check_bool("per_group_ops", per_group_ops,
-                               "Pass True to also get one update op per group.")
-        _commit.check_not_a_name(update_ops)
-        if plan.window.steps > 1 and (update_ops or per_group_ops):
-            raise ValueError(
-                "update_ops and per_group_ops apply to steps without accumulation, "
-                "got accumulation_steps=%d. Run the batch-norm updates with "
-                "accumulate_op yourself, or accumulate without them."
-                % plan.window.steps)
-        if update_ops is None:
-            return {}
-        if isinstance(update_ops, dict):
-            unknown = sorted(set(update_ops) - set(plan.group_names))
-            if unknown:
-                raise ValueError(
-                    "update_ops names groups %r that do not exist; the groups are %r."
-                    % (unknown, list(plan.group_names)))
-            checked = dict((name, _commit.check_update_ops(ops))
-                           for name, ops in update_ops.items())
-        else:
-            if per_group_ops:
-                raise ValueError(
-                    "update_ops is a list, but per_group_ops=True runs each group in its "
-                    "own session.run, so each group's update ops must be named. Pass a "
-                    "dict, e.g. update_ops={'d': tf.get_collection("
-                    "tf.GraphKeys.UPDATE_OPS, 'discriminator'), 'g': ...}.")
-            checked = {"": _commit.check_update_ops(update_ops)}
-        everything = [op for ops in checked.values() for op in ops]
-        for index, op in enumerate(everything):
-            if op in everything[:index]:
-                raise ValueError(
-                    "update op %r is listed for two groups; each update op belongs to "
-                    "one group's step. List it once." % (op.name,))
-        _commit.check_update_ops_off_the_losses(everything, plan.losses)
-        if plan.gate_kind == "cond" and tf.control_flow_v2_enabled():
-            _checks.check_no_ref_inputs(everything)
-        return checked
 
     def _plan(self, global_step, accumulation_steps, count_skipped_steps):
         """Every check of ``build``'s arguments, then the plan; no op made."""

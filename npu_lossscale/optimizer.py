@@ -12,14 +12,13 @@ import os
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import checks as _checks
 from npu_lossscale import backends as _backends
+from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import checks as _checks
 from npu_lossscale import manager_update as _manager_update
 from npu_lossscale import managers as _managers
 from npu_lossscale import overflow as _overflow

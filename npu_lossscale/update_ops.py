@@ -1,0 +1,256 @@
+"""The ``update_ops`` argument of ``build()``, owned end to end: what an entry
+stands for (the variable updates behind any wrapper, ``graph_walk``), what the
+gate cannot hold, and the checked ops per group."""
+
+from __future__ import absolute_import, division, print_function
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import checks as _checks
+from npu_lossscale import graph_state as _graph_state
+from npu_lossscale import graph_walk as _graph_walk
+
+
+def check_argument(update_ops, plan, per_group_ops):
+    """``update_ops`` as a dict from group name (or "" for all) to ops."""
+    _checks.check_bool("per_group_ops", per_group_ops,
+                           "Pass True to also get one update op per group.")
+    check_not_a_name(update_ops)
+    if plan.window.steps > 1 and (update_ops or per_group_ops):
+        raise ValueError(
+            "update_ops and per_group_ops apply to steps without accumulation, "
+            "got accumulation_steps=%d. Run the batch-norm updates with "
+            "accumulate_op yourself, or accumulate without them."
+            % plan.window.steps)
+    if update_ops is None:
+        return {}
+    if isinstance(update_ops, dict):
+        unknown = sorted(set(update_ops) - set(plan.group_names))
+        if unknown:
+            raise ValueError(
+                "update_ops names groups %r that do not exist; the groups are %r."
+                % (unknown, list(plan.group_names)))
+        checked = dict((name, check_update_ops(ops))
+                       for name, ops in update_ops.items())
+    else:
+        if per_group_ops:
+            raise ValueError(
+                "update_ops is a list, but per_group_ops=True runs each group in its "
+                "own session.run, so each group's update ops must be named. Pass a "
+                "dict, e.g. update_ops={'d': tf.get_collection("
+                "tf.GraphKeys.UPDATE_OPS, 'discriminator'), 'g': ...}.")
+        checked = {"": check_update_ops(update_ops)}
+    everything = [op for ops in checked.values() for op in ops]
+    for index, op in enumerate(everything):
+        if op in everything[:index]:
+            raise ValueError(
+                "update op %r is listed for two groups; each update op belongs to "
+                "one group's step. List it once." % (op.name,))
+    check_update_ops_off_the_losses(everything, plan.losses)
+    if plan.gate_kind == "cond" and tf.control_flow_v2_enabled():
+        _checks.check_no_ref_inputs(everything)
+    return checked
+
+
+def check_update_ops_off_the_losses(update_ops, losses):
+    """Raises ValueError for an update op a loss already depends on.
+
+    TF1 code often writes ``with tf.control_dependencies(update_ops): loss =
+    ...``. Such an op runs with the loss on every step, skipped or not, and
+    gating it would make the gate depend on itself.
+
+    Args:
+      update_ops: ops.
+      losses: the step's loss tensors.
+    """
+    targets = set(op.name for op in update_ops)
+    seen, stack = set(), [loss.op for loss in losses]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.name in targets:
+            raise ValueError(
+                "update op %r already runs with a loss (the loss depends on it, e.g. "
+                "through `with tf.control_dependencies(update_ops):`), so it would run "
+                "on skipped steps too and gating it would make a cycle. Build the loss "
+                "without that control dependency and pass the op only to update_ops."
+                % (op.name,))
+        stack.extend(tensor.op for tensor in op.inputs)
+        stack.extend(op.control_inputs)
+
+
+# -- what an update_ops entry stands for ----------------------------------------
+
+def _is_gate(op):
+    return op.name in _graph_state.of(op.graph).gates
+
+
+def _function_writes(op):
+    """True when a function ``op`` runs (a branch, a loop body, a called
+    function), or one they call, writes a variable, or when the graph does
+    not hold one of them (it cannot be looked into).
+
+    Args:
+      op: a functional control-flow op or a function call.
+    """
+    get = getattr(op.graph, "_get_function", lambda name: None)
+    pending, seen = _called_functions(op.node_def), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        definition = getattr(get(name), "definition", None)
+        if definition is None:
+            return True
+        for node in definition.node_def:
+            if _graph_walk.is_update(node.op):
+                return True
+            pending.extend(_called_functions(node))
+            if get(node.op) is not None:  # a function called by its name
+                pending.append(node.op)
+    return False
+
+
+def _called_functions(node_def):
+    """The names of the functions a NodeDef's attrs name (branches, bodies,
+    ``f``)."""
+    names = []
+    for value in node_def.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        elif value.HasField("list"):
+            names.extend(func.name for func in value.list.func)
+    return names
+
+
+def _classify(op):
+    """``graph_walk`` kind of an op for the update_ops walk.
+
+    Another step's gate is a barrier; so is a tf.cond/tf.while_loop (v2)
+    whose body writes a variable. A called ``tf.function`` that writes one
+    is an update: gated as one op, its whole body waits for the gate.
+    """
+    if _is_gate(op):
+        return _graph_walk.BARRIER
+    if op.type in _graph_walk.FUNCTIONAL_CONTROL_FLOW_TYPES:
+        return _graph_walk.BARRIER if _function_writes(op) else _graph_walk.CONTROL
+    if op.type in _graph_walk.FUNCTION_CALL_TYPES and _function_writes(op):
+        return _graph_walk.UPDATE
+    return _graph_walk.kind_of_type(op.type)
+
+
+def _parents(op):
+    """What ``op`` waits for: its inputs' ops (``graph_walk.walked_inputs``),
+    then its control inputs."""
+    inputs = _graph_walk.walked_inputs(op.type, op.inputs)
+    return [tensor.op for tensor in inputs] + list(op.control_inputs)
+
+
+def check_not_a_name(value):
+    """Raises TypeError for an op name given instead of the op.
+
+    Args:
+      value: the ``update_ops`` argument or one of its entries.
+    """
+    if isinstance(value, (str, bytes)):
+        raise TypeError(
+            "update_ops must hold ops or tensors, got the string %r. Pass the op, "
+            "tf.get_default_graph().get_operation_by_name(%r), or the collection, "
+            "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (value, value))
+
+
+def updates_of(op):
+    """The variable updates an ``update_ops`` entry stands for, after
+    refusing what the gate cannot hold.
+
+    Args:
+      op: the entry's ``tf.Operation``.
+
+    Returns:
+      A list of ops: writes of variables (``graph_walk.is_update``) and
+      calls of functions that write one.
+
+    Raises:
+      ValueError: when the entry leads to another step's gate, or to updates
+        inside (or only reachable through) a tf.cond, a tf.while_loop or a
+        v2 functional cond or loop, or when it leads to no update.
+    """
+    walk = _graph_walk.updates_behind([op], _parents, _classify)
+    for barrier in walk.barriers:
+        if _is_gate(barrier.node):
+            raise ValueError(
+                "update_ops entry %r is (or runs) another training step's update op "
+                "(gate %r of a MultiOptimizerLossScale or LossScaleOptimizer), not an "
+                "update to gate. Run that step in its own session.run and pass the "
+                "model's update ops, e.g. tf.get_collection(tf.GraphKeys.UPDATE_OPS)."
+                % (op.name, barrier.node.name))
+    inside = [barrier.node for barrier in walk.barriers]
+    inside += [reached.via for reached in walk.updates if reached.via is not None]
+    if inside:
+        raise ValueError(
+            "update_ops entry %r leads to variable updates through control flow (op %r, "
+            "type %s: a tf.cond or tf.while_loop), which the apply gate cannot hold. "
+            "Pass the update ops themselves, made at the top level of the graph "
+            "(tf.get_collection(tf.GraphKeys.UPDATE_OPS)), without the cond."
+            % (op.name, inside[0].name, inside[0].type))
+    updates = [reached.node for reached in walk.updates]
+    if not updates:
+        raise ValueError(
+            "update_ops entry %r (type %s) updates nothing: no variable update is "
+            "behind its inputs or control inputs. Pass the ops that update state, e.g. "
+            "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (op.name, op.type))
+    for update in updates:
+        if update._control_flow_context is not None:  # pylint: disable=protected-access
+            raise ValueError(
+                "update op %r sits inside a while loop or cond, so the apply gate "
+                "cannot hold it. Pass update ops made at the top level of the graph "
+                "(as batch normalization makes them)." % (update.name,))
+    return updates
+
+
+def check_update_ops(update_ops):
+    """Checks the ops passed as ``update_ops`` and returns the updates to gate.
+
+    An entry stands for the variable updates it leads to (``graph_walk``):
+    itself if it is one, else those behind its wrappers (``tf.group``,
+    ``tf.identity``, ``tf.tuple``, ``check_numerics``, ``stop_gradient``, a
+    ``tf.print`` under ``control_dependencies``...), over data and control
+    inputs, up to the first update on each path. Those are gated; the
+    wrappers themselves do not run with the step.
+
+    Args:
+      update_ops: ops, tensors or the variable-like results of
+        ``var.assign_sub`` (``tf.get_collection(tf.GraphKeys.UPDATE_OPS)``),
+        or wrappers of them.
+
+    Returns:
+      A tuple of ops.
+
+    Raises:
+      TypeError: for a string (an op name) or an entry that is no op or
+        tensor.
+      ValueError: for one from another graph, or one ``updates_of``
+        refuses.
+    """
+    check_not_a_name(update_ops)
+    if _checks.op_of(update_ops) is not None:
+        update_ops = [update_ops]
+    ops = []
+    for entry in update_ops:
+        check_not_a_name(entry)
+        op = _checks.op_of(entry)
+        if op is None:
+            raise TypeError(
+                "update_ops must hold ops or tensors, got %r. Pass "
+                "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (entry,))
+        if op.graph is not tf.get_default_graph():
+            raise ValueError(
+                "update op %r belongs to another graph than the default one. Pass the "
+                "update ops of the model's graph." % (op.name,))
+        for update in updates_of(op):
+            if update not in ops:
+                ops.append(update)
+    return tuple(ops)
