@@ -12,7 +12,7 @@ import re
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale.audit import _graph
-from npu_lossscale.backends import DATA_INPUT_TYPES
+from npu_lossscale.backends.register_order import DATA_INPUT_TYPES
 
 __all__ = ["CHECK_TYPES", "COLLECTIVE_TYPES", "Facts", "STATUS_TYPES", "SaverUse"]
 

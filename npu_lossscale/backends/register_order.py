@@ -1,0 +1,163 @@
+"""The float-status register's clear ordering: the graph's one clear runs
+before every op a read follows, and the record of who reads the register."""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+import warnings
+
+from npu_lossscale import graph_state as _graph_state
+
+
+class Reader(collections.namedtuple("Reader", ["owner", "what"])):
+    """An object that reads the float-status register, and its description."""
+
+
+def order_after_clear(clear, tensors):
+    """Makes every op that ``tensors`` depend on run after ``clear``.
+
+    Adds ``clear`` as a control input to each ancestor of ``tensors`` that
+    takes an input (data or control) from a graph input: an op with no
+    inputs of its own (placeholder, variable, constant, iterator) or a
+    ``placeholder_with_default`` (a run that feeds it cuts it out, and its
+    control inputs with it; it gets none, since a constant default cannot
+    overflow). Every other ancestor depends on one of those. The consumers
+    of an op that only passes a graph input on (a ref variable's ``read``
+    Identity, a Reshape of a placeholder) get it too: grappler's arithmetic
+    optimizer may move a following cast above such an op, away from its
+    control inputs. Ops that already follow ``clear`` are left alone, and
+    the walk does not pass through ``clear`` itself.
+
+    Any other tensor fed in ``session.run`` cuts its producer out of the run
+    the same way, so its consumers are not ordered: feed placeholders.
+
+    Args:
+      clear: an op.
+      tensors: tensors (or operations).
+    """
+    state = _graph_state.of(clear.graph)
+    passes = {}  # op -> whether it passes graph inputs on (_passes_on_input)
+    seen, stack = set([clear]), [getattr(t, "op", t) for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        parents = [tensor.op for tensor in op.inputs] + list(op.control_inputs)
+        # Not on a feedable op itself: grappler's dependency optimizer drops
+        # a consumer's edge from the clear as implied by the feedable op's,
+        # and feeding the op then cuts both out of the run. Not into a v1
+        # loop's frame but at its Enter ops: every op in the loop follows
+        # them, and an edge from outside into the frame is invalid.
+        if (op.type not in _FEEDABLE_TYPES and clear not in parents
+                and not _inside_loop(op)
+                and any(_is_graph_input(parent) or _passes_on_input(parent, passes)
+                        for parent in parents)):
+            _graph_state.add_control_input(op, clear)
+            state.register_ordered.append(op)
+        stack.extend(parent for parent in parents if parent not in seen)
+
+
+def _is_graph_input(op):
+    return op.type in _FEEDABLE_TYPES or (
+        len(op.inputs) == 0 and len(op.control_inputs) == 0)
+
+
+def _passes_on_input(op, memo):
+    """Whether ``op`` hands graph inputs on unchanged, through a chain of
+    value-preserving ops (a ref variable's ``read``, a Reshape then a
+    Transpose of a placeholder): grappler's arithmetic optimizer may move a
+    following cast above the whole chain, out of reach of its control
+    inputs, so the consumers of every op of the chain are ordered too.
+
+    Iterative, and each op decided once per walk (``memo``), so long chains
+    and ops that read the same input twice cost linear time.
+    """
+    stack, visiting = [op], set()
+    while stack:
+        current = stack[-1]
+        if current in memo:
+            stack.pop()
+            continue
+        if current.type not in _VALUE_PRESERVING_TYPES:
+            memo[current] = False
+            stack.pop()
+            continue
+        parents = [tensor.op for tensor in current.inputs if not _is_graph_input(tensor.op)]
+        pending = [parent for parent in parents
+                   if parent not in memo and parent not in visiting]
+        if pending and current not in visiting:
+            visiting.add(current)
+            stack.extend(pending)
+            continue
+        memo[current] = all(memo.get(parent, False) for parent in parents)
+        visiting.discard(current)
+        stack.pop()
+    return memo[op]
+
+
+def _inside_loop(op):
+    """Whether ``op`` runs in a v1 while loop's frame: inside the loop body,
+    or an Enter into a loop nested in another loop."""
+    context = op._get_control_flow_context()  # pylint: disable=protected-access
+    loop = context.GetWhileContext() if context is not None else None
+    if loop is None:
+        return False
+    if op.type in ("Enter", "RefEnter"):
+        outer = loop.outer_context
+        return outer is not None and outer.GetWhileContext() is not None
+    return True
+
+
+#: Ops grappler may swap a cast with (tensorflow core/grappler/op_types.cc,
+#: IsValueAndOrderAndShapePreserving / IsValueAndOrderPreserving /
+#: IsValuePreserving). Not Enter: its consumers are in a loop's frame, which
+#: a control edge from outside may not enter.
+_VALUE_PRESERVING_TYPES = frozenset([
+    "Identity", "RefIdentity", "Snapshot", "CheckNumerics", "PreventGradient",
+    "StopGradient", "Print", "DebugGradientIdentity", "DeepCopy", "ExpandDims",
+    "Reshape", "Squeeze", "Transpose"])
+
+#: Ops that hand a data pipeline's next element to the step. With Ascend's
+#: data offload (``enable_data_pre_proc``) tf_adapter places the iterator and
+#: its get-next on the device, fused into ``AdpGetNext`` (tf_adapter
+#: optimizers/om_partition_subgraphs_pass.cc; ``GetNext``, ``AdpGetNext``,
+#: ``DynamicGetNextV2`` and ``GetNextFromQueue`` are registered in
+#: ops/aicpu/npu_dataset_ops.cc), where it feeds the training loop from its
+#: own queue: an edge from the clear into it would tie prefetching to the
+#: step. They are graph inputs: their consumers take the edge instead.
+DATA_INPUT_TYPES = frozenset([
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "GetNext",
+    "AdpGetNext", "DynamicGetNextV2", "GetNextFromQueue"])
+
+#: Ops with inputs that a run typically feeds instead of running, or that
+#: deliver input data: they get no edge from the clear, their consumers do.
+_FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
+
+
+def claim_register(owner, what):
+    """Records that ``owner`` reads the float-status register in this graph,
+    and warns when another object already does.
+
+    The library's readers share one clear per run, so fetched together none
+    misses an overflow; but each may then skip for the other's overflow, and
+    the two managers lower their scales for it.
+
+    Args:
+      owner: the reading object (a builder or a ``LossScaleOptimizer``).
+      what: a short description of it, for the message.
+    """
+    readers = _graph_state.of().register_readers
+    if any(reader.owner is owner for reader in readers):
+        return
+    if readers:
+        warnings.warn(
+            "%s reads Ascend's float-status register, and so does %s in the same graph. "
+            "The register cannot tell their overflows apart: fetched in one session.run, "
+            "neither misses an overflow (the run clears the register once, first), but "
+            "each also skips its step and lowers its loss scale for the other's "
+            "overflow. Register every optimizer with one MultiOptimizerLossScale "
+            "(build(per_group_ops=True) for alternating runs), or fetch one of them per "
+            "run." % (what, readers[0].what),
+            UserWarning, stacklevel=3)
+    readers.append(Reader(owner, what))
