@@ -179,7 +179,7 @@ class MultiOptimizerLossScale(object):
     def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
                  distributed=None, allreduce_gradients=True, gate="auto"):
         _checks.require_graph_mode("MultiOptimizerLossScale")
-        _checks.check_manager(loss_scale_manager)
+        _managers.check_manager(loss_scale_manager)
         _checks.check_bool(
             "allreduce_gradients", allreduce_gradients,
             "Pass False when the optimizers already allreduce their gradients.")
@@ -287,7 +287,7 @@ class MultiOptimizerLossScale(object):
         if loss_scale_manager is None:
             loss_scale_manager = self._manager
         else:
-            _checks.check_manager(loss_scale_manager)
+            _managers.check_manager(loss_scale_manager)
         # An optimizer whose compute_gradients is its own (Horovod's, NPU's,
         # or one patched in place by npu_distributed_optimizer_wrapper) must
         # compute its gradients itself: a shared tf.gradients would bypass it.
@@ -296,7 +296,7 @@ class MultiOptimizerLossScale(object):
                         or "compute_gradients" in vars(optimizer))
         self._groups.append(_plan.Group(
             name, loss, optimizer, var_list, clip_norm, loss_scale_manager,
-            _overflow.overflow_check_enabled(loss_scale_manager), own_backprop))
+            _managers.overflow_check_enabled(loss_scale_manager), own_backprop))
         return name
 
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,

@@ -2,15 +2,15 @@
 where it is handed in, before any op is made.
 
 Numbers, counts and flags (``check_number``, ``check_bool``), and TF objects:
-losses, optimizers, variables, managers, gradients and global steps, and the
-graph context a step may be built in (graph mode, the top level). Every check
+losses, optimizers, variables, gradients and global steps, and the graph
+context a step may be built in (graph mode, the top level). Managers are
+checked by the protocol's module, ``managers.base``. Every check
 raises ValueError or TypeError with a message that names the argument, shows
 the value with ``%r`` and says the fix. Inside the step, checked values are
 trusted."""
 
 from __future__ import absolute_import, division, print_function
 
-import inspect
 import math
 import numbers
 import re
@@ -31,83 +31,6 @@ _LOSS_SCALE_WRAPPERS = ("LossScaleOptimizer", "NPULossScaleOptimizer",
 
 #: Group names must be usable as TF name scopes.
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-]*$")
-
-
-def check_manager(manager, argument="loss_scale_manager"):
-    """Checks a loss-scale manager given to a builder, group or optimizer.
-
-    Args:
-      manager: the value passed as the manager.
-      argument: the argument's name, for messages.
-
-    Raises:
-      ValueError: for None (as TF's ``MixedPrecisionLossScaleOptimizer``
-        does), or a manager whose variables belong to another graph.
-      TypeError: for a class, or an object without the protocol.
-    """
-    if manager is None:
-        # TF raises ValueError for a None loss scale: tensorflow/python/
-        # training/experimental/loss_scale_optimizer_test.py
-        # testPassingNoneToLossScale ('loss_scale cannot be None').
-        raise ValueError(
-            "%s must be a loss-scale manager, got None. Pass e.g. %s="
-            "DynamicLossScaleManager(), or FixedLossScaleManager(1, "
-            "enable_overflow_check=False) for plain training." % (argument, argument))
-    if inspect.isclass(manager):
-        raise TypeError(
-            "%s must be a manager instance, got the class %s. Call it: e.g. "
-            "%s=%s() (or with its arguments)." % (
-                argument, manager.__name__, argument, manager.__name__))
-    if not (callable(getattr(manager, "get_loss_scale", None))
-            and callable(getattr(manager, "update_loss_scale", None))):
-        raise TypeError(
-            "%s must have get_loss_scale() and update_loss_scale(finite_grads) "
-            "methods, got %r. Pass a DynamicLossScaleManager, "
-            "ExponentialUpdateLossScaleManager or FixedLossScaleManager "
-            "(npu_bridge's and tf.contrib's managers work too)." % (argument, manager))
-    check_manager_graph(manager, argument)
-
-
-def manager_variables(manager):
-    """The variables holding a manager's state (ours, npu_bridge's, contrib's).
-
-    Args:
-      manager: a loss-scale manager.
-
-    Returns:
-      A list of variables: the manager's ``variables`` attribute where it
-      declares one, else its attributes that are variables, by name.
-    """
-    declared = getattr(manager, "variables", None)
-    if declared is not None and not callable(declared):
-        return list(declared)
-    return [value for _, value in sorted(vars(manager).items()) if is_variable(value)]
-
-
-def check_manager_graph(manager, argument="loss_scale_manager"):
-    """Raises ValueError when ``manager``'s variables are of another graph.
-
-    A manager made before ``tf.reset_default_graph()`` (or in another
-    ``tf.Graph``) keeps its scale in that graph, which this step cannot
-    read or update.
-
-    Args:
-      manager: a loss-scale manager.
-      argument: the argument's name, for the message.
-
-    Raises:
-      ValueError: if one of the manager's variables belongs to a graph other
-        than the default one (or a graph the default one is nested in).
-    """
-    for variable in manager_variables(manager):
-        if _of_another_graph(variable):
-            raise ValueError(
-                "%s %r keeps its state in variable %r of another graph than the "
-                "default one, in which this step is built: the manager was made "
-                "before tf.reset_default_graph() or in another tf.Graph. Make the "
-                "manager in the graph you train in: after tf.reset_default_graph(), "
-                "inside its `with graph.as_default():` block (in an Estimator, "
-                "inside model_fn)." % (argument, manager, variable.name))
 
 
 def check_optimizer(optimizer, argument="optimizer"):

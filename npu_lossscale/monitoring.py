@@ -101,6 +101,60 @@ class LossScaleHook(tf.train.SessionRunHook):
                             self.last["scale"], self.last["skipped_steps"], self._runs)
 
 
+# How often FloorWarningHook reads the state: one 16-byte device-to-host copy
+# every this many runs, instead of a check on every step.
+_DEFAULT_WARNING_EVERY_N_STEPS = 100
+
+
+class FloorWarningHook(tf.train.SessionRunHook):
+    """Warns once per manager when its scale collapses (see ``check_floor``).
+
+    Every ``every_n_steps`` runs it fetches the managers' state vectors along
+    with the run's own fetches, so the check costs nothing on the other runs.
+
+    Args:
+      managers: dynamic managers of this package.
+      every_n_steps: how often to read the state, >= 1.
+
+    Raises:
+      TypeError: if a manager is not one of this package's dynamic managers.
+      ValueError: if ``every_n_steps`` < 1.
+    """
+
+    def __init__(self, managers, every_n_steps=_DEFAULT_WARNING_EVERY_N_STEPS):
+        # pylint: disable=import-outside-toplevel,cyclic-import
+        from npu_lossscale.managers.base import _count
+        from npu_lossscale.managers.counting import _CountingLossScaleManager
+        every_n_steps = _count("every_n_steps", every_n_steps,
+                               hint="Pass how many runs apart to check, e.g. 100.")
+        managers = list(managers)
+        for manager in managers:
+            if not isinstance(manager, _CountingLossScaleManager):
+                raise TypeError(
+                    "managers must be DynamicLossScaleManager or "
+                    "ExponentialUpdateLossScaleManager instances, got %r. Pass "
+                    "this package's dynamic managers." % (manager,))
+        self._managers = managers
+        self._every = every_n_steps
+        self._runs = 0
+        self._reads = None
+
+    def begin(self):
+        self._reads = [list(manager._values) for manager in self._managers]  # pylint: disable=protected-access
+
+    def before_run(self, run_context):
+        self._runs += 1
+        if self._runs % self._every:
+            return None
+        return tf.train.SessionRunArgs(self._reads)
+
+    def after_run(self, run_context, run_values):
+        if run_values.results is None:
+            return
+        for manager, values in zip(self._managers, run_values.results):
+            manager._check_floor_values(values)  # pylint: disable=protected-access
+
+
 def _check_train_ops(train_ops):
     if not all(hasattr(train_ops, field) for field in ("loss_scale", "applied",
                                                         "skipped_steps", "clear_status")):

@@ -73,7 +73,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
     def __init__(self, opt, loss_scale_manager, backend="auto", is_distributed=None,
                  gate="auto"):
         _checks.check_optimizer(opt, argument="opt")
-        _checks.check_manager(loss_scale_manager)
+        _managers.check_manager(loss_scale_manager)
         if is_distributed is not None:
             _checks.check_bool(
                 "is_distributed", is_distributed,
@@ -110,7 +110,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         self._slots = self._holder._slots  # pylint: disable=protected-access
         self._non_slot_dict = self._holder._non_slot_dict  # pylint: disable=protected-access
         self._deferred_slot_restorations = self._holder._deferred_slot_restorations  # pylint: disable=protected-access
-        for index, variable in enumerate(_checks.manager_variables(loss_scale_manager)):
+        for index, variable in enumerate(_managers.manager_variables(loss_scale_manager)):
             self._track_trackable(variable, name="loss_scale_state_%d" % index)
 
     @property
@@ -177,7 +177,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         """
         _checks.require_graph_mode("LossScaleOptimizer.compute_gradients",
                                    eager_functions=True)
-        _checks.check_manager_graph(self._manager)
+        _managers.check_manager_graph(self._manager)
         if callable(loss) and not isinstance(loss, tf.Tensor):
             loss = loss()
         with tf.name_scope("loss_scale"):
@@ -225,7 +225,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
                 "apply_gradients() got no gradients (all None) for variables %r. "
                 "Check that the loss depends on the variables."
                 % ([v.name for _, v in grads_and_vars],))
-        _checks.check_manager_graph(self._manager)
+        _managers.check_manager_graph(self._manager)
         # A failed call leaves the graph, the optimizer's slots and the
         # library's records as they were, so it can be retried.
         with _graph_state.transaction(optimizers=[_state_holder(self._opt)]):
@@ -238,14 +238,14 @@ class LossScaleOptimizer(tf.train.Optimizer):
             flags = {}
             # Decided here, as npu_bridge's NPULossScaleOptimizer does.
             backend = _backends.resolve_backend(self._requested_backend)
-            if backend.reads_register and _overflow.overflow_check_enabled(self._manager):
+            if backend.reads_register and _managers.overflow_check_enabled(self._manager):
                 _checks.require_top_level("LossScaleOptimizer.apply_gradients")
             kind = _plan.choose_gate(self._gate, backend.on_npu,
                                      os.environ.get("ENABLE_FORCE_V2_CONTROL") == "1",
                                      tf.control_flow_v2_enabled())
             if kind == "cond" and tf.control_flow_v2_enabled():
                 _checks.check_resource_variables([v for _, v in present], self.get_name())
-            if _overflow.overflow_check_enabled(self._manager):
+            if _managers.overflow_check_enabled(self._manager):
                 if backend.reads_register:
                     _backends.claim_register(self,
                                              "LossScaleOptimizer %r" % self.get_name())

@@ -14,16 +14,6 @@ from npu_lossscale import checks as _checks
 from npu_lossscale import gradients as _gradients
 
 
-def overflow_check_enabled(manager):
-    """Whether the manager wants steps with inf/nan gradients skipped.
-
-    Reads the optional ``get_enable_overflow_check`` hook of the manager
-    protocol (``managers.LossScaleManager``); a manager without it is checked.
-    """
-    getter = getattr(manager, "get_enable_overflow_check", None)
-    return True if getter is None else bool(getter())
-
-
 def all_finite(grads, backend="auto"):
     """The bool decision the builder itself would take for ``grads``.
 

@@ -1,0 +1,51 @@
+"""Loss-scale managers: where the loss scale lives and how it moves.
+
+Every manager follows the protocol of TF 1.15 contrib's ``LossScaleManager``
+and npu_bridge's managers, so the builder accepts any of them:
+
+* ``get_loss_scale()`` returns a float32 scalar tensor;
+* ``update_loss_scale(finite_grads)`` takes a bool scalar tensor and returns an
+  op that moves the scale according to the manager's rule.
+
+The dynamic managers keep all their state in ONE non-trainable float32
+variable of four elements, ``[loss_scale, good_steps, bad_steps,
+overflow_streak]``, updated by one assign per step:
+
+* float32, not int32: TensorFlow keeps int32 tensors in host memory on a GPU,
+  so int32 counters cost host/device copies and host ops in the middle of
+  every step. A float32 vector stays on the device.
+* float32 counts integers exactly up to 2**24. ``good_steps`` and
+  ``bad_steps`` reset whenever they reach their period, and the periods are
+  limited to 2**24, so they never leave that range. ``overflow_streak`` only
+  grows on consecutive overflows and saturates at 2**24 (``x + 1 == x`` in
+  float32 there), which is harmless: it is read only by the floor warning.
+* The update is a dozen elementwise ops and selects: no cond, no Switch or
+  Merge, no ``IsFinite`` (Ascend's saturation mode does not support it).
+
+``tf.train.Saver`` checkpoints the state with the model. Checkpoints written by
+npu_lossscale 0.1 (separate int32 counters) or by npu_bridge's
+``ExponentialUpdateLossScaleManager`` restore after ``convert_checkpoint``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+# The package's modules, one idea each: base (the protocol, its checks, the
+# shared argument checks), fixed, counting (the rule both dynamic managers
+# share), exponential, dynamic, and checkpoints (offline conversion).
+from npu_lossscale.managers.base import (LossScaleManager, check_manager,
+                                         check_manager_graph, describe,
+                                         keeps_scale_positive, manager_variables,
+                                         overflow_check_enabled, scale_moves)
+from npu_lossscale.managers.checkpoints import convert_checkpoint
+from npu_lossscale.managers.dynamic import DynamicLossScaleManager
+from npu_lossscale.managers.exponential import ExponentialUpdateLossScaleManager
+from npu_lossscale.managers.fixed import FixedLossScaleManager
+from npu_lossscale.monitoring import FloorWarningHook
+
+__all__ = [
+    "DynamicLossScaleManager",
+    "ExponentialUpdateLossScaleManager",
+    "FixedLossScaleManager",
+    "LossScaleManager",
+    "convert_checkpoint",
+]

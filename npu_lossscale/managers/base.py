@@ -1,0 +1,324 @@
+"""The manager protocol: what the step reads from a loss-scale manager.
+
+``LossScaleManager`` declares the protocol; the functions below are the only
+code that reads it (``check_manager``, ``manager_variables``,
+``overflow_check_enabled``, ``scale_moves``, ``keeps_scale_positive``,
+``describe``). The argument checks and named defaults the managers share
+live here too.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import inspect
+import numbers
+import struct
+
+from npu_lossscale import checks as _checks
+
+# The floor of 1 is contrib's, npu_bridge's (`maximum(1., loss_scale *
+# decr_ratio)` in npu_loss_scale_manager.py) and Keras' (`max(scale / m, 1)`).
+_DEFAULT_MIN_LOSS_SCALE = 1.0
+# No ceiling by default: npu_bridge and contrib have none besides float32's
+# range, and npu_bridge examples start at 2**32. Pass a number to cap growth.
+_DEFAULT_MAX_LOSS_SCALE = None
+# The largest finite float32, (2 - 2**-23) * 2**127 (IEEE 754 binary32).
+_FLOAT32_MAX = (2.0 - 2.0 ** -23) * 2.0 ** 127
+# float32 represents every integer up to 2**24 exactly (24-bit significand);
+# the step counters must stay below it, so the periods are capped there.
+_MAX_PERIOD = 2 ** 24
+# A scale stuck at its floor while steps keep overflowing is the "loss scale
+# collapses" report users file (apex #834, fairseq #1529): no scale can help,
+# the overflow is in the forward pass or the data. Warn after this many
+# consecutive overflowing steps, once the scale sits at its floor.
+_DEFAULT_FLOOR_WARNING_AFTER = 20
+
+
+def _float32(value):
+    """Rounds a Python float to the nearest float32, as TF's constants do.
+
+    Raises:
+      OverflowError: if the value rounds to infinity.
+    """
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+
+class LossScaleManager(object):
+    """The protocol every manager follows (TF 1.15 contrib / npu_bridge).
+
+    Subclasses implement ``get_loss_scale`` and ``update_loss_scale``. The
+    builder never requires this base class: any object with those two methods
+    works, including ``tf.contrib.mixed_precision`` and npu_bridge managers.
+    The two optional hooks below have the defaults the builder assumes for an
+    object that lacks them.
+    """
+
+    def get_loss_scale(self):
+        """Returns the current loss scale as a float32 scalar tensor."""
+        raise NotImplementedError
+
+    def update_loss_scale(self, finite_grads):
+        """Returns an op that updates the scale given this step's finiteness.
+
+        Args:
+          finite_grads: bool scalar tensor, True when every gradient was finite.
+
+        Returns:
+          An op.
+        """
+        raise NotImplementedError
+
+    def get_enable_overflow_check(self):
+        """Returns whether steps with non-finite gradients are skipped.
+
+        Optional (npu_bridge's FixedLossScaleManager has it). A manager without
+        it is treated as returning True.
+
+        Returns:
+          A Python bool, fixed at graph-build time.
+        """
+        return True
+
+    @property
+    def static_loss_scale(self):
+        """The scale as a Python float when it is a build-time constant.
+
+        Optional. None (the default, and what the builder assumes for a manager
+        without it) means the scale is a run-time value; a constant 1.0 lets
+        the builder skip unscaling.
+        """
+        return None
+
+
+
+def check_manager(manager, argument="loss_scale_manager"):
+    """Checks a loss-scale manager given to a builder, group or optimizer.
+
+    Args:
+      manager: the value passed as the manager.
+      argument: the argument's name, for messages.
+
+    Raises:
+      ValueError: for None (as TF's ``MixedPrecisionLossScaleOptimizer``
+        does), or a manager whose variables belong to another graph.
+      TypeError: for a class, or an object without the protocol.
+    """
+    if manager is None:
+        # TF raises ValueError for a None loss scale: tensorflow/python/
+        # training/experimental/loss_scale_optimizer_test.py
+        # testPassingNoneToLossScale ('loss_scale cannot be None').
+        raise ValueError(
+            "%s must be a loss-scale manager, got None. Pass e.g. %s="
+            "DynamicLossScaleManager(), or FixedLossScaleManager(1, "
+            "enable_overflow_check=False) for plain training." % (argument, argument))
+    if inspect.isclass(manager):
+        raise TypeError(
+            "%s must be a manager instance, got the class %s. Call it: e.g. "
+            "%s=%s() (or with its arguments)." % (
+                argument, manager.__name__, argument, manager.__name__))
+    if not (callable(getattr(manager, "get_loss_scale", None))
+            and callable(getattr(manager, "update_loss_scale", None))):
+        raise TypeError(
+            "%s must have get_loss_scale() and update_loss_scale(finite_grads) "
+            "methods, got %r. Pass a DynamicLossScaleManager, "
+            "ExponentialUpdateLossScaleManager or FixedLossScaleManager "
+            "(npu_bridge's and tf.contrib's managers work too)." % (argument, manager))
+    check_manager_graph(manager, argument)
+
+
+def manager_variables(manager):
+    """The variables holding a manager's state (ours, npu_bridge's, contrib's).
+
+    Args:
+      manager: a loss-scale manager.
+
+    Returns:
+      A list of variables: the manager's ``variables`` attribute where it
+      declares one, else its attributes that are variables, by name.
+    """
+    declared = getattr(manager, "variables", None)
+    if declared is not None and not callable(declared):
+        return list(declared)
+    return [value for _, value in sorted(vars(manager).items()) if _checks.is_variable(value)]
+
+
+def check_manager_graph(manager, argument="loss_scale_manager"):
+    """Raises ValueError when ``manager``'s variables are of another graph.
+
+    A manager made before ``tf.reset_default_graph()`` (or in another
+    ``tf.Graph``) keeps its scale in that graph, which this step cannot
+    read or update.
+
+    Args:
+      manager: a loss-scale manager.
+      argument: the argument's name, for the message.
+
+    Raises:
+      ValueError: if one of the manager's variables belongs to a graph other
+        than the default one (or a graph the default one is nested in).
+    """
+    for variable in manager_variables(manager):
+        if _checks._of_another_graph(variable):  # pylint: disable=protected-access
+            raise ValueError(
+                "%s %r keeps its state in variable %r of another graph than the "
+                "default one, in which this step is built: the manager was made "
+                "before tf.reset_default_graph() or in another tf.Graph. Make the "
+                "manager in the graph you train in: after tf.reset_default_graph(), "
+                "inside its `with graph.as_default():` block (in an Estimator, "
+                "inside model_fn)." % (argument, manager, variable.name))
+
+
+def overflow_check_enabled(manager):
+    """Whether the manager wants steps with inf/nan gradients skipped.
+
+    Reads the optional ``get_enable_overflow_check`` hook of the manager
+    protocol (``managers.LossScaleManager``); a manager without it is checked.
+    """
+    getter = getattr(manager, "get_enable_overflow_check", None)
+    return True if getter is None else bool(getter())
+
+
+def keeps_scale_positive(manager):
+    """Whether ``manager``'s scale provably stays finite and >= 1.
+
+    True only for this package's own three classes, not subclasses (which may
+    override the rule): ``FixedLossScaleManager``'s scale is a constant checked
+    to lie in [1, float32 max]; the dynamic managers start in [min_loss_scale,
+    max_loss_scale] with ``min_loss_scale >= 1``, grow only below the growth
+    ceiling (so the product is finite), and floor every change at
+    ``min_loss_scale`` (``update_loss_scale``). Only a write from outside
+    (restoring a foreign checkpoint, assigning to ``state``) could break this.
+    The step adds no run-time check of the scale for these managers.
+
+    Args:
+      manager: any loss-scale manager.
+
+    Returns:
+      A Python bool.
+    """
+    # pylint: disable=import-outside-toplevel,cyclic-import
+    from npu_lossscale.managers.dynamic import DynamicLossScaleManager
+    from npu_lossscale.managers.exponential import ExponentialUpdateLossScaleManager
+    from npu_lossscale.managers.fixed import FixedLossScaleManager
+    return type(manager) in (FixedLossScaleManager, DynamicLossScaleManager,
+                             ExponentialUpdateLossScaleManager)
+
+
+def scale_moves(manager):
+    """Whether ``manager``'s update can change its state.
+
+    False for a manager that declares a constant scale
+    (``static_loss_scale``, as ``FixedLossScaleManager`` does): its update is
+    a no-op, so any number of steps may update it in one run.
+
+    Args:
+      manager: any loss-scale manager.
+
+    Returns:
+      A Python bool.
+    """
+    return getattr(manager, "static_loss_scale", None) is None
+
+
+def describe(manager):
+    """A short description of ``manager`` for messages: its class and the
+    name of its first state variable, e.g. "loss-scale manager
+    DynamicLossScaleManager (state loss_scale/state)"; no quotes, which
+    run-time messages would print escaped."""
+    variables = manager_variables(manager)
+    if not variables:
+        return "loss-scale manager %s" % type(manager).__name__
+    return "loss-scale manager %s (state %s)" % (type(manager).__name__, variables[0].op.name)
+
+
+
+def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
+    _checks.check_number(
+        "min_loss_scale", min_loss_scale, minimum=1, maximum=_FLOAT32_MAX,
+        hint="The floor must be a finite number of at least 1; the default is 1.")
+    if max_loss_scale is not None:
+        _checks.check_number(
+            "max_loss_scale", max_loss_scale, minimum=min_loss_scale,
+            maximum=_FLOAT32_MAX,
+            hint="The ceiling must lie in [min_loss_scale, float32 max] = [%r, %r]; "
+                 "pass None (the default) for no ceiling but float32's range."
+                 % (min_loss_scale, _FLOAT32_MAX))
+    high = _FLOAT32_MAX if max_loss_scale is None else max_loss_scale
+    _checks.check_number(
+        init_name, init_value, minimum=min_loss_scale, maximum=high,
+        hint="It must lie within [min_loss_scale, max_loss_scale] = [%r, %r]; "
+             "lower it, or raise max_loss_scale." % (min_loss_scale, high))
+
+
+def _count(name, value, hint, maximum=None):
+    """Checks a count of steps or runs, and returns it as an int.
+
+    An integral float counts as its int: TF's own tests pass step counts as
+    floats (``DynamicLossScale(initial_loss_scale=1., increment_period=2.,
+    multiplier=2.)`` in tensorflow/python/training/experimental/
+    loss_scale_optimizer_test.py, ``dynamic_growth_steps=2.`` in Keras'
+    mixed_precision tests), and peers take them.
+
+    Args:
+      name: the argument's name, for the message.
+      value: the value to check.
+      hint: a sentence saying what to pass instead.
+      maximum: the largest count allowed, or None.
+
+    Returns:
+      The count, an int >= 1.
+
+    Raises:
+      TypeError: if the value is not a number, is a bool, or is a float with
+        a fractional part (2.5).
+      ValueError: if it is NaN, infinite, below 1 or above ``maximum``.
+    """
+    whole = ("%s must be a whole number (an int, or an integral float such as 2.0), "
+             "got %r (%s). %s" % (name, value, type(value).__name__, hint))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(whole)
+    # NaN, inf and the bounds, reported with the value as given.
+    _checks.check_number(name, value, minimum=1, maximum=maximum, hint=hint)
+    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+        raise TypeError(whole)
+    return int(value)
+
+
+def _check_floor_warning(floor_warning_after):
+    """``floor_warning_after`` as an int, or None (never warn)."""
+    if floor_warning_after is None:
+        return None
+    return _count("floor_warning_after", floor_warning_after,
+                  hint="Pass a number of consecutive overflowing steps such as 20, "
+                       "or None never to warn.")
+
+
+def _check_period(name, value, example):
+    """A growth or back-off period as an int in [1, 2**24]."""
+    return _count(name, value, maximum=_MAX_PERIOD,
+                  hint="Pass a number of steps such as %d; the state counts in "
+                       "float32, exact up to 2**24." % example)
+
+
+def _check_ratio(name, value, example):
+    _checks.check_number(
+        name, value, minimum=1, min_open=True, maximum=_FLOAT32_MAX,
+        hint="The scale must grow when it grows; pass e.g. %r." % example)
+    if _float32(float(value)) <= 1.0:
+        raise ValueError(
+            "%s must exceed 1 in float32, got %r (it rounds to 1.0). Pass e.g. %r."
+            % (name, value, example))
+
+
+def _check_initial_scale(name, value, min_loss_scale, max_loss_scale, floor_warning_after):
+    """The checks both dynamic managers make of their starting scale and bounds."""
+    if value is None:
+        raise ValueError(
+            "%s must be a number, got None. Start at a power of two such as 2**15."
+            % name)
+    _check_floor_warning(floor_warning_after)
+    _checks.check_number(
+        name, value, minimum=1, maximum=_FLOAT32_MAX,
+        hint="Start at a power of two such as 2**15.")
+    _check_bounds(name, value, min_loss_scale, max_loss_scale)
+

@@ -1,0 +1,272 @@
+"""The counting rule both dynamic managers share: ``_CountingLossScaleManager``
+grows the scale after N finite steps and shrinks it after M bad ones, with
+its state in one float32 vector (see the package docstring)."""
+
+from __future__ import absolute_import, division, print_function
+
+import warnings
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale.managers.base import LossScaleManager
+from npu_lossscale.monitoring import _DEFAULT_WARNING_EVERY_N_STEPS, FloorWarningHook
+
+# Positions in the state vector.
+_SCALE, _GOOD, _BAD, _STREAK = 0, 1, 2, 3
+_STATE_SIZE = 4
+_INF = float("inf")
+
+
+class _CountingLossScaleManager(LossScaleManager):
+    """A scale that grows after N finite steps and shrinks after M bad ones.
+
+    One rule covers both public dynamic managers. With ``good`` and ``bad`` the
+    step counters::
+
+      if finite:
+        if good + 1 >= grow_every:  scale = grown(scale); good = bad = 0
+        else:                       good += 1
+      else:
+        if bad + 1 >= shrink_every: scale = shrunk(scale); good = bad = 0
+        else:                       bad += 1; good = 0
+
+    where ``grown(s) = min(s * incr, max_loss_scale)`` if ``s`` is below the
+    growth ceiling, else ``s``; and ``shrunk(s)`` is set by the subclass,
+    floored at ``min_loss_scale``.
+
+    The state is one float32 vector ``[scale, good, bad, streak]``; ``streak``
+    counts consecutive overflowing steps (for the floor warning). The update
+    computes both branches as vectors and selects: each branch is described by
+    a constant table, and the step's ``finite`` picks one table (one Select).
+    """
+
+    def __init__(self, init_loss_scale, grow_every, shrink_every, incr_ratio,
+                 min_loss_scale, max_loss_scale, floor_warning_after,
+                 growth_ceiling, name, scale_name_in_scope):
+        self._init_loss_scale = float(init_loss_scale)
+        # Checked by the subclass (_check_initial_scale) before any variable.
+        self._floor_warning_after = (None if floor_warning_after is None
+                                     else int(floor_warning_after))
+        self._floor_warned = False
+        self._grow_every = int(grow_every)
+        self._shrink_every = int(shrink_every)
+        self._incr_ratio = float(incr_ratio)
+        self._min_loss_scale = float(min_loss_scale)
+        self._max_loss_scale = None if max_loss_scale is None else float(max_loss_scale)
+        self._growth_ceiling = growth_ceiling
+        with tf.name_scope(None, default_name=name):
+            self._state = tf.Variable(
+                [self._init_loss_scale, 0.0, 0.0, 0.0], dtype=tf.float32,
+                trainable=False, name="state")
+            if scale_name_in_scope:
+                self._values = self._named_values()
+        if not scale_name_in_scope:
+            self._values = self._named_values()
+
+    def _named_values(self):
+        # One Unpack named "loss_scale": "loss_scale:0" is the scale (as
+        # npu_bridge's variable is), :1 good_steps, :2 bad_steps, :3 streak.
+        # Built once; it reads the state whenever it is fetched.
+        return tf.unstack(self._state.read_value(), num=_STATE_SIZE, name="loss_scale")
+
+    def _shrink_factor(self):
+        """The factor the shrinking branch multiplies the scale by."""
+        raise NotImplementedError
+
+    # -- public, read-only -------------------------------------------------
+
+    @property
+    def state(self):
+        """The float32[4] state variable ``[scale, good, bad, streak]``."""
+        return self._state
+
+    @property
+    def variables(self):
+        """The state variables (one: ``state``), for savers and initialisers."""
+        return [self._state]
+
+    @property
+    def loss_scale(self):
+        """float32 scalar tensor: the current scale (the ``loss_scale:0``
+        tensor, read whenever it is fetched)."""
+        return self._values[_SCALE]
+
+    @property
+    def good_steps(self):
+        """float32 scalar tensor: consecutive finite steps since the scale last
+        changed or a step overflowed (resets at growth)."""
+        return self._values[_GOOD]
+
+    @property
+    def bad_steps(self):
+        """float32 scalar tensor: overflowing steps since the scale last
+        changed (not reset by finite steps, as in contrib)."""
+        return self._values[_BAD]
+
+    @property
+    def overflow_streak(self):
+        """float32 scalar tensor: consecutive overflowing steps (saturates at
+        2**24)."""
+        return self._values[_STREAK]
+
+    @property
+    def initial_loss_scale(self):
+        """The starting scale, a Python float."""
+        return self._init_loss_scale
+
+    @property
+    def min_loss_scale(self):
+        """The floor of the scale, a Python float."""
+        return self._min_loss_scale
+
+    @property
+    def max_loss_scale(self):
+        """The cap on growth, a Python float, or None for none."""
+        return self._max_loss_scale
+
+    @property
+    def floor_warning_after(self):
+        """Consecutive overflows at the floor before the warning, or None."""
+        return self._floor_warning_after
+
+    # -- the protocol --------------------------------------------------------
+
+    def get_loss_scale(self):
+        # A fresh read for each caller; Unpack, not a strided slice (no index
+        # constants, one op).
+        return tf.unstack(self._state.read_value(), num=_STATE_SIZE)[_SCALE]
+
+    def _tables(self):
+        """The finite and the non-finite branch as float32 [rows, 4] tables."""
+        shrink_factor = self._shrink_factor()
+        keep = [1.0, 0.0, 0.0, 1.0]  # scale kept, counters reset, streak kept
+        floor = [self._min_loss_scale, 0.0, 0.0, 0.0]
+        finite = [
+            [1.0, 1.0, 1.0, 0.0],                      # mul: streak resets
+            [0.0, 1.0, 0.0, 0.0],                      # add: good + 1
+            [_INF, float(self._grow_every), _INF, _INF],     # event limit
+            [self._growth_ceiling, _INF, _INF, _INF],  # grow only below this
+            [self._incr_ratio, 0.0, 0.0, 1.0],         # event factor
+            keep, floor,
+        ]
+        overflow = [
+            [1.0, 0.0, 1.0, 1.0],                      # mul: good resets
+            [0.0, 0.0, 1.0, 1.0],                      # add: bad + 1, streak + 1
+            [_INF, _INF, float(self._shrink_every), _INF],   # event limit
+            [_INF, _INF, _INF, _INF],                  # shrinking has no ceiling
+            [shrink_factor, 0.0, 0.0, 1.0],            # event factor
+            keep, floor,
+        ]
+        if self._max_loss_scale is not None:
+            cap = [self._max_loss_scale, _INF, _INF, _INF]
+            finite.append(cap)
+            overflow.append(cap)
+        return finite, overflow
+
+    def update_loss_scale(self, finite_grads):
+        """Returns the op that moves the state by this step's finiteness.
+
+        Both branches are computed as float32 vectors from
+        ``candidate = state * mul + add`` (finite: ``[s, good+1, bad, 0]``;
+        overflow: ``[s, 0, bad+1, streak+1]``); an event (growth or back-off
+        due) is ``candidate >= limit`` anywhere, and then the state becomes
+        ``max(candidate * factor, floor)`` (capped at
+        ``max_loss_scale``), with the factor falling back to ``keep`` where the
+        scale is at its growth ceiling. One read, one assign.
+
+        Args:
+          finite_grads: bool scalar tensor (or Python bool).
+
+        Returns:
+          An op.
+        """
+        with tf.name_scope("update_loss_scale"):
+            finite = tf.convert_to_tensor(finite_grads, dtype=tf.bool)
+            finite_table, overflow_table = self._tables()
+            rows = tf.unstack(tf.where(
+                finite, tf.constant(finite_table, tf.float32),
+                tf.constant(overflow_table, tf.float32)), num=len(finite_table))
+            mul, add, limit, ceiling, factor, keep, floor = rows[:7]
+            state = self._state.read_value()
+            candidate = state * mul + add
+            no_event = tf.reduce_all(tf.less(candidate, limit))
+            factor = tf.where(tf.less(candidate, ceiling), factor, keep)
+            changed = tf.maximum(candidate * factor, floor)
+            if self._max_loss_scale is not None:
+                changed = tf.minimum(changed, rows[7])
+            new_state = tf.where(no_event, candidate, changed)
+            # The read above happens before the write below.
+            with tf.control_dependencies([new_state]):
+                return tf.assign(self._state, new_state, name="assign_state").op
+
+    # -- the floor warning --------------------------------------------------
+
+    def _floor_message(self, streak):
+        return (
+            "npu_lossscale WARNING: the loss scale sits at its floor (%g) after "
+            "%d consecutive overflowing steps. No loss scale can fix this: a "
+            "float16 op overflows in the forward pass, or the data holds inf/nan."
+            " Keep softmax and losses in float32, lower the learning rate, or "
+            "check the input." % (self._min_loss_scale, streak))
+
+    def _check_floor_values(self, values):
+        """Warns once when ``values`` (a fetched state) show a collapse."""
+        scale, streak = float(values[_SCALE]), float(values[_STREAK])
+        due = (self._floor_warning_after is not None
+               and scale <= self._min_loss_scale
+               and streak >= self._floor_warning_after)
+        if due and not self._floor_warned:
+            self._floor_warned = True
+            message = self._floor_message(streak)
+            tf.logging.warning(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return due
+
+    def check_floor(self, session):
+        """Reads the state once and warns, once per manager, of a collapse.
+
+        The warning is due when the scale sits at ``min_loss_scale`` and the
+        last ``floor_warning_after`` steps all overflowed. It is given with
+        ``warnings.warn`` (RuntimeWarning) and ``tf.logging.warning``. Nothing
+        in the training step checks this: call it every few hundred steps, or
+        use ``floor_warning_hook`` with a MonitoredSession.
+
+        Args:
+          session: a ``tf.Session`` (or ``MonitoredSession``) of the
+            manager's graph.
+
+        Returns:
+          Whether the warning is due (True on every call while it is).
+
+        Raises:
+          TypeError: if ``session`` is not a session.
+          ValueError: if it runs another graph than the manager's.
+        """
+        graph = getattr(session, "graph", None)
+        if not isinstance(graph, tf.Graph) or not callable(getattr(session, "run", None)):
+            raise TypeError(
+                "session must be a tf.Session (or MonitoredSession) of the "
+                "manager's graph, got %r (%s). Pass the session that runs the "
+                "training step." % (session, type(session).__name__))
+        if graph is not self._state.graph:
+            raise ValueError(
+                "session must run the graph %s was built in, got %r, which runs "
+                "another graph (%r; the manager's is %r). Pass the session that "
+                "runs the training step, e.g. tf.Session(graph=<the manager's "
+                "graph>), or build the manager inside `with graph.as_default():` "
+                "of the session's graph." % (type(self).__name__, session, graph,
+                                             self._state.graph))
+        # The tensors built with the manager: no op is added (finalized graphs).
+        return self._check_floor_values(session.run(self._values))
+
+    def floor_warning_hook(self, every_n_steps=_DEFAULT_WARNING_EVERY_N_STEPS):
+        """A ``SessionRunHook`` that runs ``check_floor`` every N runs.
+
+        Args:
+          every_n_steps: how often to read the state (one 16-byte copy), >= 1.
+
+        Returns:
+          A ``FloorWarningHook``.
+        """
+        return FloorWarningHook([self], every_n_steps)
+

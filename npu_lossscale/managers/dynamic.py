@@ -1,0 +1,118 @@
+"""The rule of TF's ``DynamicLossScale`` (Keras defaults): ``DynamicLossScaleManager``."""
+
+from __future__ import absolute_import, division, print_function
+
+import math
+import struct
+
+from npu_lossscale import checks as _checks
+from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
+                                         _DEFAULT_MIN_LOSS_SCALE, _FLOAT32_MAX,
+                                         _check_initial_scale, _check_period, _check_ratio,
+                                         _float32)
+from npu_lossscale.managers.counting import _CountingLossScaleManager
+
+# TF's DynamicLossScale and Keras' LossScaleOptimizer start at 2**15: the
+# largest power of two whose product with a unit loss still fits float16.
+_DEFAULT_INITIAL_SCALE = 2.0 ** 15
+# Keras' default: grow after 2000 consecutive finite steps.
+_DEFAULT_GROWTH_STEPS = 2000
+# Keras' default growth and back-off factor.
+_DEFAULT_MULTIPLIER = 2.0
+
+
+def _float32_step(value, steps):
+    """The float32 ``steps`` representable values above a positive finite
+    float32 (below, for negative ``steps``); may be inf."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return struct.unpack("<f", struct.pack("<I", bits + steps))[0]
+
+
+def _product_is_finite(scale, factor):
+    """Whether float32 ``scale * factor`` is finite (both are float32 values,
+    so their exact product fits a double and is rounded once)."""
+    try:
+        return not math.isinf(_float32(scale * factor))
+    except OverflowError:
+        return False
+
+
+def _finite_growth_ceiling(factor):
+    """The smallest float32 ``s`` with ``s * factor`` overflowing float32.
+
+    ``s < ceiling`` is then exactly ``is_finite(s * factor)`` for every
+    float32 ``s > 0``, the test of TF's DynamicLossScale and contrib, without
+    an ``IsFinite`` op.
+    """
+    candidate = _float32(_FLOAT32_MAX / factor)
+    while not _product_is_finite(candidate, factor):
+        candidate = _float32_step(candidate, -1)
+    while _product_is_finite(_float32_step(candidate, 1), factor):
+        candidate = _float32_step(candidate, 1)
+    return _float32_step(candidate, 1)
+
+
+
+class DynamicLossScaleManager(_CountingLossScaleManager):
+    """The rule of TF's ``DynamicLossScale`` (Keras defaults).
+
+    After ``growth_steps`` consecutive finite steps the scale is multiplied by
+    ``multiplier`` if the result is finite; on any non-finite step it becomes
+    ``max(scale / multiplier, min_loss_scale)`` and the count restarts. The
+    finiteness test is done without ``IsFinite``: ``scale < ceiling``, with
+    the ceiling computed at build time as the smallest float32 whose product
+    with the multiplier overflows, which is the same test bit for bit.
+
+    The state is the variable ``dynamic_loss_scale/state``; the scale is also
+    the tensor ``dynamic_loss_scale/loss_scale:0``.
+
+    Args:
+      initial_scale: the starting scale, 2**15 by default, up to float32's max.
+      growth_steps: finite steps needed before the scale grows, in [1, 2**24].
+      multiplier: growth and back-off factor, > 1.
+      min_loss_scale: floor of the scale, 1 by default (Keras' floor).
+      max_loss_scale: cap on growth, None (no cap, as Keras) by default.
+      floor_warning_after: warn, once, when the scale sits at
+        ``min_loss_scale`` after this many consecutive overflowing steps
+        (see ``check_floor``); None never warns.
+
+    Raises:
+      TypeError: if an argument has the wrong type.
+      ValueError: if an argument is out of range, NaN or infinite.
+    """
+
+    def __init__(self, initial_scale=_DEFAULT_INITIAL_SCALE,
+                 growth_steps=_DEFAULT_GROWTH_STEPS, multiplier=_DEFAULT_MULTIPLIER,
+                 min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
+                 max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
+                 floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER):
+        _checks.require_graph_mode("DynamicLossScaleManager")
+        _check_initial_scale("initial_scale", initial_scale, min_loss_scale,
+                             max_loss_scale, floor_warning_after)
+        _check_period("growth_steps", growth_steps, 2000)
+        _check_ratio("multiplier", multiplier, 2)
+        self._multiplier = _float32(float(multiplier))
+        super(DynamicLossScaleManager, self).__init__(
+            initial_scale, growth_steps, 1, multiplier,
+            min_loss_scale, max_loss_scale, floor_warning_after,
+            growth_ceiling=_finite_growth_ceiling(self._multiplier),
+            name="dynamic_loss_scale", scale_name_in_scope=True)
+
+    def _shrink_factor(self):
+        # TF's DynamicLossScale writes `scale / multiplier`, and a Session's
+        # grappler (constant folding, ReduceDivToReciprocalMul) runs it as
+        # `scale * float32(1 / multiplier)`: this is what TF computes, bit for
+        # bit (tests/test_managers.py cross-checks it with multiplier 3). For
+        # a power of two both spellings are the same number.
+        return 1.0 / self._multiplier
+
+    @property
+    def growth_steps(self):
+        """Finite steps needed before the scale grows."""
+        return self._grow_every
+
+    @property
+    def multiplier(self):
+        """The growth and back-off factor."""
+        return self._multiplier
+

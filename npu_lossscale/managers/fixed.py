@@ -1,0 +1,86 @@
+"""A constant loss scale: ``FixedLossScaleManager``."""
+
+from __future__ import absolute_import, division, print_function
+
+import warnings
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import checks as _checks
+from npu_lossscale.managers.base import _FLOAT32_MAX, LossScaleManager
+
+# The largest finite float16 (65504): a fixed scale above it turns a unit
+# float16 loss gradient into inf (values from 65520 round to inf).
+_FLOAT16_MAX = 65504.0
+
+
+class FixedLossScaleManager(LossScaleManager):
+    """A constant loss scale.
+
+    With ``enable_overflow_check=False`` the builder skips the overflow check
+    entirely (every step applies), through the same code path as the dynamic
+    managers. ``FixedLossScaleManager(1, enable_overflow_check=False)`` is
+    therefore plain, unscaled training.
+
+    A scale above 65504, float16's largest finite value, draws a
+    ``UserWarning``: the gradient of a loss computed in float16 is then
+    infinite on every step, so (with the check on) every step is skipped.
+    Such a scale only works when the loss and the ops next to it run in
+    float32.
+
+    Args:
+      loss_scale: the scale, a finite number in [1, float32 max].
+      enable_overflow_check: whether steps with non-finite gradients are skipped.
+
+    Raises:
+      TypeError: if ``loss_scale`` is not a number or the flag is not a bool.
+      ValueError: if ``loss_scale`` is None, NaN, infinite, < 1 or beyond
+        float32's range.
+    """
+
+    def __init__(self, loss_scale, enable_overflow_check=True):
+        if loss_scale is None:
+            # contrib, npu_bridge and TF's FixedLossScale raise ValueError here.
+            raise ValueError(
+                "loss_scale must be a number, got None. Pass a power of two "
+                "such as 1024, or 1 for no scaling.")
+        _checks.check_number(
+            "loss_scale", loss_scale, minimum=1, maximum=_FLOAT32_MAX,
+            hint="A loss scale below 1 shrinks gradients towards underflow, and "
+                 "one beyond float32's range cannot be represented; pass a power "
+                 "of two such as 1024, or 1 for no scaling.")
+        if not isinstance(enable_overflow_check, bool):
+            raise TypeError(
+                "enable_overflow_check must be a bool, got %r. Pass True to skip "
+                "steps with inf/nan gradients, False to apply every step."
+                % (enable_overflow_check,))
+        if loss_scale > _FLOAT16_MAX:
+            warnings.warn(
+                "FixedLossScaleManager: loss_scale=%r exceeds 65504, float16's "
+                "largest value: the gradient of a float16 loss overflows on every "
+                "step. Keep the loss in float32, or pass a scale <= 32768."
+                % (loss_scale,), UserWarning, stacklevel=2)
+        self._loss_scale_value = float(loss_scale)
+        self._enable_overflow_check = enable_overflow_check
+
+    def get_loss_scale(self):
+        return tf.constant(self._loss_scale_value, dtype=tf.float32, name="loss_scale")
+
+    def update_loss_scale(self, finite_grads):
+        del finite_grads  # A fixed scale never moves.
+        return tf.no_op(name="fixed_loss_scale_update")
+
+    def get_enable_overflow_check(self):
+        """Returns whether steps with non-finite gradients are skipped.
+
+        The name matches npu_bridge's FixedLossScaleManager
+        (tf_adapter/python/npu_bridge/estimator/npu/npu_loss_scale_manager.py),
+        so the builder reads this flag the same way from either class.
+        """
+        return self._enable_overflow_check
+
+    @property
+    def static_loss_scale(self):
+        """The scale as a Python float (the builder skips unscaling at 1)."""
+        return self._loss_scale_value
+
