@@ -1,10 +1,11 @@
 """Float-status backends: how a step learns that it overflowed.
 
-``resolve_backend`` picks one; ``base`` says what a backend is.
+``base.Backend`` declares what a backend is; ``resolve_backend`` picks one.
 """
 
 from __future__ import absolute_import, division, print_function
 
+from npu_lossscale.backends.base import Backend
 from npu_lossscale.backends.is_finite import IsFiniteBackend
 from npu_lossscale.backends.npu import (NpuFloatStatusBackend, _import_npu_gen_ops,
                                         _warn_if_saturating, inf_nan_mode_enabled,

@@ -7,10 +7,11 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale.backends.base import Backend
 from npu_lossscale.gradients import SMALL_GRADIENT_ELEMENTS, dense_values
 
 
-class IsFiniteBackend(object):
+class IsFiniteBackend(Backend):
     """Checks the gradients themselves: one read per gradient.
 
     Every gradient is summed in float32 and the sums are added; the total is
@@ -71,8 +72,3 @@ class IsFiniteBackend(object):
                 sums.append(tf.reduce_sum(values))
             total = sums[0] if len(sums) == 1 else tf.add_n(sums)
             return 1.0 - tf.cast(tf.is_finite(total), tf.float32)
-
-
-    def clear_status(self):
-        """Nothing to clear: there is no register. Returns a no-op."""
-        return tf.no_op(name="clear_status")

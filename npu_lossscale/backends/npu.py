@@ -9,11 +9,12 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import checks as _checks
 from npu_lossscale import graph_state as _graph_state
+from npu_lossscale.backends.base import Backend
 from npu_lossscale.backends.register_order import order_after_clear
 from npu_lossscale.gradients import dense_values
 
 
-class NpuFloatStatusBackend(object):
+class NpuFloatStatusBackend(Backend):
     """Reads Ascend's float-status register; clears it once per run, first.
 
     The register is the device's overflow status: tf_adapter's read op
