@@ -17,15 +17,9 @@ from npu_lossscale import managers as _managers
 #: benchmarks/small_tensor_reads.py).
 SMALL_GRADIENT_ELEMENTS = 16384
 
-#: The scales ``check_scale`` accepts: those whose inverse is a normal float32
-#: too, 2**-126 to 2**126. Then both have full precision and unscaling by a
-#: power of two is exact. Outside it TF's CPU kernels flush the subnormal
-#: (the scale below, the inverse above) to zero: a scale of 0 makes the
-#: unscaled gradients NaN, an inverse of 0 applies zero gradients as a finite
-#: step. NaN and inf skip every step. Scales below 1 are accepted: PyTorch's
-#: GradScaler may back off below 1, and they suit float32 gradients (with
-#: float16 ones, small gradients flush to 0 there: the manager's choice).
-SCALE_RANGE = (2.0 ** -126, 2.0 ** 126)
+#: The scales ``check_scale`` accepts, 2**-126 to 2**126: the manager
+#: protocol's range (``managers.SCALE_RANGE`` says why).
+SCALE_RANGE = _managers.SCALE_RANGE
 
 
 class Scale(collections.namedtuple("Scale", ["value", "inverse", "is_unit"])):
@@ -53,14 +47,15 @@ def scale_snapshot(manager):
     variables an identity aliases the variable's buffer, which ``Assign``
     overwrites in place.
 
-    For a manager that is not one of this package's (custom, contrib's,
-    npu_bridge's), the snapshot waits for ``check_scale``: a scale outside
-    ``SCALE_RANGE`` (0, negative, NaN, inf, a float64 or float16 value that
-    is inf in float32) fails the run before anything of the step runs. This
-    package's managers get no check (``managers.keeps_scale_positive``).
+    For a manager whose class does not declare ``keeps_scale_in_range``
+    (custom, contrib's, npu_bridge's, subclasses of ours), the snapshot waits
+    for ``check_scale``: a scale outside ``SCALE_RANGE`` (0, negative, NaN,
+    inf, a float64 or float16 value that is inf in float32) fails the run
+    before anything of the step runs. A declaring class (this package's
+    managers) gets no check (``managers.declares_scale_in_range``).
 
-    The tensors made here (the float32 cast, the snapshot) and, for this
-    package's managers, the tensor ``get_loss_scale()`` returned cannot be
+    The tensors made here (the float32 cast, the snapshot) and, for a
+    declaring class, the tensor ``get_loss_scale()`` returned cannot be
     fed (``Graph.prevent_feeding``): a ``feed_dict`` entry for them makes
     ``session.run`` raise ValueError before the step runs, where a fed 0
     used to apply NaN weights. A custom manager's own tensor may still be
@@ -92,7 +87,7 @@ def scale_snapshot(manager):
             "the loss-scale manager %r returned a scale of shape %s from "
             "get_loss_scale(); one step uses one scalar scale. Return a scalar, "
             "e.g. tf.reshape(scale, [])." % (manager, scale.shape))
-    own = _managers.keeps_scale_positive(manager)
+    own = _managers.declares_scale_in_range(manager)
     if own:
         _prevent_feeding(scale)
     if scale.dtype.base_dtype != tf.float32:
@@ -151,7 +146,7 @@ def read_scale(manager):
       scale 1 (``static_loss_scale == 1``). Neither tensor can be fed.
     """
     value = scale_snapshot(manager)
-    if getattr(manager, "static_loss_scale", None) == 1.0:
+    if _managers.static_scale(manager) == 1.0:
         return Scale(value, None, True)
     return Scale(value, _prevent_feeding(tf.reciprocal(value, name="inv_scale")), False)
 

@@ -276,6 +276,57 @@ def test_subclasses_and_custom_managers_get_the_check(path):
             assert [op.name.split("/")[-1] for op in checks] == ["check_scale"], checks
 
 
+class _DeclaredInRange(_StoredScale):
+    """A custom manager (no base class of ours) that declares the promise."""
+    keeps_scale_in_range = True
+
+
+class _InheritsTheDeclaration(_DeclaredInRange):
+    """Inherits the attribute but does not set it itself."""
+
+
+class _DynamicRedeclared(nl.DynamicLossScaleManager):
+    keeps_scale_in_range = True
+
+
+class _DynamicWithOwnRule(nl.DynamicLossScaleManager):
+    """Overrides the update: the promise it inherits must not count."""
+
+    def update_loss_scale(self, finite_grads):
+        return tf.assign(self.state, [0.0, 0.0, 0.0, 0.0]).op
+
+
+@pytest.mark.parametrize("path", ["builder", "optimizer"])
+@pytest.mark.parametrize("make, checked", [
+    (lambda: _DeclaredInRange(4.0), False),
+    (lambda: _InheritsTheDeclaration(4.0), True),
+    (_DynamicRedeclared, False),
+    (_DynamicWithOwnRule, True),
+])
+def test_the_in_range_promise_counts_in_the_class_that_sets_it(path, make, checked):
+    """``keeps_scale_in_range`` is read from the manager's own class only
+    (managers.declares_scale_in_range): setting it drops the check for any
+    manager, ours or not; a subclass that does not set it again gets the
+    check, whether or not it overrides the rule."""
+    with tf.Graph().as_default() as graph:
+        manager = make()
+        assert nl.managers.declares_scale_in_range(manager) is not checked
+        _build(manager, path)
+        names = [op.name.split("/")[-1] for op in _check_ops(graph)]
+        assert names == (["check_scale"] if checked else []), names
+
+
+def test_an_overridden_rule_that_breaks_the_range_fails_the_run(graph):
+    """Why the promise is not inherited: this subclass writes a scale of 0,
+    and the inherited declaration would have let it apply NaN updates."""
+    update, model = _build(_DynamicWithOwnRule(), "builder")
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(update, model.feed)  # the first step reads 2**15, then writes 0
+        with pytest.raises(tf.errors.InvalidArgumentError, match="_DynamicWithOwnRule"):
+            sess.run(update, model.feed)
+
+
 @pytest.mark.parametrize("kind", ["dynamic", "exponential"])
 def test_own_managers_keep_the_scale_in_range_at_the_extremes(graph, kind):
     """Why our managers need no check: from any state they can reach, the

@@ -32,10 +32,11 @@ from __future__ import absolute_import, division, print_function
 # The package's modules, one idea each: base (the protocol, its checks, the
 # shared argument checks), fixed, counting (the rule both dynamic managers
 # share), exponential, dynamic, and checkpoints (offline conversion).
-from npu_lossscale.managers.base import (LossScaleManager, check_manager,
-                                         check_manager_graph, describe,
-                                         keeps_scale_positive, manager_variables,
-                                         overflow_check_enabled, scale_moves)
+from npu_lossscale.managers.base import (SCALE_RANGE, LossScaleManager, check_manager,
+                                         check_manager_graph, declares_scale_in_range,
+                                         describe, manager_variables,
+                                         overflow_check_enabled, scale_moves,
+                                         static_scale)
 from npu_lossscale.managers.checkpoints import convert_checkpoint
 from npu_lossscale.managers.dynamic import DynamicLossScaleManager
 from npu_lossscale.managers.exponential import ExponentialUpdateLossScaleManager

@@ -2,8 +2,8 @@
 
 ``LossScaleManager`` declares the protocol; the functions below are the only
 code that reads it (``check_manager``, ``manager_variables``,
-``overflow_check_enabled``, ``scale_moves``, ``keeps_scale_positive``,
-``describe``). The argument checks and named defaults the managers share
+``overflow_check_enabled``, ``static_scale``, ``scale_moves``,
+``declares_scale_in_range``, ``describe``). The argument checks and named defaults the managers share
 live here too.
 """
 
@@ -42,16 +42,39 @@ def _float32(value):
     return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
+#: The scales the step accepts from a manager: those whose inverse is a
+#: normal float32 too, 2**-126 to 2**126. Then both have full precision and
+#: unscaling by a power of two is exact. Outside it TF's CPU kernels flush the
+#: subnormal (the scale below, the inverse above) to zero: a scale of 0 makes
+#: the unscaled gradients NaN, an inverse of 0 applies zero gradients as a
+#: finite step. NaN and inf skip every step. Scales below 1 are accepted:
+#: PyTorch's GradScaler may back off below 1, and they suit float32 gradients
+#: (with float16 ones, small gradients flush to 0 there: the manager's choice).
+SCALE_RANGE = (2.0 ** -126, 2.0 ** 126)
+
 
 class LossScaleManager(object):
     """The protocol every manager follows (TF 1.15 contrib / npu_bridge).
 
-    Subclasses implement ``get_loss_scale`` and ``update_loss_scale``. The
-    builder never requires this base class: any object with those two methods
-    works, including ``tf.contrib.mixed_precision`` and npu_bridge managers.
-    The two optional hooks below have the defaults the builder assumes for an
-    object that lacks them.
+    Required: ``get_loss_scale`` and ``update_loss_scale``. The builder never
+    requires this base class: any object with those two methods works,
+    including ``tf.contrib.mixed_precision`` and npu_bridge managers. The
+    optional hooks below have the defaults the step assumes for an object
+    that lacks them; the functions of this module are the only step code
+    that reads them.
     """
+
+    #: Set to True in a class's own body to promise that its scale stays in
+    #: ``SCALE_RANGE``: ``get_loss_scale()`` returns a float32 scalar in
+    #: [2**-126, 2**126] in every state ``update_loss_scale`` can reach from
+    #: the constructor's, and the tensor it returns is not meant to be fed.
+    #: The step then adds no run-time check of the scale (one ``Assert`` per
+    #: step that fails the run on a scale outside the range) and refuses
+    #: feeds of that tensor. The promise is per class
+    #: (``declares_scale_in_range``): a subclass does not inherit it, since
+    #: it may override the rule; it gets the check until its own body sets
+    #: the flag again. Our three managers set it.
+    keeps_scale_in_range = False
 
     def get_loss_scale(self):
         """Returns the current loss scale as a float32 scalar tensor."""
@@ -88,7 +111,6 @@ class LossScaleManager(object):
         the builder skip unscaling.
         """
         return None
-
 
 
 def check_manager(manager, argument="loss_scale_manager"):
@@ -178,30 +200,29 @@ def overflow_check_enabled(manager):
     return True if getter is None else bool(getter())
 
 
-def keeps_scale_positive(manager):
-    """Whether ``manager``'s scale provably stays finite and >= 1.
+def declares_scale_in_range(manager):
+    """Whether ``manager``'s class promises a scale in ``SCALE_RANGE``.
 
-    True only for this package's own three classes, not subclasses (which may
-    override the rule): ``FixedLossScaleManager``'s scale is a constant checked
-    to lie in [1, float32 max]; the dynamic managers start in [min_loss_scale,
-    max_loss_scale] with ``min_loss_scale >= 1``, grow only below the growth
-    ceiling (so the product is finite), and floor every change at
-    ``min_loss_scale`` (``update_loss_scale``). Only a write from outside
-    (restoring a foreign checkpoint, assigning to ``state``) could break this.
-    The step adds no run-time check of the scale for these managers.
+    The promise (``LossScaleManager.keeps_scale_in_range``) counts only where
+    the manager's own class sets it in its body: a subclass of a declaring
+    class, which may override ``update_loss_scale`` or the helpers it calls,
+    gets the run-time check until it declares the promise itself.
 
     Args:
-      manager: any loss-scale manager.
+      manager: any loss-scale manager (a subclass of ``LossScaleManager`` or
+        not).
 
     Returns:
       A Python bool.
     """
-    # pylint: disable=import-outside-toplevel,cyclic-import
-    from npu_lossscale.managers.dynamic import DynamicLossScaleManager
-    from npu_lossscale.managers.exponential import ExponentialUpdateLossScaleManager
-    from npu_lossscale.managers.fixed import FixedLossScaleManager
-    return type(manager) in (FixedLossScaleManager, DynamicLossScaleManager,
-                             ExponentialUpdateLossScaleManager)
+    return vars(type(manager)).get("keeps_scale_in_range", False) is True
+
+
+def static_scale(manager):
+    """The manager's ``static_loss_scale`` hook: its scale as a Python float
+    when that is a build-time constant, else None (also for a manager
+    without the hook)."""
+    return getattr(manager, "static_loss_scale", None)
 
 
 def scale_moves(manager):
@@ -217,7 +238,7 @@ def scale_moves(manager):
     Returns:
       A Python bool.
     """
-    return getattr(manager, "static_loss_scale", None) is None
+    return static_scale(manager) is None
 
 
 def describe(manager):
@@ -229,7 +250,6 @@ def describe(manager):
     if not variables:
         return "loss-scale manager %s" % type(manager).__name__
     return "loss-scale manager %s (state %s)" % (type(manager).__name__, variables[0].op.name)
-
 
 
 def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):

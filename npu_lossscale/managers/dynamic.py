@@ -81,6 +81,10 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
       ValueError: if an argument is out of range, NaN or infinite.
     """
 
+    # The counting rule keeps the scale in [min_loss_scale, growth cap], with
+    # min_loss_scale >= 1 (see _CountingLossScaleManager).
+    keeps_scale_in_range = True
+
     def __init__(self, initial_scale=_DEFAULT_INITIAL_SCALE,
                  growth_steps=_DEFAULT_GROWTH_STEPS, multiplier=_DEFAULT_MULTIPLIER,
                  min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,

@@ -64,6 +64,10 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
       ValueError: if an argument is out of range, NaN or infinite.
     """
 
+    # The counting rule keeps the scale in [min_loss_scale, growth cap], with
+    # min_loss_scale >= 1 (see _CountingLossScaleManager).
+    keeps_scale_in_range = True
+
     def __init__(self, init_loss_scale, incr_every_n_steps,
                  decr_every_n_nan_or_inf=_DEFAULT_DECR_EVERY_N_NAN_OR_INF,
                  incr_ratio=_DEFAULT_INCR_RATIO, decr_ratio=_DEFAULT_DECR_RATIO,

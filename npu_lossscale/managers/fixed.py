@@ -38,6 +38,9 @@ class FixedLossScaleManager(LossScaleManager):
         float32's range.
     """
 
+    # A constant checked at construction to lie in [1, float32 max].
+    keeps_scale_in_range = True
+
     def __init__(self, loss_scale, enable_overflow_check=True):
         if loss_scale is None:
             # contrib, npu_bridge and TF's FixedLossScale raise ValueError here.
