@@ -1,10 +1,10 @@
 """The boundary: what the library accepts from its callers, checked once,
 where it is handed in, before any op is made.
 
-Numbers, counts and flags (``check_number``, ``check_bool``), and TF objects:
-losses, optimizers, variables, gradients and global steps, and the graph
-context a step may be built in (graph mode, the top level). Managers are
-checked by the protocol's module, ``managers.base``. Every check
+Numbers, counts and flags (``check_number``, ``check_count``, ``check_bool``),
+and TF objects: losses, optimizers, variables, gradients and global steps, and
+the graph context a step may be built in (graph mode, the top level).
+Managers are checked by the protocol's module, ``managers.base``. Every check
 raises ValueError or TypeError with a message that names the argument, shows
 the value with ``%r`` and says the fix. Inside the step, checked values are
 trusted."""
@@ -528,6 +528,40 @@ def check_number(name, value, minimum=None, maximum=None, min_open=False,
             span = "in %s, %s" % (low, high)
         raise ValueError("%s must be %s, got %r. %s" % (name, span, value, hint))
     return value
+
+
+def check_count(name, value, hint, minimum=1, maximum=None):
+    """Checks a count (of steps, runs, micro-batches) and returns it as an int.
+
+    The one count policy: an int, or an integral float, counts as its int.
+    TF's own tests pass counts as floats (``DynamicLossScale(
+    initial_loss_scale=1., increment_period=2., multiplier=2.)`` in
+    tensorflow/python/training/experimental/loss_scale_optimizer_test.py,
+    ``dynamic_growth_steps=2.`` in Keras' mixed_precision tests).
+
+    Args:
+      name: the argument's name, for the message.
+      value: the value to check.
+      hint: a sentence saying what to pass instead, e.g. "Pass e.g. 100.".
+      minimum: the smallest count allowed.
+      maximum: the largest count allowed, or None.
+
+    Returns:
+      The count, an int in [minimum, maximum].
+
+    Raises:
+      TypeError: for a bool, a str, a non-number, or a float with a
+        fractional part (2.5).
+      ValueError: for NaN, infinities, and counts outside the bounds.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("%s must be a whole number, got %r (%s). %s"
+                        % (name, value, type(value).__name__, hint))
+    # NaN, inf and the bounds, reported with the value as given.
+    check_number(name, value, minimum=minimum, maximum=maximum, hint=hint)
+    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+        raise TypeError("%s must be a whole number, got %r. %s" % (name, value, hint))
+    return int(value)
 
 
 def check_bool(name, value, hint):

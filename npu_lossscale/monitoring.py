@@ -123,10 +123,9 @@ class FloorWarningHook(tf.train.SessionRunHook):
 
     def __init__(self, managers, every_n_steps=_DEFAULT_WARNING_EVERY_N_STEPS):
         # pylint: disable=import-outside-toplevel,cyclic-import
-        from npu_lossscale.managers.base import _count
         from npu_lossscale.managers.counting import _CountingLossScaleManager
-        every_n_steps = _count("every_n_steps", every_n_steps,
-                               hint="Pass how many runs apart to check, e.g. 100.")
+        every_n_steps = _checks.check_count("every_n_steps", every_n_steps,
+                                            hint="Pass e.g. 100.")
         managers = list(managers)
         for manager in managers:
             if not isinstance(manager, _CountingLossScaleManager):

@@ -10,7 +10,6 @@ live here too.
 from __future__ import absolute_import, division, print_function
 
 import inspect
-import numbers
 import struct
 
 from npu_lossscale import checks as _checks
@@ -253,77 +252,36 @@ def describe(manager):
 
 
 def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
-    _checks.check_number(
-        "min_loss_scale", min_loss_scale, minimum=1, maximum=_FLOAT32_MAX,
-        hint="The floor must be a finite number of at least 1; the default is 1.")
+    """The floor, the ceiling and the starting scale between them."""
+    _checks.check_number("min_loss_scale", min_loss_scale, minimum=1,
+                         maximum=_FLOAT32_MAX, hint="Pass e.g. 1 (the default).")
     if max_loss_scale is not None:
-        _checks.check_number(
-            "max_loss_scale", max_loss_scale, minimum=min_loss_scale,
-            maximum=_FLOAT32_MAX,
-            hint="The ceiling must lie in [min_loss_scale, float32 max] = [%r, %r]; "
-                 "pass None (the default) for no ceiling but float32's range."
-                 % (min_loss_scale, _FLOAT32_MAX))
+        _checks.check_number("max_loss_scale", max_loss_scale, minimum=min_loss_scale,
+                             maximum=_FLOAT32_MAX,
+                             hint="Pass a ceiling >= min_loss_scale, or None for none.")
     high = _FLOAT32_MAX if max_loss_scale is None else max_loss_scale
-    _checks.check_number(
-        init_name, init_value, minimum=min_loss_scale, maximum=high,
-        hint="It must lie within [min_loss_scale, max_loss_scale] = [%r, %r]; "
-             "lower it, or raise max_loss_scale." % (min_loss_scale, high))
-
-
-def _count(name, value, hint, maximum=None):
-    """Checks a count of steps or runs, and returns it as an int.
-
-    An integral float counts as its int: TF's own tests pass step counts as
-    floats (``DynamicLossScale(initial_loss_scale=1., increment_period=2.,
-    multiplier=2.)`` in tensorflow/python/training/experimental/
-    loss_scale_optimizer_test.py, ``dynamic_growth_steps=2.`` in Keras'
-    mixed_precision tests), and peers take them.
-
-    Args:
-      name: the argument's name, for the message.
-      value: the value to check.
-      hint: a sentence saying what to pass instead.
-      maximum: the largest count allowed, or None.
-
-    Returns:
-      The count, an int >= 1.
-
-    Raises:
-      TypeError: if the value is not a number, is a bool, or is a float with
-        a fractional part (2.5).
-      ValueError: if it is NaN, infinite, below 1 or above ``maximum``.
-    """
-    whole = ("%s must be a whole number (an int, or an integral float such as 2.0), "
-             "got %r (%s). %s" % (name, value, type(value).__name__, hint))
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(whole)
-    # NaN, inf and the bounds, reported with the value as given.
-    _checks.check_number(name, value, minimum=1, maximum=maximum, hint=hint)
-    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
-        raise TypeError(whole)
-    return int(value)
+    _checks.check_number(init_name, init_value, minimum=min_loss_scale, maximum=high,
+                         hint="Keep it within [min_loss_scale, max_loss_scale].")
 
 
 def _check_floor_warning(floor_warning_after):
     """``floor_warning_after`` as an int, or None (never warn)."""
     if floor_warning_after is None:
         return None
-    return _count("floor_warning_after", floor_warning_after,
-                  hint="Pass a number of consecutive overflowing steps such as 20, "
-                       "or None never to warn.")
+    return _checks.check_count("floor_warning_after", floor_warning_after,
+                               hint="Pass e.g. 20, or None never to warn.")
 
 
 def _check_period(name, value, example):
-    """A growth or back-off period as an int in [1, 2**24]."""
-    return _count(name, value, maximum=_MAX_PERIOD,
-                  hint="Pass a number of steps such as %d; the state counts in "
-                       "float32, exact up to 2**24." % example)
+    """A growth or back-off period as an int in [1, 2**24] (the state
+    counts in float32, exact up to 2**24)."""
+    return _checks.check_count(name, value, maximum=_MAX_PERIOD,
+                               hint="Pass e.g. %d (at most 2**24)." % example)
 
 
 def _check_ratio(name, value, example):
-    _checks.check_number(
-        name, value, minimum=1, min_open=True, maximum=_FLOAT32_MAX,
-        hint="The scale must grow when it grows; pass e.g. %r." % example)
+    _checks.check_number(name, value, minimum=1, min_open=True, maximum=_FLOAT32_MAX,
+                         hint="Pass e.g. %r." % example)
     if _float32(float(value)) <= 1.0:
         raise ValueError(
             "%s must exceed 1 in float32, got %r (it rounds to 1.0). Pass e.g. %r."
@@ -333,12 +291,9 @@ def _check_ratio(name, value, example):
 def _check_initial_scale(name, value, min_loss_scale, max_loss_scale, floor_warning_after):
     """The checks both dynamic managers make of their starting scale and bounds."""
     if value is None:
-        raise ValueError(
-            "%s must be a number, got None. Start at a power of two such as 2**15."
-            % name)
+        raise ValueError("%s must be a number, got None. Pass e.g. 2**15." % name)
     _check_floor_warning(floor_warning_after)
-    _checks.check_number(
-        name, value, minimum=1, maximum=_FLOAT32_MAX,
-        hint="Start at a power of two such as 2**15.")
+    _checks.check_number(name, value, minimum=1, maximum=_FLOAT32_MAX,
+                         hint="Pass e.g. 2**15.")
     _check_bounds(name, value, min_loss_scale, max_loss_scale)
 

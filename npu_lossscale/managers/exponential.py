@@ -80,9 +80,8 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
         _check_period("incr_every_n_steps", incr_every_n_steps, 1000)
         _check_period("decr_every_n_nan_or_inf", decr_every_n_nan_or_inf, 2)
         _check_ratio("incr_ratio", incr_ratio, 2)
-        _checks.check_number(
-            "decr_ratio", decr_ratio, minimum=0, maximum=1, min_open=True, max_open=True,
-            hint="The scale must shrink when it shrinks; pass e.g. 0.5.")
+        _checks.check_number("decr_ratio", decr_ratio, minimum=0, maximum=1,
+                             min_open=True, max_open=True, hint="Pass e.g. 0.5.")
         self._decr_every = int(decr_every_n_nan_or_inf)
         self._decr_ratio = float(decr_ratio)
         super(ExponentialUpdateLossScaleManager, self).__init__(

@@ -44,25 +44,17 @@ class FixedLossScaleManager(LossScaleManager):
     def __init__(self, loss_scale, enable_overflow_check=True):
         if loss_scale is None:
             # contrib, npu_bridge and TF's FixedLossScale raise ValueError here.
-            raise ValueError(
-                "loss_scale must be a number, got None. Pass a power of two "
-                "such as 1024, or 1 for no scaling.")
-        _checks.check_number(
-            "loss_scale", loss_scale, minimum=1, maximum=_FLOAT32_MAX,
-            hint="A loss scale below 1 shrinks gradients towards underflow, and "
-                 "one beyond float32's range cannot be represented; pass a power "
-                 "of two such as 1024, or 1 for no scaling.")
-        if not isinstance(enable_overflow_check, bool):
-            raise TypeError(
-                "enable_overflow_check must be a bool, got %r. Pass True to skip "
-                "steps with inf/nan gradients, False to apply every step."
-                % (enable_overflow_check,))
+            raise ValueError("loss_scale must be a number, got None. Pass e.g. 1024, "
+                             "or 1 for no scaling.")
+        _checks.check_number("loss_scale", loss_scale, minimum=1, maximum=_FLOAT32_MAX,
+                             hint="Pass a power of two such as 1024, or 1 for no scaling.")
+        _checks.check_bool("enable_overflow_check", enable_overflow_check,
+                           "Pass True to skip steps with inf/nan gradients.")
         if loss_scale > _FLOAT16_MAX:
             warnings.warn(
-                "FixedLossScaleManager: loss_scale=%r exceeds 65504, float16's "
-                "largest value: the gradient of a float16 loss overflows on every "
-                "step. Keep the loss in float32, or pass a scale <= 32768."
-                % (loss_scale,), UserWarning, stacklevel=2)
+                "FixedLossScaleManager: loss_scale=%r exceeds 65504, so a float16 "
+                "loss's gradient overflows on every step. Keep the loss in float32, "
+                "or pass a scale <= 32768." % (loss_scale,), UserWarning, stacklevel=2)
         self._loss_scale_value = float(loss_scale)
         self._enable_overflow_check = enable_overflow_check
 
