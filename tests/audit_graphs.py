@@ -630,7 +630,7 @@ def builder_per_group_ops(skip_policy="all"):
     return Case(graph, [train.update_op, train.per_group["d"]], {"train": train})
 
 
-def _moving_statistics_layer(x, name, momentum=0.9):
+def moving_statistics_layer(x, name, momentum=0.9):
     """Training-mode batch norm as ``tf.layers.batch_normalization`` builds
     it, in float32: the moving averages' updates go into UPDATE_OPS as the
     ``assign_sub`` results themselves (a variable-like under resource
@@ -668,13 +668,13 @@ def pix2pix_like_gan():
 
     def generator(noise):
         with tf.variable_scope("generator"):
-            h = tf.nn.relu(_moving_statistics_layer(dense(tf.cast(noise, tf.float16), 8,
+            h = tf.nn.relu(moving_statistics_layer(dense(tf.cast(noise, tf.float16), 8,
                                                           "fc1"), "bn1"))
             return tf.tanh(dense(h, 4, "fc2"))
 
     def discriminator(images, reuse):
         with tf.variable_scope("discriminator", reuse=reuse):
-            h = tf.nn.leaky_relu(_moving_statistics_layer(
+            h = tf.nn.leaky_relu(moving_statistics_layer(
                 dense(tf.cast(images, tf.float16), 8, "fc1"), "bn1"), 0.2)
             return tf.cast(dense(h, 1, "fc2"), tf.float32)
 

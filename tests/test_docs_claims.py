@@ -107,12 +107,13 @@ def test_update_ops_scope_is_a_prefix_match_and_the_docs_use_the_slash(graph):
         if name.endswith(".md"):
             with open(os.path.join(docs, name)) as f:
                 texts["docs/" + name] = f.read()
-    pattern = re.compile(r"get_collection\(\s*tf\.GraphKeys\.UPDATE_OPS\s*,\s*['\"]([^'\"]*)['\"]")
+    pattern = re.compile(r"get_collection\(\s*tf\.GraphKeys\.UPDATE_OPS\s*,\s*r?['\"]([^'\"]*)['\"]")
     scopes = [(where, scope) for where, text in texts.items() for scope in pattern.findall(text)]
     assert scopes, "the porting diff lost its scoped UPDATE_OPS"
     assert [(w, s) for w, s in scopes if not s.endswith("/")] == []
     update_ops = _bullet(_porting_section(), "`UPDATE_OPS`.")
-    assert "generator_1/" in update_ops and '`"generator/"`' in update_ops
+    assert "discriminator_1/" in update_ops and '`"discriminator/"`' in update_ops
+    assert '`r"discriminator(_\\d+)?/"`' in update_ops  # every call of the network
 
     # TensorFlow: the scope is re.match'ed against each op's name. The
     # generator called again with reuse=True gets the name scope generator_1.
@@ -135,6 +136,8 @@ def test_update_ops_scope_is_a_prefix_match_and_the_docs_use_the_slash(graph):
     exact = tf.get_collection(tf.GraphKeys.UPDATE_OPS, "generator/")
     assert loose == [train_update, sample_update, eval_update]
     assert exact == [train_update]
+    every_call = tf.get_collection(tf.GraphKeys.UPDATE_OPS, r"generator(_\d+)?/")
+    assert every_call == [train_update, sample_update]
 
 
 # ------------------------------------------------- did a per-group run skip?

@@ -134,7 +134,7 @@ def batch_norm(x, name, momentum=0.9):
         mean, variance = tf.nn.moments(x, [0])
         for moving, value in ((moving_mean, mean), (moving_var, variance)):
             tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, tf.assign_sub(
-                moving, (moving - value) * (1.0 - momentum)).op)
+                moving, (moving - value) * (1.0 - momentum)))
         return tf.cast(tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3),
                        tf.float16)
 
@@ -236,7 +236,9 @@ def main(argv=None):
         real, z, poison, d_loss, g_loss = build_model(args.batch_size)
         d_vars = tf.trainable_variables("discriminator")
         g_vars = tf.trainable_variables("generator")
-        g_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, "generator/")
+        # Every call of the generator (generator/, generator_1/... if it were
+        # called again), and no other network's: README, "UPDATE_OPS".
+        g_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, r"generator(_\d+)?/")
         global_step = tf.train.get_or_create_global_step()
         tf.summary.scalar("d_loss", d_loss, collections=["d"])
         tf.summary.scalar("g_loss", g_loss, collections=["g"])
