@@ -137,7 +137,8 @@ class MultiOptimizerLossScale(object):
         "is_finite" (CPU/GPU), "npu" (Ascend: is_finite in INF/NaN mode, the
         float-status register in saturation mode, decided at ``build()`` from
         ``npu_plugin.is_inf_nan_enabled()`` as npu_bridge does) or
-        "float_status" (always the register). ``backend`` tells the result.
+        "float_status" (always the register), or a ``backends.Backend``
+        instance (your own check). ``backend`` tells the result.
       skip_policy: "all" (default): an overflow in any group skips every
         group. "per_group": each group applies if and only if its own
         gradients are finite. On the float-status register, which cannot
@@ -170,8 +171,9 @@ class MultiOptimizerLossScale(object):
         there), "pivot" the Switch/Merge.
 
     Raises:
-      TypeError: if the manager lacks the protocol, or a flag is not a bool.
-      ValueError: for an unknown backend, skip policy or engine, "npu"
+      TypeError: if the manager lacks the protocol, a flag is not a bool, or
+        backend is neither a name nor a ``Backend`` instance.
+      ValueError: for an unknown backend name, skip policy or engine, "npu"
         without npu_bridge, an engine that is missing or not initialised, or
         eager mode.
     """
@@ -200,7 +202,8 @@ class MultiOptimizerLossScale(object):
 
     @property
     def backend(self):
-        """The check the step would use now: "is_finite" or "npu" (the register).
+        """The name of the check the step would use now: "is_finite", "npu"
+        (the register), or the name of the ``Backend`` instance passed.
 
         "npu" and "auto" follow the Ascend device's overflow mode, which is
         read again by ``build()``: is_finite in INF/NaN mode (the default on

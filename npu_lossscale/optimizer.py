@@ -54,9 +54,10 @@ class LossScaleOptimizer(tf.train.Optimizer):
       opt: the ``tf.compat.v1.train.Optimizer`` to wrap.
       loss_scale_manager: any object with ``get_loss_scale()`` and
         ``update_loss_scale(finite)``.
-      backend: "auto", "is_finite", "npu" or "float_status", as for the
-        builder; "npu" and "auto" follow the device's overflow mode at
-        ``apply_gradients``, as npu_bridge's ``NPULossScaleOptimizer`` does.
+      backend: "auto", "is_finite", "npu", "float_status" or a
+        ``backends.Backend`` instance, as for the builder; "npu" and "auto"
+        follow the device's overflow mode at ``apply_gradients``, as
+        npu_bridge's ``NPULossScaleOptimizer`` does.
       is_distributed: True sums the overflow decision across Ascend devices
         with HCCL (npu_bridge's ``is_distributed``; gradients are averaged by
         ``NPUDistributedOptimizer`` as usual). False: each device decides
@@ -65,9 +66,9 @@ class LossScaleOptimizer(tf.train.Optimizer):
       gate: "auto", "cond" or "pivot", as for ``MultiOptimizerLossScale``.
 
     Raises:
-      TypeError: for a non-TF1 or already-wrapped optimizer, or a manager
-        without the protocol.
-      ValueError: for an unknown backend, or "npu" without npu_bridge.
+      TypeError: for a non-TF1 or already-wrapped optimizer, a manager
+        without the protocol, or a backend neither a name nor a ``Backend``.
+      ValueError: for an unknown backend name, or "npu" without npu_bridge.
     """
 
     def __init__(self, opt, loss_scale_manager, backend="auto", is_distributed=None,
@@ -249,7 +250,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
                 if backend.reads_register:
                     _backends.claim_register(self,
                                              "LossScaleOptimizer %r" % self.get_name())
-                flags["gradients"] = backend.overflow_flag(grads)
+                flags["gradients"] = _backends.checked_flag(backend, grads)
                 if self._engine is not None:
                     with tf.name_scope("reduce_overflow_flags"):
                         flags["gradients"] = self._engine.sum(flags["gradients"])

@@ -19,10 +19,11 @@ def all_finite(grads, backend="auto"):
 
     Args:
       grads: gradients (tensors or IndexedSlices; None entries are left out).
-      backend: "auto", "is_finite", "npu" or "float_status", as for the
-        builder. With the register (Ascend, saturation mode) the read follows
-        every gradient, and the graph's one register clear (``clear_status``
-        of the backend) is ordered before everything the gradients follow.
+      backend: "auto", "is_finite", "npu", "float_status" or a
+        ``backends.Backend`` instance, as for the builder. With the register
+        (Ascend, saturation mode) the read follows every gradient, and the
+        graph's one register clear (``clear_status`` of the backend) is
+        ordered before everything the gradients follow.
 
     Returns:
       A bool scalar tensor, True when no gradient overflowed.
@@ -30,13 +31,14 @@ def all_finite(grads, backend="auto"):
     Raises:
       TypeError: unless ``grads`` is a list or tuple of float gradients (one
         tensor, (gradient, variable) pairs, None, a number or a str are
-        refused).
-      ValueError: for an unknown backend, no gradient at all, gradients of
-        another graph, or the register inside a ``tf.cond``/``tf.while_loop``
+        refused), a backend neither a name nor a ``Backend``, or a flag
+        that is not a float32 scalar.
+      ValueError: for an unknown backend name, no gradient at all, gradients
+        of another graph, or the register inside a ``tf.cond``/``tf.while_loop``
         body or a ``tf.function``.
     """
     grads = _checks.check_gradients(grads)
-    flag = _backends.resolve_backend(backend).overflow_flag(grads)
+    flag = _backends.checked_flag(_backends.resolve_backend(backend), grads)
     return Decisions({"all": flag}, grads).all_of(["all"])
 
 
@@ -84,7 +86,7 @@ def check(plan, backend, scales):
             scaled.update(_gradients.scaled_gradients(plan, scales, item.groups, after))
             with tf.name_scope(item.name):
                 grads = [grad for grad, _ in scaled[group.name]]
-                flags[item.name] = backend.overflow_flag(grads, after=[group.loss])
+                flags[item.name] = _backends.checked_flag(backend, grads, after=[group.loss])
             after = [flags[item.name]]  # the next group follows this read
         # Unchecked groups follow the last read.
         rest = tuple(name for name in plan.group_names if name not in scaled)
@@ -100,7 +102,7 @@ def check(plan, backend, scales):
         # A scope of its own only when there are several checks to tell apart.
         scope = tf.name_scope(item.name) if len(plan.checks) > 1 else contextlib.suppress()
         with scope:
-            flags[item.name] = backend.overflow_flag(grads, after=list(plan.losses))
+            flags[item.name] = _backends.checked_flag(backend, grads, after=list(plan.losses))
     return Checked(scaled, flags, packing)
 
 

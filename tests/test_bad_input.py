@@ -10,6 +10,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
+from npu_lossscale import backends as nl_backends
 from conftest import GRAPH_MODE, REPO
 from models import two_group_gan
 
@@ -177,6 +178,37 @@ def test_global_step_not_an_integer_variable(graph):
 def test_unknown_backend(graph):
     with _raises(ValueError, "backend", "'tpu'", "is_finite"):
         nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend="tpu")
+
+
+@pytest.mark.parametrize("make", ["builder", "optimizer", "all_finite"])
+@pytest.mark.parametrize("value, fragments", [
+    (object(), ["backend=<object", "'is_finite'", "Backend instance"]),
+    (None, ["backend=None", "'is_finite'", "Backend instance"]),
+    (nl_backends.IsFiniteBackend, ["is a class", "backend=IsFiniteBackend()"]),
+])
+def test_backend_neither_name_nor_instance(graph, make, value, fragments):
+    with _raises(TypeError, *fragments):
+        if make == "builder":
+            nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend=value)
+        elif make == "optimizer":
+            nl.LossScaleOptimizer(tf.train.AdamOptimizer(), nl.FixedLossScaleManager(8),
+                                  backend=value)
+        else:
+            nl.all_finite([tf.ones([2])], backend=value)
+
+
+def test_backend_flag_not_a_float32_scalar(graph):
+    """A user backend whose flag the step cannot sum and compare: refused at
+    build, before the flag is used."""
+    class BoolFlag(nl_backends.Backend):
+        name = "bool_flag"
+
+        def overflow_flag(self, tensors, after=()):
+            return tf.reduce_all(tf.is_finite(tensors[0]))
+
+    with _raises(TypeError, "backend 'bool_flag'", "overflow_flag", "dtype=bool",
+                 "float32 scalar"):
+        nl.all_finite([tf.ones([2])], backend=BoolFlag())
 
 
 def test_npu_backend_without_npu_bridge(graph):

@@ -24,6 +24,13 @@ from __future__ import absolute_import, division, print_function
 import tensorflow.compat.v1 as tf
 
 
+class _ClassName(object):
+    """The class's name, until a subclass or an instance sets its own."""
+
+    def __get__(self, instance, owner):
+        return owner.__name__
+
+
 class Backend(object):
     """An overflow check: subclass it and implement ``overflow_flag``.
 
@@ -56,13 +63,9 @@ class Backend(object):
         Switch/Merge there). Default False.
     """
 
+    name = _ClassName()
     reads_register = False
     on_npu = False
-
-    @property
-    def name(self):
-        """The class name, unless a subclass sets ``name``."""
-        return type(self).__name__
 
     def overflow_flag(self, tensors, after=()):
         """Makes the flag of one check.
@@ -73,9 +76,11 @@ class Backend(object):
 
         Args:
           tensors: the gradients to check (tensors or ``tf.IndexedSlices``,
-            none of them None), possibly float16. Small gradients of one
-            shape may come added together (their sum overflows when one of
-            them does).
+            none of them None), possibly float16: those of
+            ``MultiOptimizerLossScale`` still multiplied by the loss scale
+            (small ones of one shape may come stacked into one tensor, same
+            values), those ``LossScaleOptimizer.apply_gradients`` receives
+            (unscaled), or those given to ``all_finite``.
           after: tensors the flag must also follow: the losses, or the
             previous group's flag. A check that reads the tensors themselves
             may ignore it; one that reads device state must run after them
@@ -102,3 +107,19 @@ class Backend(object):
         """
         return tf.no_op(name="clear_status")
 
+
+
+def checked_flag(backend, tensors, after=()):
+    """``backend.overflow_flag(tensors, after)``, refused unless a float32
+    scalar tensor.
+
+    Raises:
+      TypeError: when the flag is not a float32 scalar tensor.
+    """
+    flag = backend.overflow_flag(tensors, after=after)
+    if not (isinstance(flag, tf.Tensor) and flag.dtype == tf.float32
+            and flag.shape.ndims == 0):
+        raise TypeError(
+            "backend %r returned %r from overflow_flag; return a float32 scalar tensor "
+            "(0.0 when finite)." % (backend.name, flag))
+    return flag
