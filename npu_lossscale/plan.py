@@ -247,12 +247,10 @@ def _check_no_shared_loss(groups):
         for other in groups[:index]:
             if other.loss is group.loss:
                 raise ValueError(
-                    "groups %r and %r share one loss tensor, so their backprop is "
-                    "one computation and the npu backend's float-status register "
-                    "cannot tell their overflows apart; skip_policy='per_group' "
-                    "(with or without per-group loss_scale_managers) cannot be "
-                    "honoured. Use skip_policy='all', or backend='is_finite'."
-                    % (other.name, group.name))
+                    "groups %r and %r share one loss tensor, whose overflows a "
+                    "register-reading backend cannot tell apart, so "
+                    "skip_policy='per_group' cannot be honoured; use "
+                    "skip_policy='all' or backend='is_finite'." % (other.name, group.name))
 
 
 def _backprops(groups):
