@@ -129,7 +129,10 @@ def shim_status():
         import npu_bridge  # noqa: F401  pylint: disable=import-outside-toplevel
         from npu_bridge import _emulation  # pylint: disable=import-outside-toplevel
         _emulation.uninstall()  # instrument only the graphs built for the npu row
-        if not nl_backends.npu_available():
+        try:
+            from npu_bridge.helper import helper  # pylint: disable=import-outside-toplevel
+            helper.get_gen_ops()
+        except ImportError:
             return False, "npu_bridge imports but its gen ops do not"
     except Exception as error:  # pylint: disable=broad-except
         return False, "importing the shim failed: %s: %s" % (type(error).__name__, error)

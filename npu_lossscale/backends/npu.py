@@ -129,15 +129,6 @@ def _import_npu_gen_ops():
     return helper.get_gen_ops()
 
 
-def npu_available():
-    """Returns True when ``npu_bridge`` imports (real, or shims/ on sys.path)."""
-    try:
-        _import_npu_gen_ops()
-    except ImportError:
-        return False
-    return True
-
-
 def inf_nan_mode_enabled():
     """Whether the Ascend device overflows to inf/nan (True) or saturates.
 
