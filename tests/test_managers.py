@@ -1,5 +1,7 @@
 """Each manager's rule, stepped by hand, and cross-checked against TF."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -203,6 +205,34 @@ def test_collapse_warning_hook_in_a_monitored_session(graph):
             for _ in range(8):
                 sess.run(update, {finite: False})
     assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1
+
+
+def test_check_floor_and_the_hook_warn_once_between_them(graph):
+    """The once-per-manager record is shared: after check_floor warned of the
+    first manager, the hook's read warns of the second one only."""
+    first, finite, update = _warning_manager(1, 1)
+    second = nl.ExponentialUpdateLossScaleManager(1, 1, floor_warning_after=1)
+    updates = [update, second.update_loss_scale(finite)]
+    hook = nl.monitoring.FloorWarningHook([first, second], every_n_steps=3)
+    with tf.train.MonitoredSession(hooks=[hook]) as sess:
+        sess.run(updates, {finite: False})  # run 1: the hook does not read
+        with pytest.warns(RuntimeWarning, match=r"DynamicLossScaleManager sits at its floor"):
+            assert first.check_floor(sess) is True  # run 2 (check_floor's own)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            sess.run(updates, {finite: False})  # run 3: the hook reads both
+            assert nl.monitoring.check_floor(first, sess) is True
+    given = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+    assert len(given) == 1 and "ExponentialUpdateLossScaleManager sits" in given[0], given
+
+
+def test_floor_warning_hook_names_the_missing_properties(graph):
+    with pytest.raises(TypeError) as error:
+        nl.monitoring.FloorWarningHook([nl.FixedLossScaleManager(8)])
+    message = str(error.value)
+    for fragment in ("managers", "FixedLossScaleManager", "without loss_scale, "
+                     "overflow_streak, min_loss_scale, floor_warning_after"):
+        assert fragment in message, message
 
 
 def test_no_warning_when_disabled(graph):

@@ -4,12 +4,10 @@ its state in one float32 vector (see the package docstring)."""
 
 from __future__ import absolute_import, division, print_function
 
-import warnings
-
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import monitoring as _monitoring
 from npu_lossscale.managers.base import LossScaleManager
-from npu_lossscale.monitoring import _DEFAULT_WARNING_EVERY_N_STEPS, FloorWarningHook
 
 # Positions in the state vector.
 _SCALE, _GOOD, _BAD, _STREAK = 0, 1, 2, 3
@@ -47,7 +45,6 @@ class _CountingLossScaleManager(LossScaleManager):
         # Checked by the subclass (_check_initial_scale) before any variable.
         self._floor_warning_after = (None if floor_warning_after is None
                                      else int(floor_warning_after))
-        self._floor_warned = False
         self._grow_every = int(grow_every)
         self._shrink_every = int(shrink_every)
         self._incr_ratio = float(incr_ratio)
@@ -199,37 +196,17 @@ class _CountingLossScaleManager(LossScaleManager):
             with tf.control_dependencies([new_state]):
                 return tf.assign(self._state, new_state, name="assign_state").op
 
-    # -- the floor warning --------------------------------------------------
-
-    def _floor_message(self, streak):
-        return (
-            "npu_lossscale WARNING: the loss scale sits at its floor (%g) after "
-            "%d consecutive overflowing steps. No loss scale can fix this: a "
-            "float16 op overflows in the forward pass, or the data holds inf/nan."
-            " Keep softmax and losses in float32, lower the learning rate, or "
-            "check the input." % (self._min_loss_scale, streak))
-
-    def _check_floor_values(self, values):
-        """Warns once when ``values`` (a fetched state) show a collapse."""
-        scale, streak = float(values[_SCALE]), float(values[_STREAK])
-        due = (self._floor_warning_after is not None
-               and scale <= self._min_loss_scale
-               and streak >= self._floor_warning_after)
-        if due and not self._floor_warned:
-            self._floor_warned = True
-            message = self._floor_message(streak)
-            tf.logging.warning(message)
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
-        return due
+    # -- the floor warning (monitoring.check_floor, on the properties above) --
 
     def check_floor(self, session):
-        """Reads the state once and warns, once per manager, of a collapse.
+        """Reads the scale once and warns, once per manager, of a collapse.
 
         The warning is due when the scale sits at ``min_loss_scale`` and the
         last ``floor_warning_after`` steps all overflowed. It is given with
         ``warnings.warn`` (RuntimeWarning) and ``tf.logging.warning``. Nothing
         in the training step checks this: call it every few hundred steps, or
-        use ``floor_warning_hook`` with a MonitoredSession.
+        use ``floor_warning_hook`` with a MonitoredSession. The same as
+        ``npu_lossscale.monitoring.check_floor(manager, session)``.
 
         Args:
           session: a ``tf.Session`` (or ``MonitoredSession``) of the
@@ -242,31 +219,15 @@ class _CountingLossScaleManager(LossScaleManager):
           TypeError: if ``session`` is not a session.
           ValueError: if it runs another graph than the manager's.
         """
-        graph = getattr(session, "graph", None)
-        if not isinstance(graph, tf.Graph) or not callable(getattr(session, "run", None)):
-            raise TypeError(
-                "session must be a tf.Session (or MonitoredSession) of the "
-                "manager's graph, got %r (%s). Pass the session that runs the "
-                "training step." % (session, type(session).__name__))
-        if graph is not self._state.graph:
-            raise ValueError(
-                "session must run the graph %s was built in, got %r, which runs "
-                "another graph (%r; the manager's is %r). Pass the session that "
-                "runs the training step, e.g. tf.Session(graph=<the manager's "
-                "graph>), or build the manager inside `with graph.as_default():` "
-                "of the session's graph." % (type(self).__name__, session, graph,
-                                             self._state.graph))
-        # The tensors built with the manager: no op is added (finalized graphs).
-        return self._check_floor_values(session.run(self._values))
+        return _monitoring.check_floor(self, session)
 
-    def floor_warning_hook(self, every_n_steps=_DEFAULT_WARNING_EVERY_N_STEPS):
+    def floor_warning_hook(self, every_n_steps=_monitoring._DEFAULT_WARNING_EVERY_N_STEPS):  # pylint: disable=protected-access
         """A ``SessionRunHook`` that runs ``check_floor`` every N runs.
 
         Args:
-          every_n_steps: how often to read the state (one 16-byte copy), >= 1.
+          every_n_steps: how often to read the scale (one small copy), >= 1.
 
         Returns:
-          A ``FloorWarningHook``.
+          A ``monitoring.FloorWarningHook``.
         """
-        return FloorWarningHook([self], every_n_steps)
-
+        return _monitoring.FloorWarningHook([self], every_n_steps)
