@@ -172,7 +172,7 @@ def test_per_group_skip_shows_in_skipped_steps_as_the_readme_shows(graph):
             assert not namespace["g_skipped"]
         assert sess.run(train.skipped_steps) == 1
         # applied belongs to the joint step: with a per-group op the run fails.
-        with pytest.raises(tf.errors.InvalidArgumentError, match="one step op per"):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="Fetch one of them per session.run"):
             sess.run([train.per_group["d"], train.applied], {x: rng.randn(4, 3)})
 
 
