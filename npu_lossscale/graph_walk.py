@@ -21,7 +21,8 @@ import collections
 import re
 
 __all__ = ["BARRIER", "CONTROL", "STOP", "THROUGH", "UPDATE", "CONTROL_FLOW_TYPES",
-           "FUNCTION_CALL_TYPES", "FUNCTIONAL_CONTROL_FLOW_TYPES", "Reached", "Walk",
+           "DATA_INPUT_TYPES", "FEEDABLE_TYPES", "FUNCTION_CALL_TYPES",
+           "FUNCTIONAL_CONTROL_FLOW_TYPES", "Reached", "Walk",
            "is_optimizer_apply", "is_update", "kind_of_type", "updates_behind",
            "walked_inputs"]
 
@@ -55,6 +56,24 @@ _BRANCH_INDEX_FIRST = frozenset(["If", "StatelessIf", "Case", "StatelessCase"])
 #: Calls of a function (a graph-mode ``tf.function``): one op that runs its
 #: whole body.
 FUNCTION_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
+
+#: Ops that hand a data pipeline's next element to the step. With Ascend's
+#: data offload (``enable_data_pre_proc``) tf_adapter places the iterator and
+#: its get-next on the device, fused into ``AdpGetNext`` (tf_adapter
+#: optimizers/om_partition_subgraphs_pass.cc; ``GetNext``, ``AdpGetNext``,
+#: ``DynamicGetNextV2`` and ``GetNextFromQueue`` are registered in
+#: ops/aicpu/npu_dataset_ops.cc), where it feeds the training loop from its
+#: own queue: an edge from the register's clear into it would tie prefetching
+#: to the step. They are graph inputs: their consumers take the edge instead.
+DATA_INPUT_TYPES = frozenset([
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "GetNext",
+    "AdpGetNext", "DynamicGetNextV2", "GetNextFromQueue"])
+#: Ops with inputs that a run typically feeds instead of running (it then
+#: passes its constant default on, or is cut out with its control inputs),
+#: or that deliver input data: they compute nothing an overflow check sees.
+#: The register's clear orders their consumers instead
+#: (``backends.register_order``); the audit reads them the same way.
+FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
 
 # What ``classify`` says of a node.
 #: A variable update: recorded; the walk does not go past it.

@@ -66,6 +66,18 @@ def test_readers_pipelines_random_ops_and_wrappers_are_not_updates(op_type):
     assert W.kind_of_type(op_type) == W.THROUGH
 
 
+def test_feedable_types_are_registered_or_ascends():
+    """The feedable/data-input vocabulary (read by the register's clear
+    ordering and by the audit): TF's own names are registered ops; the rest
+    are tf_adapter's get-next ops (ops/aicpu/npu_dataset_ops.cc)."""
+    registry = _registered_ops()
+    ascend = {"GetNext", "AdpGetNext", "DynamicGetNextV2", "GetNextFromQueue"}
+    assert W.DATA_INPUT_TYPES <= W.FEEDABLE_TYPES
+    assert sorted(W.FEEDABLE_TYPES - ascend) == sorted(
+        name for name in W.FEEDABLE_TYPES if name in registry)
+    assert W.FEEDABLE_TYPES - W.DATA_INPUT_TYPES == {"PlaceholderWithDefault"}
+
+
 def test_control_flow_kinds_and_the_inputs_walked():
     for op_type in ("Switch", "RefSwitch", "Merge", "Enter", "Exit", "NextIteration", "If",
                     "While"):

@@ -178,7 +178,7 @@ def _precedes_all(model, order, clear, followed):
                 changed = True
     return all(name in after or not model.all_deps(name)
                or model.nodes[name].type in _facts.STATUS_ALLOC_TYPES
-               or model.nodes[name].type in _facts.FEEDABLE_TYPES for name in pending)
+               or model.nodes[name].type in graph_walk.FEEDABLE_TYPES for name in pending)
 
 
 # -- NLS002 / NLS003 ----------------------------------------------------------------

@@ -12,7 +12,6 @@ import re
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale.audit import _graph
-from npu_lossscale.backends.register_order import DATA_INPUT_TYPES
 
 __all__ = ["CHECK_TYPES", "COLLECTIVE_TYPES", "Facts", "STATUS_TYPES", "SaverUse"]
 
@@ -28,10 +27,6 @@ STATUS_TYPES = STATUS_READ_TYPES | STATUS_CLEAR_TYPES
 #: Takes no input (tf_adapter ops/aicore/npu_mixed_precesion_ops.cc), so it
 #: counts as a graph input, whatever a stand-in builds it from.
 STATUS_ALLOC_TYPES = frozenset(["NpuAllocFloatStatus"])
-#: A run feeds it or it passes its constant default on, or it hands over a
-#: data pipeline's next element: it computes nothing the register sees
-#: (backends.DATA_INPUT_TYPES: the clear orders their consumers instead).
-FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
 #: Op types whose output tells whether values overflowed.
 CHECK_TYPES = frozenset(["IsFinite", "IsInf", "IsNan"]) | STATUS_TYPES
 

@@ -7,6 +7,7 @@ import collections
 import warnings
 
 from npu_lossscale import graph_state as _graph_state
+from npu_lossscale.graph_walk import FEEDABLE_TYPES
 
 
 class Reader(collections.namedtuple("Reader", ["owner", "what"])):
@@ -49,7 +50,7 @@ def order_after_clear(clear, tensors):
         # and feeding the op then cuts both out of the run. Not into a v1
         # loop's frame but at its Enter ops: every op in the loop follows
         # them, and an edge from outside into the frame is invalid.
-        if (op.type not in _FEEDABLE_TYPES and clear not in parents
+        if (op.type not in FEEDABLE_TYPES and clear not in parents
                 and not _inside_loop(op)
                 and any(_is_graph_input(parent) or _passes_on_input(parent, passes)
                         for parent in parents)):
@@ -59,7 +60,7 @@ def order_after_clear(clear, tensors):
 
 
 def _is_graph_input(op):
-    return op.type in _FEEDABLE_TYPES or (
+    return op.type in FEEDABLE_TYPES or (
         len(op.inputs) == 0 and len(op.control_inputs) == 0)
 
 
@@ -117,22 +118,6 @@ _VALUE_PRESERVING_TYPES = frozenset([
     "Identity", "RefIdentity", "Snapshot", "CheckNumerics", "PreventGradient",
     "StopGradient", "Print", "DebugGradientIdentity", "DeepCopy", "ExpandDims",
     "Reshape", "Squeeze", "Transpose"])
-
-#: Ops that hand a data pipeline's next element to the step. With Ascend's
-#: data offload (``enable_data_pre_proc``) tf_adapter places the iterator and
-#: its get-next on the device, fused into ``AdpGetNext`` (tf_adapter
-#: optimizers/om_partition_subgraphs_pass.cc; ``GetNext``, ``AdpGetNext``,
-#: ``DynamicGetNextV2`` and ``GetNextFromQueue`` are registered in
-#: ops/aicpu/npu_dataset_ops.cc), where it feeds the training loop from its
-#: own queue: an edge from the clear into it would tie prefetching to the
-#: step. They are graph inputs: their consumers take the edge instead.
-DATA_INPUT_TYPES = frozenset([
-    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "GetNext",
-    "AdpGetNext", "DynamicGetNextV2", "GetNextFromQueue"])
-
-#: Ops with inputs that a run typically feeds instead of running, or that
-#: deliver input data: they get no edge from the clear, their consumers do.
-_FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
 
 
 def claim_register(owner, what):
