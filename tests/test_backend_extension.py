@@ -8,11 +8,15 @@ passed as ``backend=``. The numbers are worked by hand: the loss
 ``scale * x``, plain SGD moves ``w`` by ``-lr * x``.
 """
 
+import os
+import re
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
+from conftest import REPO
 from npu_lossscale.backends import Backend
 
 SCALE = 4.0
@@ -181,3 +185,24 @@ def test_default_name_is_the_class_name(graph):
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(SCALE),
                                         backend=Unnamed())
     assert scaler.backend == "Unnamed"
+
+
+def test_readme_example_plugs_in(graph):
+    """The README's "Adding a backend" class, as written, drives the builder."""
+    readme = open(os.path.join(REPO, "README.md")).read()
+    block = re.search(r"<!-- backend-example -->\s*```python\n(.*?)```", readme, re.S)
+    assert block, "README lost its backend example"
+    namespace = {}
+    exec(block.group(1), namespace)  # pylint: disable=exec-used
+    xs, ws, losses = _two_groups()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(SCALE),
+                                        backend=namespace["AboveLimit"](LIMIT))
+    scaler.add(losses["a"], tf.train.GradientDescentOptimizer(LR), var_list=[ws["a"]])
+    train = scaler.build()
+    assert scaler.backend == "above_limit"
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert not sess.run([train.is_finite, train.update_op], {xs["a"]: LARGE})[0]
+        np.testing.assert_array_equal(sess.run(ws["a"]), W0)
+        assert sess.run([train.is_finite, train.update_op], {xs["a"]: SMALL})[0]
+        np.testing.assert_array_equal(sess.run(ws["a"]), _moved(SMALL))

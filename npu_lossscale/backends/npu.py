@@ -157,11 +157,8 @@ def _warn_if_saturating():
         return
     if not inf_nan_mode_enabled():
         warnings.warn(
-            "backend='is_finite' while npu_bridge reports the device in saturation "
-            "mode: an overflow there gives +-65504 instead of inf, which is_finite "
-            "cannot see, so overflowed steps would be applied and the loss scale "
-            "never backs off. Pass backend='auto' (or 'npu'), which reads the "
-            "float-status register in saturation mode, or, on Atlas A2/A3, switch "
-            "the device to INF/NaN mode with npu_plugin.set_device_sat_mode(1) "
+            "backend='is_finite' cannot see overflows in saturation mode (they give "
+            "+-65504, not inf), so overflowed steps would be applied; pass "
+            "backend='auto', or on Atlas A2/A3 call npu_plugin.set_device_sat_mode(1) "
             "before building.",
             UserWarning, stacklevel=4)
