@@ -385,7 +385,9 @@ def test_porting_example_accepts_the_range_ends():
     ("dcgan", ["--seed", "-1"], "argument --seed: must be in [0, 2147483647], got -1"),
     ("dcgan", ["--seed", str(2 ** 32 - 1)], "argument --seed: must be in [0, 2147483647]"),
     ("dcgan", ["--loss-scale", "fixed:1e39"],
-     "argument --loss-scale: fixed:N needs a number N in [1, 3.40282e+38]"),
+     "argument --loss-scale: fixed:N needs a number N in [1, 2**126]"),
+    ("dcgan", ["--loss-scale", "fixed:1e38"],  # float32, but its inverse is subnormal
+     "argument --loss-scale: fixed:N needs a number N in [1, 2**126]"),
     ("dcgan", ["--learning-rate", "1e39"],
      "argument --learning-rate: must be in (0, 3.40282e+38], got 1e+39"),
     ("encoder_gan", ["--adversarial-weight", "1e39"],

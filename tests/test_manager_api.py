@@ -60,15 +60,16 @@ def test_counters_are_exact_at_the_top_of_the_float32_range(graph):
         nl.DynamicLossScaleManager(growth_steps=2 ** 24 + 1)
 
 
-@pytest.mark.parametrize("multiplier", [2.0, 3.0, 1.5])
-def test_growth_ceiling_matches_tf_is_finite_bit_for_bit(graph, multiplier):
+@pytest.mark.parametrize("multiplier", [8.0, 10.0, 1000.0])
+def test_growth_ceiling_matches_tf_is_finite(graph, multiplier):
     """Keras/TF grow only if scale * m is finite; ours tests scale < c, c
-    computed at build time. Around c, both agree with TF's DynamicLossScale."""
+    computed at build time. Around c (below the 2**126 cap for these
+    multipliers) both grow on the same scales; ours grows to the cap."""
     m = np.float32(multiplier)
     edge = np.float32(FLOAT32_MAX) / m  # near the first overflowing scale
     candidates = [np.nextafter(edge, np.float32(0)), edge,
                   np.nextafter(edge, np.float32(np.inf))]
-    candidates = [c for c in candidates if c <= FLOAT32_MAX]
+    assert max(candidates) < 2.0 ** 126
     ours, theirs = [], []
     for scale in candidates:
         ours.append(nl.DynamicLossScaleManager(initial_scale=float(scale), growth_steps=1,
@@ -83,9 +84,12 @@ def test_growth_ceiling_matches_tf_is_finite_bit_for_bit(graph, multiplier):
         sess.run(ups)
         a = sess.run([o.get_loss_scale() for o in ours])
         b = sess.run([t() for t in theirs])
-    assert [float(x) for x in a] == [float(x) for x in b]
-    expected = [float(c * m) if np.isfinite(c * m) else float(c) for c in candidates]
-    assert [float(x) for x in a] == expected
+    grows = [bool(np.isfinite(c * m)) for c in candidates]
+    assert True in grows and False in grows
+    assert [float(x) for x in b] == [float(c * m) if g else float(c)
+                                     for c, g in zip(candidates, grows)]
+    assert [float(x) for x in a] == [2.0 ** 126 if g else float(c)
+                                     for c, g in zip(candidates, grows)]
 
 
 @pytest.mark.parametrize("make, fragments", [
@@ -112,10 +116,29 @@ def test_bad_numbers_raise_value_error_naming_the_argument(graph, make, fragment
         assert fragment in str(error.value), (fragment, str(error.value))
 
 
-def test_float32_max_is_accepted(graph):
-    nl.FixedLossScaleManager(FLOAT32_MAX)
-    nl.DynamicLossScaleManager(initial_scale=FLOAT32_MAX)
-    nl.ExponentialUpdateLossScaleManager(FLOAT32_MAX, 1, max_loss_scale=FLOAT32_MAX)
+def test_scales_up_to_2_126_are_accepted(graph):
+    """2**126 is the top of SCALE_RANGE; max_loss_scale may be larger (the
+    cap stays 2**126)."""
+    nl.FixedLossScaleManager(2.0 ** 126)
+    nl.DynamicLossScaleManager(initial_scale=2.0 ** 126)
+    nl.ExponentialUpdateLossScaleManager(2.0 ** 126, 1, max_loss_scale=FLOAT32_MAX)
+
+
+_ABOVE_2_126 = 2.0 ** 126 * (1 + 2.0 ** -23)  # the next float32 above 2**126
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: nl.FixedLossScaleManager(_ABOVE_2_126), "loss_scale"),
+    (lambda: nl.DynamicLossScaleManager(initial_scale=FLOAT32_MAX), "initial_scale"),
+    (lambda: nl.ExponentialUpdateLossScaleManager(_ABOVE_2_126, 1), "init_loss_scale"),
+    (lambda: nl.DynamicLossScaleManager(min_loss_scale=2.0 ** 127), "min_loss_scale"),
+])
+def test_scales_above_2_126_are_refused(graph, make, name):
+    """Above 2**126 the inverse is subnormal, flushed to 0 by TF's CPU kernels."""
+    with pytest.raises(ValueError) as error:
+        make()
+    message = str(error.value)
+    assert message.startswith(name + " must be ") and "2**126" in message, message
 
 
 @pytest.mark.parametrize("scale, warns", [(32768, False), (65504, False), (65536, True),

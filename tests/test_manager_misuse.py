@@ -330,24 +330,28 @@ def test_an_overridden_rule_that_breaks_the_range_fails_the_run(graph):
 @pytest.mark.parametrize("kind", ["dynamic", "exponential"])
 def test_own_managers_keep_the_scale_in_range_at_the_extremes(graph, kind):
     """Why our managers need no check: from any state they can reach, the
-    scale stays finite and within [min_loss_scale, float32 max], at the
-    ceiling with a huge growth factor and at the floor with a tiny back-off."""
+    scale stays within [min_loss_scale, 2**126] (SCALE_RANGE), at the growth
+    ceiling with a huge growth factor (2**20 grows to 2**120, then stops: the
+    next product overflows) and at the floor with a tiny back-off."""
     if kind == "dynamic":
-        manager = nl.DynamicLossScaleManager(initial_scale=FLOAT32_MAX / 2,
+        manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 20,
                                              growth_steps=1, multiplier=2.0 ** 100)
     else:
         manager = nl.ExponentialUpdateLossScaleManager(
-            FLOAT32_MAX / 2, 1, decr_every_n_nan_or_inf=1, incr_ratio=2.0 ** 100,
+            2.0 ** 20, 1, decr_every_n_nan_or_inf=1, incr_ratio=2.0 ** 100,
             decr_ratio=1e-30)
     finite = tf.placeholder(tf.bool, [])
     update = manager.update_loss_scale(finite)
     pattern = [True] * 3 + [False] * 5 + [True] * 4 + [False] * 3
+    seen = []
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         for value in pattern:
             sess.run(update, {finite: value})
             scale = float(sess.run(manager.loss_scale))
-            assert np.isfinite(scale) and 1.0 <= scale <= FLOAT32_MAX, (value, scale)
+            assert 1.0 <= scale <= nl.managers.SCALE_RANGE[1], (value, scale)
+            seen.append(scale)
+        assert max(seen) == 2.0 ** 120
         # The floor was reached, and the ceiling held off growth past float32.
         assert scale == 1.0
 

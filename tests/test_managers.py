@@ -55,14 +55,65 @@ def test_exponential_floor_is_one_and_default_decr_ratio(graph):
     assert scale == 1.0  # max(1, scale * decr_ratio)
 
 
-def test_exponential_growth_only_if_finite(graph):
-    big = float(np.finfo(np.float32).max) / 1.5
-    manager = nl.ExponentialUpdateLossScaleManager(
-        init_loss_scale=big, incr_every_n_steps=1)  # no cap by default
+def test_exponential_growth_only_below_npu_bridges_ceiling(graph):
+    """npu_bridge grows only while scale < 3.4e38 / incr_ratio; with
+    incr_ratio 16 that is 2.125e37, below the 2**126 cap (8.5e37)."""
+    big = float(np.float32(2.2e37))  # >= 2.125e37: stays, the counters reset
+    step = _stepper(nl.ExponentialUpdateLossScaleManager(
+        init_loss_scale=big, incr_every_n_steps=1, incr_ratio=16))
+    assert step(True) == (big, 0, 0)
+    step = _stepper(nl.ExponentialUpdateLossScaleManager(
+        init_loss_scale=2.0 ** 121, incr_every_n_steps=1, incr_ratio=16))
+    assert step(True) == (2.0 ** 125, 0, 0)  # 2**121 < 2.125e37: grows
+
+
+#: 3 * 2**123, 2.55e37: doubling it twice passes 2**126.
+_NEAR_CAP = 3.0 * 2.0 ** 123
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "exponential"])
+@pytest.mark.parametrize("max_loss_scale", [None, float(np.finfo(np.float32).max)])
+def test_growth_stops_at_2_126(graph, kind, max_loss_scale):
+    """By hand, growing by 2 on every finite step: 3 * 2**123 -> 3 * 2**124
+    -> min(3 * 2**125, 2**126) = 2**126 -> 2**126 (TF, contrib and npu_bridge
+    reach 2**127, whose inverse 2**-127 is subnormal and read as 0), and an
+    overflow halves it to 2**125. A max_loss_scale above 2**126 does not lift
+    the cap."""
+    if kind == "dynamic":
+        manager = nl.DynamicLossScaleManager(_NEAR_CAP, growth_steps=1,
+                                             max_loss_scale=max_loss_scale)
+    else:
+        manager = nl.ExponentialUpdateLossScaleManager(
+            _NEAR_CAP, 1, decr_every_n_nan_or_inf=1, decr_ratio=0.5,
+            max_loss_scale=max_loss_scale)
     step = _stepper(manager)
-    # big * 2 overflows float32 (and big >= 3.4e38 / 2, npu_bridge's test): the
-    # scale stays, the counters still reset.
-    assert step(True) == (float(np.float32(big)), 0, 0)
+    scales = [step(finite)[0] for finite in (True, True, True, False)]
+    assert scales == [3.0 * 2.0 ** 124, 2.0 ** 126, 2.0 ** 126, 2.0 ** 125]
+    assert np.float32(1.0) / np.float32(2.0 ** 126) == 2.0 ** -126  # normal: not flushed
+
+
+def test_a_float32_model_at_the_cap_applies_its_gradients(graph):
+    """Before the cap, this scale reached 2**127 after the second step, and
+    the third step unscaled with 1/2**127, subnormal, flushed to 0 on CPU: w
+    stayed [0, 1] while the step counted as finite (measured at d944b03).
+    With the cap, the scaled run matches its unscaled twin bit for bit
+    (powers of two unscale exactly; the gradient 0.5 * 2**126 is finite)."""
+    def train(manager):
+        with tf.Graph().as_default():
+            w = tf.Variable([1.0, 2.0], name="w")
+            loss = tf.reduce_sum(w * 0.5)
+            scaler = nl.MultiOptimizerLossScale(manager(), backend="is_finite")
+            scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="g")
+            update = scaler.build(global_step=tf.train.get_or_create_global_step()).update_op
+            with tf.Session() as sess:
+                sess.run(tf.global_variables_initializer())
+                for _ in range(3):
+                    sess.run(update)
+                return sess.run(w)
+
+    scaled = train(lambda: nl.DynamicLossScaleManager(2.0 ** 125, growth_steps=1))
+    plain = train(lambda: nl.FixedLossScaleManager(1, enable_overflow_check=False))
+    assert scaled.tolist() == plain.tolist() == [-0.5, 0.5]
 
 
 def test_max_loss_scale_caps_growth(graph):

@@ -102,6 +102,9 @@ SEED_MAX = 2 ** 31 - 1
 #: The largest float32: a loss scale or learning rate above it is inf in the
 #: graph.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: The largest loss scale FixedLossScaleManager takes (npu_lossscale.managers.
+#: SCALE_RANGE): above 2**126 the scale's inverse is subnormal, read as 0.
+FIXED_SCALE_MAX = 2.0 ** 126
 
 
 def check_float(parser, args, flag, low, high=FLOAT32_MAX, low_inclusive=True):
@@ -135,11 +138,10 @@ def loss_scale_spec(text):
             value = float(match.group(1))
         except ValueError:
             value = None
-        if value is not None and 1.0 <= value <= FLOAT32_MAX:
+        if value is not None and 1.0 <= value <= FIXED_SCALE_MAX:
             return ("fixed", value)
         raise argparse.ArgumentTypeError(
-            "fixed:N needs a number N in [1, %g] (e.g. fixed:1024), got %r"
-            % (FLOAT32_MAX, text))
+            "fixed:N needs a number N in [1, 2**126] (e.g. fixed:1024), got %r" % (text,))
     raise argparse.ArgumentTypeError(
         "expected dynamic, exponential or fixed:N (e.g. fixed:1024), got %r" % (text,))
 

@@ -50,6 +50,13 @@ def _float32(value):
 #: PyTorch's GradScaler may back off below 1, and they suit float32 gradients
 #: (with float16 ones, small gradients flush to 0 there: the manager's choice).
 SCALE_RANGE = (2.0 ** -126, 2.0 ** 126)
+# Our managers never exceed 2**126, the top of SCALE_RANGE: above it 1/scale
+# is subnormal and TF's CPU kernels flush it to 0, so a model with float32
+# gradients would apply zero gradients as "finite" steps (measured). The
+# dynamic managers cap growth at min(max_loss_scale, 2**126): a deviation
+# from npu_bridge, which grows while scale < 3.4e38 / incr_ratio, and from
+# TF's DynamicLossScale and contrib, which grow while scale * ratio is finite.
+_MAX_SCALE = SCALE_RANGE[1]
 
 
 class LossScaleManager(object):
@@ -254,14 +261,16 @@ def describe(manager):
 def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
     """The floor, the ceiling and the starting scale between them."""
     _checks.check_number("min_loss_scale", min_loss_scale, minimum=1,
-                         maximum=_FLOAT32_MAX, hint="Pass e.g. 1 (the default).")
+                         maximum=_MAX_SCALE,
+                         hint="Pass e.g. 1 (the default; at most 2**126).")
     if max_loss_scale is not None:
         _checks.check_number("max_loss_scale", max_loss_scale, minimum=min_loss_scale,
                              maximum=_FLOAT32_MAX,
                              hint="Pass a ceiling >= min_loss_scale, or None for none.")
-    high = _FLOAT32_MAX if max_loss_scale is None else max_loss_scale
+    high = _MAX_SCALE if max_loss_scale is None else min(max_loss_scale, _MAX_SCALE)
     _checks.check_number(init_name, init_value, minimum=min_loss_scale, maximum=high,
-                         hint="Keep it within [min_loss_scale, max_loss_scale].")
+                         hint="Keep it within [min_loss_scale, max_loss_scale] and "
+                              "at most 2**126.")
 
 
 def _check_floor_warning(floor_warning_after):
@@ -293,7 +302,7 @@ def _check_initial_scale(name, value, min_loss_scale, max_loss_scale, floor_warn
     if value is None:
         raise ValueError("%s must be a number, got None. Pass e.g. 2**15." % name)
     _check_floor_warning(floor_warning_after)
-    _checks.check_number(name, value, minimum=1, maximum=_FLOAT32_MAX,
-                         hint="Pass e.g. 2**15.")
+    _checks.check_number(name, value, minimum=1, maximum=_MAX_SCALE,
+                         hint="Pass e.g. 2**15 (at most 2**126).")
     _check_bounds(name, value, min_loss_scale, max_loss_scale)
 

@@ -7,7 +7,7 @@ from __future__ import absolute_import, division, print_function
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import monitoring as _monitoring
-from npu_lossscale.managers.base import LossScaleManager
+from npu_lossscale.managers.base import _MAX_SCALE, LossScaleManager
 
 # Positions in the state vector.
 _SCALE, _GOOD, _BAD, _STREAK = 0, 1, 2, 3
@@ -28,9 +28,12 @@ class _CountingLossScaleManager(LossScaleManager):
         if bad + 1 >= shrink_every: scale = shrunk(scale); good = bad = 0
         else:                       bad += 1; good = 0
 
-    where ``grown(s) = min(s * incr, max_loss_scale)`` if ``s`` is below the
-    growth ceiling, else ``s``; and ``shrunk(s)`` is set by the subclass,
-    floored at ``min_loss_scale``.
+    where ``grown(s) = min(s * incr, cap)`` if ``s`` is below the growth
+    ceiling, else ``s``, with ``cap = min(max_loss_scale, 2**126)``
+    (``base._MAX_SCALE``: above 2**126, 1/scale flushes to 0); and
+    ``shrunk(s)`` is set by the subclass, floored at ``min_loss_scale``. The
+    scale therefore stays in [min_loss_scale, 2**126], inside the protocol's
+    ``SCALE_RANGE`` (``keeps_scale_in_range``).
 
     The state is one float32 vector ``[scale, good, bad, streak]``; ``streak``
     counts consecutive overflowing steps (for the floor warning). The update
@@ -118,7 +121,8 @@ class _CountingLossScaleManager(LossScaleManager):
 
     @property
     def max_loss_scale(self):
-        """The cap on growth, a Python float, or None for none."""
+        """The cap on growth as given, a Python float, or None for none (the
+        scale never exceeds 2**126 either way)."""
         return self._max_loss_scale
 
     @property
@@ -154,11 +158,16 @@ class _CountingLossScaleManager(LossScaleManager):
             [shrink_factor, 0.0, 0.0, 1.0],            # event factor
             keep, floor,
         ]
-        if self._max_loss_scale is not None:
-            cap = [self._max_loss_scale, _INF, _INF, _INF]
-            finite.append(cap)
-            overflow.append(cap)
+        cap = [self._scale_cap(), _INF, _INF, _INF]
+        finite.append(cap)
+        overflow.append(cap)
         return finite, overflow
+
+    def _scale_cap(self):
+        """The most the scale may grow to: ``min(max_loss_scale, 2**126)``."""
+        if self._max_loss_scale is None:
+            return _MAX_SCALE
+        return min(self._max_loss_scale, _MAX_SCALE)
 
     def update_loss_scale(self, finite_grads):
         """Returns the op that moves the state by this step's finiteness.
@@ -167,9 +176,10 @@ class _CountingLossScaleManager(LossScaleManager):
         ``candidate = state * mul + add`` (finite: ``[s, good+1, bad, 0]``;
         overflow: ``[s, 0, bad+1, streak+1]``); an event (growth or back-off
         due) is ``candidate >= limit`` anywhere, and then the state becomes
-        ``max(candidate * factor, floor)`` (capped at
-        ``max_loss_scale``), with the factor falling back to ``keep`` where the
-        scale is at its growth ceiling. One read, one assign.
+        ``candidate * factor`` clipped to [floor, cap] (one ``ClipByValue``;
+        the cap is ``min(max_loss_scale, 2**126)``), with the factor falling
+        back to ``keep`` where the scale is at its growth ceiling. One read,
+        one assign.
 
         Args:
           finite_grads: bool scalar tensor (or Python bool).
@@ -183,14 +193,13 @@ class _CountingLossScaleManager(LossScaleManager):
             rows = tf.unstack(tf.where(
                 finite, tf.constant(finite_table, tf.float32),
                 tf.constant(overflow_table, tf.float32)), num=len(finite_table))
-            mul, add, limit, ceiling, factor, keep, floor = rows[:7]
+            mul, add, limit, ceiling, factor, keep, floor, cap = rows
             state = self._state.read_value()
             candidate = state * mul + add
             no_event = tf.reduce_all(tf.less(candidate, limit))
             factor = tf.where(tf.less(candidate, ceiling), factor, keep)
-            changed = tf.maximum(candidate * factor, floor)
-            if self._max_loss_scale is not None:
-                changed = tf.minimum(changed, rows[7])
+            changed = tf.raw_ops.ClipByValue(t=candidate * factor, clip_value_min=floor,
+                                             clip_value_max=cap)
             new_state = tf.where(no_event, candidate, changed)
             # The read above happens before the write below.
             with tf.control_dependencies([new_state]):

@@ -62,16 +62,21 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
     finiteness test is done without ``IsFinite``: ``scale < ceiling``, with
     the ceiling computed at build time as the smallest float32 whose product
     with the multiplier overflows, which is the same test bit for bit.
+    Deviation from TF: the scale never grows past 2**126 (nor past
+    ``max_loss_scale``), where TF's grows up to float32's maximum: above
+    2**126 the inverse the step unscales with is subnormal and flushed to 0
+    (``managers.SCALE_RANGE``).
 
     The state is the variable ``dynamic_loss_scale/state``; the scale is also
     the tensor ``dynamic_loss_scale/loss_scale:0``.
 
     Args:
-      initial_scale: the starting scale, 2**15 by default, up to float32's max.
+      initial_scale: the starting scale, 2**15 by default, in
+        [min_loss_scale, 2**126].
       growth_steps: finite steps needed before the scale grows, in [1, 2**24].
       multiplier: growth and back-off factor, > 1.
       min_loss_scale: floor of the scale, 1 by default (Keras' floor).
-      max_loss_scale: cap on growth, None (no cap, as Keras) by default.
+      max_loss_scale: cap on growth, None (no cap but 2**126) by default.
       floor_warning_after: warn, once, when the scale sits at
         ``min_loss_scale`` after this many consecutive overflowing steps
         (see ``check_floor``); None never warns.

@@ -36,6 +36,11 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
     The two ceilings differ only for scales within a factor ``incr_ratio`` of
     float32's maximum.
 
+    Deviation from npu_bridge: the scale never grows past 2**126 (nor past
+    ``max_loss_scale``): growth gives ``min(scale * incr_ratio, max_loss_scale,
+    2**126)``, since above 2**126 the inverse the step unscales with is
+    subnormal and flushed to 0 (``managers.SCALE_RANGE``).
+
     Example: ``init_loss_scale=1024, decr_ratio=0.5,
     decr_every_n_nan_or_inf=2`` gives 512 after two bad steps.
 
@@ -45,8 +50,8 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
     variable ``exponential_loss_scale/state``.
 
     Args:
-      init_loss_scale: the starting scale, up to float32's maximum (npu_bridge
-        examples use 2**32).
+      init_loss_scale: the starting scale, in [min_loss_scale, 2**126]
+        (npu_bridge examples use 2**32).
       incr_every_n_steps: finite steps needed before the scale grows, in
         [1, 2**24].
       decr_every_n_nan_or_inf: non-finite steps needed before it shrinks, in
@@ -54,7 +59,8 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
       incr_ratio: growth factor, > 1.
       decr_ratio: back-off factor, in (0, 1).
       min_loss_scale: floor of the scale (npu_bridge's is 1).
-      max_loss_scale: cap on growth, or None (npu_bridge's: no cap).
+      max_loss_scale: cap on growth, or None (npu_bridge's: no cap); the
+        scale stops at 2**126 in any case.
       floor_warning_after: warn, once, when the scale sits at
         ``min_loss_scale`` after this many consecutive overflowing steps
         (see ``check_floor``); None never warns.

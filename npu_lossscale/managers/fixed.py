@@ -7,7 +7,7 @@ import warnings
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import checks as _checks
-from npu_lossscale.managers.base import _FLOAT32_MAX, LossScaleManager
+from npu_lossscale.managers.base import _MAX_SCALE, LossScaleManager
 
 # The largest finite float16 (65504): a fixed scale above it turns a unit
 # float16 loss gradient into inf (values from 65520 round to inf).
@@ -29,16 +29,17 @@ class FixedLossScaleManager(LossScaleManager):
     float32.
 
     Args:
-      loss_scale: the scale, a finite number in [1, float32 max].
+      loss_scale: the scale, a number in [1, 2**126] (above 2**126 its
+        inverse flushes to 0: see ``managers.SCALE_RANGE``).
       enable_overflow_check: whether steps with non-finite gradients are skipped.
 
     Raises:
       TypeError: if ``loss_scale`` is not a number or the flag is not a bool.
-      ValueError: if ``loss_scale`` is None, NaN, infinite, < 1 or beyond
-        float32's range.
+      ValueError: if ``loss_scale`` is None, NaN, infinite, < 1 or above
+        2**126.
     """
 
-    # A constant checked at construction to lie in [1, float32 max].
+    # A constant checked at construction to lie in [1, 2**126].
     keeps_scale_in_range = True
 
     def __init__(self, loss_scale, enable_overflow_check=True):
@@ -46,8 +47,9 @@ class FixedLossScaleManager(LossScaleManager):
             # contrib, npu_bridge and TF's FixedLossScale raise ValueError here.
             raise ValueError("loss_scale must be a number, got None. Pass e.g. 1024, "
                              "or 1 for no scaling.")
-        _checks.check_number("loss_scale", loss_scale, minimum=1, maximum=_FLOAT32_MAX,
-                             hint="Pass a power of two such as 1024, or 1 for no scaling.")
+        _checks.check_number("loss_scale", loss_scale, minimum=1, maximum=_MAX_SCALE,
+                             hint="Pass a power of two such as 1024 (at most 2**126), "
+                                  "or 1 for no scaling.")
         _checks.check_bool("enable_overflow_check", enable_overflow_check,
                            "Pass True to skip steps with inf/nan gradients.")
         if loss_scale > _FLOAT16_MAX:
