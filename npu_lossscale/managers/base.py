@@ -68,7 +68,43 @@ class LossScaleManager(object):
     optional hooks below have the defaults the step assumes for an object
     that lacks them; the functions of this module are the only step code
     that reads them.
+
+    For the floor warning (``monitoring.check_floor``,
+    ``monitoring.FloorWarningHook``) a manager exposes four public
+    properties: ``loss_scale`` and ``overflow_streak`` (float32 scalar
+    tensors made once, read whenever fetched), ``min_loss_scale`` (a number)
+    and ``floor_warning_after`` (an int, or None never to warn).
+
+    Example, a manager written against this protocol (the README's "Adding a
+    manager")::
+
+      class HalvingManager(LossScaleManager):
+          keeps_scale_in_range = True  # in [1, 2**15], never fed
+
+          def __init__(self):
+              self.scale = tf.Variable(2.0 ** 15, trainable=False)
+
+          def get_loss_scale(self):
+              return self.scale.read_value()
+
+          def update_loss_scale(self, finite_grads):
+              scale = self.scale.read_value()
+              new_scale = tf.where(finite_grads, scale, tf.maximum(scale / 2, 1.0))
+              with tf.control_dependencies([new_scale]):  # read before the write
+                  return tf.assign(self.scale, new_scale).op
     """
+
+    #: Optional: the variables that hold the manager's state, a list. None
+    #: (the default, and what the step assumes for a manager without it)
+    #: means "not declared": the manager's attributes that are variables are
+    #: taken, by name (``manager_variables``). They are read to refuse a
+    #: manager of another graph (``check_manager_graph``), to track the state
+    #: in ``LossScaleOptimizer``'s object checkpoints (``tf.train.Checkpoint``)
+    #: and to name the manager in messages (``describe``). Name-based
+    #: ``tf.train.Saver`` checkpoints need nothing: the state variables are
+    #: global variables, which a default Saver saves. Declare it when the
+    #: state is not a direct attribute (in a list, a dict, a helper object).
+    variables = None
 
     #: Set to True in a class's own body to promise that its scale stays in
     #: ``SCALE_RANGE``: ``get_loss_scale()`` returns a float32 scalar in
