@@ -171,22 +171,16 @@ def check_manager(manager, argument="loss_scale_manager"):
         # TF raises ValueError for a None loss scale: tensorflow/python/
         # training/experimental/loss_scale_optimizer_test.py
         # testPassingNoneToLossScale ('loss_scale cannot be None').
-        raise ValueError(
-            "%s must be a loss-scale manager, got None. Pass e.g. %s="
-            "DynamicLossScaleManager(), or FixedLossScaleManager(1, "
-            "enable_overflow_check=False) for plain training." % (argument, argument))
+        raise ValueError("%s must be a loss-scale manager, got None. Pass e.g. "
+                         "%s=DynamicLossScaleManager()." % (argument, argument))
     if inspect.isclass(manager):
-        raise TypeError(
-            "%s must be a manager instance, got the class %s. Call it: e.g. "
-            "%s=%s() (or with its arguments)." % (
-                argument, manager.__name__, argument, manager.__name__))
+        raise TypeError("%s must be a manager instance, got the class %s. Call it: "
+                        "%s=%s()." % (argument, manager.__name__, argument,
+                                      manager.__name__))
     if not (callable(getattr(manager, "get_loss_scale", None))
             and callable(getattr(manager, "update_loss_scale", None))):
-        raise TypeError(
-            "%s must have get_loss_scale() and update_loss_scale(finite_grads) "
-            "methods, got %r. Pass a DynamicLossScaleManager, "
-            "ExponentialUpdateLossScaleManager or FixedLossScaleManager "
-            "(npu_bridge's and tf.contrib's managers work too)." % (argument, manager))
+        raise TypeError("%s must have get_loss_scale() and update_loss_scale(finite_grads), "
+                        "got %r. Pass e.g. DynamicLossScaleManager()." % (argument, manager))
     check_manager_graph(manager, argument)
 
 
@@ -224,12 +218,9 @@ def check_manager_graph(manager, argument="loss_scale_manager"):
     for variable in manager_variables(manager):
         if _checks._of_another_graph(variable):  # pylint: disable=protected-access
             raise ValueError(
-                "%s %r keeps its state in variable %r of another graph than the "
-                "default one, in which this step is built: the manager was made "
-                "before tf.reset_default_graph() or in another tf.Graph. Make the "
-                "manager in the graph you train in: after tf.reset_default_graph(), "
-                "inside its `with graph.as_default():` block (in an Estimator, "
-                "inside model_fn)." % (argument, manager, variable.name))
+                "%s %r keeps its state in %r of another graph. Make the manager in "
+                "the graph you train in (after tf.reset_default_graph(), or inside "
+                "model_fn)." % (argument, manager, variable.name))
 
 
 def overflow_check_enabled(manager):

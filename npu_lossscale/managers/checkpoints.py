@@ -141,11 +141,8 @@ def _npu_bridge_from_state(tensors):
         taken = [other for other in names.values() if other in tensors]
         if taken:
             raise ValueError(
-                "to=\"npu_bridge\": the state %r would become %s, but the checkpoint "
-                "already holds %s (%s), which is not a loss-scale manager's; "
-                "converting would overwrite it. Rename that variable (or build the "
-                "manager under its own name scope) and save again, or restore this "
-                "checkpoint into npu_lossscale's managers (to=\"npu_lossscale\")."
+                "to=\"npu_bridge\": the state %r would become %s, overwriting %s "
+                "(%s), which is not a manager's. Rename that variable and save again."
                 % (name, ", ".join(names.values()), ", ".join(taken),
                    ", ".join("%s %s%s" % (other, tensors[other].dtype.name,
                                           list(getattr(tensors[other].value, "shape", ())))
@@ -236,12 +233,11 @@ def convert_checkpoint(source, target, to="npu_lossscale"):
         written then.
     """
     if not isinstance(to, str):
-        raise TypeError("to must be a str, one of %r, got %r (%s). Pass \"npu_lossscale\" "
-                        "to restore into this package's managers." % (
-                            _FORMATS, to, type(to).__name__))
+        raise TypeError("to must be a str, one of %r, got %r (%s). Pass \"npu_lossscale\"."
+                        % (_FORMATS, to, type(to).__name__))
     if to not in _FORMATS:
-        raise ValueError("to must be one of %r, got %r. Pass \"npu_lossscale\" to "
-                         "restore into this package's managers." % (_FORMATS, to))
+        raise ValueError("to must be one of %r, got %r. Pass \"npu_lossscale\"."
+                         % (_FORMATS, to))
     source = _checkpoint_path("source", source,
                               "Pass what Saver.save returned, e.g. \"ckpt/model-1000\".")
     target = _checkpoint_path("target", target,
@@ -280,12 +276,12 @@ def _check_target_directory(target):
     if not tf.io.gfile.isdir(directory):
         if tf.io.gfile.exists(directory):
             raise ValueError("target must be a prefix in a directory, got %r: %r is a "
-                             "file, not a directory. Pass a prefix in an existing "
-                             "directory, e.g. %r." % (target, directory, os.path.join(
+                             "file, not a directory. Pass e.g. %r."
+                             % (target, directory, os.path.join(
                                  os.path.dirname(directory) or ".",
                                  os.path.basename(target))))
         raise ValueError("target must be a prefix in an existing directory, got %r (%r "
-                         "does not exist). Create it first, e.g. os.makedirs(%r)."
+                         "does not exist). Create it: os.makedirs(%r)."
                          % (target, directory, directory))
     probe = os.path.join(directory, ".%s.npu_lossscale_write_test" % os.path.basename(target))
     try:
