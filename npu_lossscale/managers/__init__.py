@@ -7,6 +7,12 @@ and npu_bridge's managers, so the builder accepts any of them:
 * ``update_loss_scale(finite_grads)`` takes a bool scalar tensor and returns an
   op that moves the scale according to the manager's rule.
 
+``base.LossScaleManager`` declares the protocol with its optional hooks and
+the declaration ``keeps_scale_in_range``; ``base``'s functions are the only
+step code that reads them, so a new manager is one class and needs no edit
+here (the README's "Adding a manager"). Our managers keep the scale in
+[1, 2**126]: above 2**126 the inverse the step unscales with is subnormal.
+
 The dynamic managers keep all their state in ONE non-trainable float32
 variable of four elements, ``[loss_scale, good_steps, bad_steps,
 overflow_streak]``, updated by one assign per step:
@@ -31,7 +37,9 @@ from __future__ import absolute_import, division, print_function
 
 # The package's modules, one idea each: base (the protocol, its checks, the
 # shared argument checks), fixed, counting (the rule both dynamic managers
-# share), exponential, dynamic, and checkpoints (offline conversion).
+# share), exponential, dynamic, and checkpoints (offline conversion). The
+# protocol's functions are re-exported for the step (builder, optimizer,
+# gradients); FloorWarningHook (monitoring) for code that imported it here.
 from npu_lossscale.managers.base import (SCALE_RANGE, LossScaleManager, check_manager,
                                          check_manager_graph, declares_scale_in_range,
                                          describe, manager_variables,
