@@ -30,7 +30,6 @@ the name scope ``loss_scale/``:
 from __future__ import absolute_import, division, print_function
 
 import collections
-import os
 
 import tensorflow.compat.v1 as tf
 
@@ -39,14 +38,11 @@ from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
-from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import manager_update as _manager_update
 from npu_lossscale import managers as _managers
-from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
+from npu_lossscale import step as _step
 from npu_lossscale import update_ops as _update_ops
-from npu_lossscale import window as _window
 
 # The clip_norm values for which clip_by_global_norm stays exact: clip_norm
 # and 1 / clip_norm are both normal float32 numbers.
@@ -190,7 +186,7 @@ class MultiOptimizerLossScale(object):
         self._gate = gate
         self._manager = loss_scale_manager
         self._requested_backend = backend
-        self._backend = _backends.resolve_backend(backend, warn=False)
+        _backends.resolve_backend(backend, warn=False)  # refuses a bad backend now
         self._skip_policy = skip_policy
         self._engine = _distributed.resolve_engine(distributed)
         if distributed is None:
@@ -377,7 +373,10 @@ class MultiOptimizerLossScale(object):
         _checks.check_bool(
             "count_skipped_steps", count_skipped_steps,
             "Pass True to advance global_step on skipped steps too.")
-        plan = self._plan(global_step, accumulation_steps, count_skipped_steps)
+        _checks.check_global_step(global_step)
+        plan = _step.plan_step(self._groups, self._manager, self._options(
+            accumulation_steps, count_skipped_steps), global_step,
+                               "MultiOptimizerLossScale.build")
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
         # A failed build leaves the graph's variables, the control inputs of
         # the user's ops (the pivot gate's, the register clear's), the
@@ -387,155 +386,42 @@ class MultiOptimizerLossScale(object):
         self._built = True
         return train
 
-    def _plan(self, global_step, accumulation_steps, count_skipped_steps):
-        """Every check of ``build``'s arguments, then the plan; no op made."""
-        self._backend = _backends.resolve_backend(self._requested_backend)
-        if self._backend.reads_register:
-            _checks.require_top_level("MultiOptimizerLossScale.build")
-        plan = _plan.make_plan(
-            self._groups, self._manager, reads_register=self._backend.reads_register,
-            skip_policy=self._skip_policy, engine=self._engine,
-            allreduce_gradients=self._allreduce_gradients,
-            accumulation_steps=accumulation_steps,
-            count_skipped_steps=count_skipped_steps,
-            gate_kind=_plan.choose_gate(
-                self._gate, self._backend.on_npu,
-                os.environ.get("ENABLE_FORCE_V2_CONTROL") == "1",
-                tf.control_flow_v2_enabled()))
-        _checks.check_global_step(global_step)
-        # Applies inside a functional If (the cond gate, or the accumulation
-        # window's cond) cannot assign ref variables.
-        if tf.control_flow_v2_enabled() and (plan.gate_kind == "cond"
-                                             or plan.window.steps > 1):
-            for group in plan.groups:
-                _checks.check_resource_variables(group.var_list, group.name)
-            if global_step is not None:
-                _checks.check_resource_variables([global_step], "global_step")
-        for group in plan.groups:
-            if not _checks.reaches_variables(group.loss, group.var_list):
-                raise ValueError(
-                    "group %r: its loss %r reaches none of its %d variables (every "
-                    "gradient would be None). Check var_list, or that the loss "
-                    "depends on those variables." % (group.name, group.loss,
-                                                      len(group.var_list)))
-        return plan
+    def _options(self, accumulation_steps=1, count_skipped_steps=False):
+        return _step.Options(
+            backend=self._requested_backend, gate=self._gate, skip_policy=self._skip_policy,
+            engine=self._engine, allreduce_gradients=self._allreduce_gradients,
+            accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps)
 
     def _build(self, plan, global_step, update_ops, per_group_ops):
         """The joint step, then the per-group steps if asked."""
         what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
-        if self._backend.reads_register:
+        if plan.backend.reads_register and plan.checks:
             _backends.claim_register(self, "a " + what)
+        counters = _claims.StateKey(self, "the step counters of " + what)
         # Absolute ("loss_scale/"): a root op named "loss_scale" (npu_bridge's
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
-            train = self._build_step(plan, global_step, skipped_steps,
+            joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
                                      [op for ops in update_ops.values() for op in ops],
-                                     "update_op of " + what)
-            clear_status = self._backend.clear_status()
+                                     counters)
+            clear_status = plan.backend.clear_status()
         per_group = {}
         if per_group_ops:
             for group in plan.groups:
-                alone = self._plan_for(plan, group)
+                alone = _plan.make_plan(
+                    [group], group.manager, plan.backend, engine=plan.reduction.engine,
+                    allreduce_gradients=plan.reduction.allreduce_gradients,
+                    count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind)
                 with tf.name_scope("loss_scale_%s" % group.name):
                     # Copies: the originals already belong to update_op's gate.
-                    step = self._build_step(alone, global_step, skipped_steps,
-                                            _commit.Copies(update_ops.get(group.name, ())),
-                                            "per_group[%s] of %s" % (group.name, what))
-                per_group[group.name] = step.update_op
-        return train._replace(per_group=per_group, skipped_steps=skipped_steps.before,
-                              clear_status=clear_status)
-
-    def _plan_for(self, plan, group):
-        """The plan of a step that computes and applies ``group`` alone."""
-        return _plan.make_plan(
-            [group], group.manager, reads_register=self._backend.reads_register,
-            skip_policy="all", engine=plan.reduction.engine,
-            allreduce_gradients=plan.reduction.allreduce_gradients,
-            count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind)
-
-    def _build_step(self, plan, global_step, skipped_steps, update_ops, description):
-        """The pipeline: gradients, overflow, window, commit, manager update.
-
-        The step claims, per run, the builder's counters and every manager
-        whose scale it moves (``claims``): a run that fetches two step ops
-        updating one of them fails before the second writes anything.
-        """
-        scales = _gradients.read_scales(plan)
-        checked = _overflow.check(plan, self._backend, scales)
-        grads = _gradients.unscale_all(plan, scales, checked.scaled, checked.packing)
-        flags = checked.flags
-
-        def finish(flags, grads, after, to_apply):
-            return _finish_step(plan, flags, grads, global_step, after, to_apply,
-                                skipped_steps, update_ops)
-
-        step = _window.run(plan, grads, flags, finish,
-                           after=[scale.value for scale in scales.values()])
-        is_finite = tf.identity(step.decisions.all_of(
-            [item.name for item in plan.checks]), name="is_finite")
-        update_op = tf.group(step.applied.op, name="update")
-        group_is_finite = dict(
-            (name, step.decisions.all_of([plan.check_of(name)] if plan.check_of(name) else []))
-            for name in plan.group_names)
-        states = _claimed_states(self, plan)
-        _claims.claim(states, description,
-                      step.decisions.ops if step.entry_ops is None else step.entry_ops)
-        if step.accumulate_op is not None:
-            _claims.claim(states, description.replace("update_op", "accumulate_op", 1),
-                          step.accumulate_entry_ops)
+                    per_group[group.name] = _step.build_step(
+                        alone, "per_group[%s] of %s" % (group.name, what), global_step,
+                        skipped_steps, _commit.Copies(update_ops.get(group.name, ())),
+                        counters).update_op
         return TrainOps(
-            update_op=update_op, is_finite=is_finite,
-            loss_scale=scales[plan.managers[0].name].value,
-            grads_and_vars=dict(step.grads), applied=step.applied,
-            window_end=step.window_end, group_is_finite=group_is_finite,
-            loss_scales=dict((group.name, scales[plan.manager_use(group.manager).name].value)
-                             for group in plan.groups),
-            accumulate_op=step.accumulate_op, per_group={}, skipped_steps=None,
-            clear_status=None)
-
-
-def _claimed_states(builder, plan):
-    """What a step of ``builder`` moves once per run: the builder's counters
-    and each manager whose scale can move (``claims``)."""
-    names = ", ".join(group.name for group in builder._groups)  # pylint: disable=protected-access
-    states = [_claims.StateKey(
-        builder, "the step counters of MultiOptimizerLossScale (groups %s)" % names)]
-    for use in plan.managers:
-        if use.groups and _managers.scale_moves(use.manager):
-            states.append(_claims.StateKey(use.manager, _managers.describe(use.manager)))
-    return states
-
-
-class _Finished(collections.namedtuple("_Finished", ["applied", "decisions", "grads"])):
-    """The closed step: whether it applied, its decisions, the applied pairs."""
-
-
-def _finish_step(plan, flags, grads, global_step, after, to_apply=None,
-                 skipped_steps=None, update_ops=()):
-    """Phases 2-4 of a step that closes: reduce, decide, commit, update.
-
-    Args:
-      plan: the ``plan.Plan``.
-      flags: ordered dict from check name to float32 flag.
-      grads: ordered dict from group name to the (gradient, variable) pairs.
-      global_step: an integer variable, or None.
-      after: tensors the manager updates must follow (the scale reads).
-      to_apply: maps the reduced gradients to the ones applied (the window's
-        means), or None.
-      skipped_steps: the ``commit.SkippedSteps`` counter, or None.
-      update_ops: ops that run only when every group applies.
-
-    Returns:
-      A ``_Finished``.
-    """
-    flags, grads = _overflow.reduce_across_workers(plan.reduction, flags, grads)
-    if to_apply is not None:
-        grads = to_apply(grads)
-    decisions = _overflow.Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
-    committed = _commit.commit(plan, grads, decisions, global_step, skipped_steps,
-                               update_ops)
-    updates = _manager_update.update_managers(plan, decisions, committed.ops + list(after))
-    with tf.control_dependencies(committed.ops + updates):
-        applied = tf.identity(committed.applied, name="applied")
-    return _Finished(applied, decisions, grads)
+            update_op=joint.update_op, is_finite=joint.is_finite, loss_scale=joint.loss_scale,
+            grads_and_vars=joint.grads_and_vars, applied=joint.applied,
+            window_end=joint.window_end, group_is_finite=joint.group_is_finite,
+            loss_scales=joint.loss_scales, accumulate_op=joint.accumulate_op,
+            per_group=per_group, skipped_steps=skipped_steps.before, clear_status=clear_status)

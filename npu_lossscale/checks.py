@@ -446,45 +446,6 @@ def check_no_ref_inputs(ops):
                 "Call tf.enable_resource_variables() at program start." % (op.name,))
 
 
-#: Ops whose gradient is None whatever flows into them.
-_GRADIENT_STOPS = ("StopGradient", "PreventGradient")
-
-
-def reaches_variables(loss, var_list):
-    """Whether any of ``var_list`` is a differentiable ancestor of ``loss``.
-
-    A walk of the graph's inputs from the loss through floating-point edges
-    (gradients flow through no others), stopping at ``tf.stop_gradient``.
-    It makes no op, so ``build()`` can reject a loss that reaches none of
-    its variables before anything is added to the graph.
-
-    Args:
-      loss: a scalar tensor.
-      var_list: variables.
-
-    Returns:
-      True if some variable feeds the loss.
-    """
-    targets = set()
-    for var in var_list:
-        handle = getattr(var, "handle", None)
-        targets.add((handle if handle is not None else var).op.name)
-        targets.add(var.op.name)
-    seen, stack = set(), [loss.op]
-    while stack:
-        op = stack.pop()
-        if op.name in targets:
-            return True
-        if op.name in seen or op.type in _GRADIENT_STOPS:
-            continue
-        seen.add(op.name)
-        for tensor in op.inputs:
-            dtype = tensor.dtype.base_dtype
-            if dtype.is_floating or dtype == tf.resource or dtype.is_complex:
-                stack.append(tensor.op)
-    return False
-
-
 def check_number(name, value, minimum=None, maximum=None, min_open=False,
                  max_open=False, integer=False, hint=""):
     """Checks that ``value`` is a real number inside the given bounds.

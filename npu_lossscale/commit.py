@@ -224,7 +224,7 @@ def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(
     Args:
       plan: the ``plan.Plan``.
       grads: ordered dict from group name to the pairs to apply.
-      decisions: the step's ``overflow.Decisions``.
+      decisions: the step's ``close.Decisions``.
       global_step: an integer variable, or None.
       skipped_steps: the ``SkippedSteps`` counter, or None.
       update_ops: ops (batch-norm statistics) that run only on steps where

@@ -23,6 +23,7 @@ holding a collective would deadlock, tensorflow/tensorflow#46863):
 
 from __future__ import absolute_import, division, print_function
 
+import collections
 import os
 
 import tensorflow.compat.v1 as tf
@@ -130,6 +131,35 @@ def resolve_engine(distributed):
             "failed to import: %s. Install it, or pass distributed=None." % (error,))
     rank_size = rank_size_from_environment()
     return HcclEngine(hccl_ops, rank_size)
+
+
+def reduce_across_workers(reduction, flags, grads):
+    """Sums the flags across workers (one collective) and averages the
+    gradients, at the top level of the graph: never inside a cond or gate.
+
+    Args:
+      reduction: the ``plan.Reduction``.
+      flags: ordered dict from check name to float32 flag.
+      grads: ordered dict from group name to (gradient, variable) pairs.
+
+    Returns:
+      ``(flags, grads)``: new ordered dicts, reduced; the inputs unchanged
+      without an engine.
+    """
+    if not reduction.active:
+        return flags, grads
+    engine = reduction.engine
+    if flags:
+        with tf.name_scope("reduce_overflow_flags"):
+            summed = engine.sum(tf.stack(list(flags.values())))
+            flags = collections.OrderedDict(
+                (name, summed[index]) for index, name in enumerate(flags))
+    if reduction.allreduce_gradients:
+        with tf.name_scope("allreduce_gradients"):
+            grads = collections.OrderedDict(
+                (name, [(engine.mean_gradient(grad), var) for grad, var in pairs])
+                for name, pairs in grads.items())
+    return flags, grads
 
 
 #: The environment variables Ascend's launchers set to the number of devices.

@@ -264,6 +264,23 @@ def scaled_gradients(plan, scales, names, after=()):
     return result
 
 
+def means(grads, steps):
+    """The mean of summed gradients over ``steps`` micro-batches, each in its
+    variable's dtype (an accumulation window's sums are float32).
+
+    Args:
+      grads: ordered dict from group name to (sum, variable) pairs.
+      steps: the number of micro-batches summed, an int >= 2.
+
+    Returns:
+      An ordered dict of the same shape, with the means.
+    """
+    inverse = 1.0 / steps
+    return collections.OrderedDict(
+        (name, [(tf.cast(total * inverse, var.dtype.base_dtype), var) for total, var in pairs])
+        for name, pairs in grads.items())
+
+
 def clip(grads_and_vars, clip_norm):
     """The pairs with gradients clipped by their global norm (None: as given).
 

@@ -22,7 +22,7 @@ import re
 
 __all__ = ["BARRIER", "CONTROL", "STOP", "THROUGH", "UPDATE", "CONTROL_FLOW_TYPES",
            "DATA_INPUT_TYPES", "FEEDABLE_TYPES", "FUNCTION_CALL_TYPES",
-           "FUNCTIONAL_CONTROL_FLOW_TYPES", "Reached", "Walk",
+           "FUNCTIONAL_CONTROL_FLOW_TYPES", "Reached", "Walk", "first_reached",
            "is_optimizer_apply", "is_update", "kind_of_type", "updates_behind",
            "walked_inputs"]
 
@@ -188,3 +188,31 @@ def updates_behind(roots, parents, classify, seen=None):
         stack.extend((parent, via) for parent in reversed(list(parents(node))))
     return Walk(*[[Reached(node, via) for node, via in found[kind].items()]
                   for kind in (UPDATE, BARRIER)])
+
+
+def first_reached(roots, parents, targets):
+    """The first of ``targets`` a depth-first walk from ``roots`` meets.
+
+    The one ancestor walk of the library: whether a loss reaches its
+    variables (only through edges gradients flow through, as ``parents``
+    gives them), whether an update op already runs with a loss.
+
+    Args:
+      roots: iterable of nodes (any hashable: ops, node names).
+      parents: node -> iterable of the nodes it depends on.
+      targets: the nodes looked for (a roots' own node counts).
+
+    Returns:
+      A node of ``targets``, or None when the walk meets none.
+    """
+    targets = set(targets)
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in targets:
+            return node
+        stack.extend(parents(node))
+    return None

@@ -62,7 +62,7 @@ def update_managers(plan, decisions, after):
 
     Args:
       plan: the ``plan.Plan``.
-      decisions: the step's ``overflow.Decisions``.
+      decisions: the step's ``close.Decisions``.
       after: ops or tensors every update must follow (the applies and the
         scale reads, so that the step reads the scale before it moves).
 

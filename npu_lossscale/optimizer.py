@@ -8,21 +8,17 @@ the guarded apply and the manager update are the builder's own functions.
 
 from __future__ import absolute_import, division, print_function
 
-import os
 
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
 from npu_lossscale import checks as _checks
-from npu_lossscale import claims as _claims
-from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import manager_update as _manager_update
 from npu_lossscale import managers as _managers
-from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
+from npu_lossscale import step as _step
 
 
 #: The child the release before commit c050077 tracked the wrapped optimizer
@@ -233,42 +229,25 @@ class LossScaleOptimizer(tf.train.Optimizer):
             return self._apply(present, global_step, name)
 
     def _apply(self, present, global_step, name):
-        """``apply_gradients``' ops, after its checks."""
+        """``apply_gradients``' step: a one-group plan over the given
+        gradients, built by the builder's own pipeline (``step``)."""
         with tf.name_scope(name, "loss_scale_apply") as scope:
-            grads = [g for g, _ in present]
-            flags = {}
-            # Decided here, as npu_bridge's NPULossScaleOptimizer does.
-            backend = _backends.resolve_backend(self._requested_backend)
-            if backend.reads_register and _managers.overflow_check_enabled(self._manager):
-                _checks.require_top_level("LossScaleOptimizer.apply_gradients")
-            kind = _plan.choose_gate(self._gate, backend.on_npu,
-                                     os.environ.get("ENABLE_FORCE_V2_CONTROL") == "1",
-                                     tf.control_flow_v2_enabled())
-            if kind == "cond" and tf.control_flow_v2_enabled():
-                _checks.check_resource_variables([v for _, v in present], self.get_name())
-            if _managers.overflow_check_enabled(self._manager):
-                if backend.reads_register:
-                    _backends.claim_register(self,
-                                             "LossScaleOptimizer %r" % self.get_name())
-                flags["gradients"] = _backends.checked_flag(backend, grads)
-                if self._engine is not None:
-                    with tf.name_scope("reduce_overflow_flags"):
-                        flags["gradients"] = self._engine.sum(flags["gradients"])
-            decisions = _overflow.Decisions(flags, grads)
-            is_finite = decisions.all_of(list(flags))
-            # Two steps updating this manager in one run are refused then.
-            if _managers.scale_moves(self._manager):
-                _claims.claim([_claims.StateKey(self._manager, _managers.describe(self._manager))],
-                              "LossScaleOptimizer %s, step %s" % (self.get_name(),
-                                                                  scope.rstrip("/")),
-                              decisions.ops)
-            applied = _commit.guarded_apply(
-                is_finite, [_commit.Apply(name or self._opt.get_name(), self._opt, present,
-                                          None)],
-                global_step, kind=kind)
-            deps = [applied] + [_gradients.dense_values(g) for g in grads]
-            update = _manager_update.update_manager(self._manager, is_finite, deps)
-            return tf.group(applied.op, update)
+            group = _plan.Group(
+                name=name or self._opt.get_name(), loss=None, optimizer=self._opt,
+                var_list=tuple(var for _, var in present), clip_norm=None,
+                manager=self._manager,
+                checked=_managers.overflow_check_enabled(self._manager), own_backprop=False)
+            # The backend and the gate are decided here, at apply_gradients,
+            # as npu_bridge's NPULossScaleOptimizer decides.
+            plan = _step.plan_step([group], self._manager, _step.Options(
+                backend=self._requested_backend, gate=self._gate, skip_policy="all",
+                engine=self._engine, allreduce_gradients=False, accumulation_steps=1,
+                count_skipped_steps=False), global_step, "LossScaleOptimizer.apply_gradients")
+            if plan.backend.reads_register and plan.checks:
+                _backends.claim_register(self, "LossScaleOptimizer %r" % self.get_name())
+            return _step.build_step(
+                plan, "LossScaleOptimizer %s, step %s" % (self.get_name(), scope.rstrip("/")),
+                global_step, given=present).update_op
 
     def get_slot(self, var, name):
         return self._opt.get_slot(var, name)

@@ -108,7 +108,7 @@ class Reduction(collections.namedtuple("Reduction", ["engine", "allreduce_gradie
 class Plan(collections.namedtuple(
         "Plan", ["groups", "backprops", "checks", "serial_reads", "managers", "gates",
                  "skip_policy", "window", "reduction", "count_skipped_steps",
-                 "gate_kind"])):
+                 "gate_kind", "backend"])):
     """Everything ``build()`` will make, as plain records.
 
     Attributes:
@@ -125,6 +125,7 @@ class Plan(collections.namedtuple(
       reduction: the ``Reduction``.
       count_skipped_steps: whether ``global_step`` advances on skipped steps.
       gate_kind: "pivot" or "cond" (see ``checks.GATES``).
+      backend: the overflow backend every check of the step uses.
     """
 
     def group(self, name):
@@ -141,6 +142,10 @@ class Plan(collections.namedtuple(
                 return check.name
         return None
 
+    def scale_of(self, group_name):
+        """The name of the ``ManagerUse`` whose scale ``group_name`` uses."""
+        return self.manager_use(self.group(group_name).manager).name
+
     def manager_use(self, manager):
         """The ``ManagerUse`` of ``manager`` (compared by identity)."""
         for use in self.managers:
@@ -150,8 +155,10 @@ class Plan(collections.namedtuple(
 
     @property
     def losses(self):
-        """The distinct loss tensors, in ``add()`` order."""
-        return tuple(_distinct(group.loss for group in self.groups))
+        """The distinct loss tensors, in ``add()`` order (none for a plan
+        over given gradients)."""
+        return tuple(_distinct(group.loss for group in self.groups
+                               if group.loss is not None))
 
     @property
     def group_names(self):
@@ -192,7 +199,7 @@ def choose_gate(gate, on_npu, force_v2_control, control_flow_v2):
     return "cond" if force_v2_control or (on_npu and control_flow_v2) else "pivot"
 
 
-def make_plan(groups, manager, reads_register, skip_policy="all", engine=None,
+def make_plan(groups, manager, backend, skip_policy="all", engine=None,
               allreduce_gradients=True, accumulation_steps=1,
               count_skipped_steps=False, gate_kind="pivot"):
     """Decides who shares what in the step, without making any op.
@@ -200,8 +207,9 @@ def make_plan(groups, manager, reads_register, skip_policy="all", engine=None,
     Args:
       groups: the recorded ``Group`` records, in ``add()`` order.
       manager: the builder's manager (read first, updated if a group uses it).
-      reads_register: whether the backend reads one shared status register
-        (Ascend's), so that groups cannot be checked apart in one read.
+      backend: the overflow backend (``backends.Backend``); the plan reads
+        its ``reads_register``: one shared status register (Ascend's)
+        cannot check groups apart in one read.
       skip_policy: "all" or "per_group".
       engine: the distributed engine, or None.
       allreduce_gradients: whether the engine averages the gradients.
@@ -224,6 +232,7 @@ def make_plan(groups, manager, reads_register, skip_policy="all", engine=None,
         raise ValueError(
             "build() was called with no groups. Call add(loss, optimizer, "
             "var_list) for each optimizer first.")
+    reads_register = backend.reads_register
     serial_reads = skip_policy == "per_group" and reads_register and len(groups) > 1
     if serial_reads:
         _check_no_shared_loss(groups)
@@ -238,6 +247,7 @@ def make_plan(groups, manager, reads_register, skip_policy="all", engine=None,
         skip_policy=skip_policy,
         window=Window(accumulation_steps, engine is not None and accumulation_steps > 1),
         reduction=Reduction(engine, allreduce_gradients),
+        backend=backend,
         count_skipped_steps=count_skipped_steps,
         gate_kind=gate_kind)
 

@@ -63,22 +63,15 @@ def check_update_ops_off_the_losses(update_ops, losses):
       update_ops: ops.
       losses: the step's loss tensors.
     """
-    targets = set(op.name for op in update_ops)
-    seen, stack = set(), [loss.op for loss in losses]
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.name in targets:
-            raise ValueError(
-                "update op %r already runs with a loss (the loss depends on it, e.g. "
-                "through `with tf.control_dependencies(update_ops):`), so it would run "
-                "on skipped steps too and gating it would make a cycle. Build the loss "
-                "without that control dependency and pass the op only to update_ops."
-                % (op.name,))
-        stack.extend(tensor.op for tensor in op.inputs)
-        stack.extend(op.control_inputs)
+    found = _graph_walk.first_reached(
+        [loss.op for loss in losses],
+        lambda op: [tensor.op for tensor in op.inputs] + list(op.control_inputs), update_ops)
+    if found is not None:
+        raise ValueError(
+            "update op %r already runs with a loss (through `with "
+            "tf.control_dependencies(update_ops):`), so it would run on skipped steps. "
+            "Build the loss without that dependency and pass the op only to update_ops."
+            % (found.name,))
 
 
 # -- what an update_ops entry stands for ----------------------------------------

@@ -1,16 +1,21 @@
-"""Phase 5, the accumulation window: which runs close the step.
+"""Phase 4 of the step, the accumulation window: which runs close the step.
 
 A window is ``accumulation_steps`` micro-batches. Each run adds its unscaled
 gradients to float32 accumulators and its overflow flags to the window's
-flags; the run that closes the window hands the window's sums and flags to
-the rest of the step (reduction, decision, commit, manager update), which is
-the same code as without accumulation, then zeroes the window.
+flags; the run that closes the window closes the step with the window's sums
+and flags (``close``, the same code as without accumulation), then zeroes the
+window. The step (``step.py``) calls these pieces in order; nothing here calls
+back into it:
 
-* Without a ``distributed`` engine every run is ``update_op``; the rest of
-  the step runs inside the ``window`` cond, at the window's last run.
-* With one, ``accumulate_op`` adds the first micro-batches and ``update_op``
-  closes the window at the top level of the graph, so the collectives run
-  once per window and never inside a cond.
+* ``open``: the accumulators and ``accumulate_op``, which adds a micro-batch
+  that is not its window's last (no collective, no cond).
+* With a ``distributed`` engine ``update_op`` closes the window at the top
+  level of the graph, so the collectives run once per window and never
+  inside a cond: ``closing_by_update_op``, then ``close``, then
+  ``finish``.
+* Without one every run is ``update_op``: ``add_this_run``, then a
+  ``window`` cond whose true branch closes (``closing_at_window_end``,
+  ``close``, ``finish``) and whose false branch ``advance``s.
 
 All state is in non-trainable global variables, so ``tf.train.Saver``
 checkpoints a window in progress and a restore continues it exactly.
@@ -22,7 +27,7 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import overflow as _overflow
+from npu_lossscale import close as _close
 
 
 class GradientAccumulator(object):
@@ -83,25 +88,6 @@ class GradientAccumulator(object):
                     for slot, (_, var) in zip(self._slots[name], pairs)])
             for name, pairs in groups.items())
 
-    def means_of(self, sums):
-        """Window means of ``sums`` (as from ``sums``), in each variable's dtype."""
-        inv = 1.0 / self.steps
-        return collections.OrderedDict(
-            (name, [(tf.cast(total * inv, var.dtype.base_dtype), var)
-                    for total, var in pairs])
-            for name, pairs in sums.items())
-
-    def means(self, groups):
-        """The window's mean gradients, in each variable's dtype.
-
-        Args:
-          groups: the mapping of (gradient, variable) pairs (for the variables).
-
-        Returns:
-          Ordered mapping from group name to (mean gradient, variable) pairs.
-        """
-        return self.means_of(self.sums(groups))
-
     def reset(self):
         """Ops that zero the accumulators, the window flags and the counter."""
         ops = [tf.assign(self.micro_step, tf.zeros([], tf.int64)).op,
@@ -115,47 +101,142 @@ class GradientAccumulator(object):
         return tf.assign_add(self.micro_step, tf.ones([], tf.int64)).op
 
 
-class WindowStep(collections.namedtuple(
-        "WindowStep", ["applied", "window_end", "accumulate_op", "decisions", "grads",
-                       "entry_ops", "accumulate_entry_ops"])):
-    """What the window hands back to ``build``.
+class Opened(collections.namedtuple(
+        "Opened", ["accumulator", "flag_vector", "accumulate_op", "accumulate_entry"])):
+    """An open window.
 
     Attributes:
-      applied: bool scalar, True when this run applied.
-      window_end: bool scalar, True when this run closed a window.
-      accumulate_op: the op adding a micro-batch without closing the window,
-        or None without accumulation.
-      decisions: the ``overflow.Decisions`` reported by ``TrainOps``.
-      grads: ordered dict of the (gradient, variable) pairs reported.
-      entry_ops: top-level ops that every write of ``update_op``'s run
-        follows (and no write of ``accumulate_op``), for its run-time claim;
-        None without accumulation, where the decisions are those ops.
-      accumulate_entry_ops: the same for ``accumulate_op``, or None.
+      accumulator: the ``GradientAccumulator``.
+      flag_vector: this run's float32 flags, one per group.
+      accumulate_op: the op that adds this run's micro-batch without closing
+        the window.
+      accumulate_entry: the op every write of ``accumulate_op`` follows (its
+        run-time claim attaches there).
     """
 
 
-def run(plan, grads, flags, finish, after):
-    """Runs the rest of the step (``finish``) on the runs that close a window.
+class ThisRun(collections.namedtuple("ThisRun", ["adds", "window_end", "window_flags"])):
+    """This run's micro-batch added, when every run is ``update_op``.
+
+    Attributes:
+      adds: the ops adding it (every write of ``update_op`` follows them).
+      window_end: bool scalar, True when this run is the window's last.
+      window_flags: the window's flags so far, read after the adds.
+    """
+
+
+def open_window(plan, grads, flags):
+    """The window's accumulators and ``accumulate_op``.
 
     Args:
       plan: the ``plan.Plan``.
       grads: ordered dict from group name to this run's unscaled pairs.
       flags: ordered dict from check name to this run's float32 flag.
-      finish: ``finish(flags, grads, after, to_apply)``, the rest of the step;
-        returns a record with ``applied``, ``decisions`` and ``grads``.
-        ``to_apply`` maps the reduced gradients to the ones applied.
+
+    Returns:
+      An ``Opened``.
+    """
+    accumulator = GradientAccumulator(grads, plan.window.steps)
+    vector = _flag_vector(plan, flags)
+    with tf.name_scope("accumulate_only"):
+        check = _window_position_check(accumulator, last=False)
+        with tf.control_dependencies([check]):
+            adds = accumulator.accumulate(grads, vector)
+        with tf.control_dependencies(adds):
+            accumulate_op = tf.group(accumulator.advance(), name="accumulate_op")
+    return Opened(accumulator, vector, accumulate_op, check)
+
+
+def closing_by_update_op(plan, opened, grads, after):
+    """``update_op``'s run with an engine: checks that it is the window's
+    last, adds it, and hands the window's sums and flags to ``close``.
+
+    Args:
+      plan: the ``plan.Plan``.
+      opened: the ``Opened`` window.
+      grads: ordered dict from group name to this run's unscaled pairs.
       after: tensors the manager updates must follow (the scale reads).
 
     Returns:
-      A ``WindowStep``.
+      ``(closing, entry)``: the ``close.Closing``, and the check every write
+      of ``update_op`` follows.
     """
-    if plan.window.steps == 1:
-        step = finish(flags, grads, after, None)
-        return WindowStep(step.applied, tf.constant(True, name="window_end"), None,
-                          step.decisions, step.grads, None, None)
-    if plan.window.closed_by_update_op:
-        return _closed_by_update_op(plan, grads, flags, finish, after)
-    return _closed_at_window_end(plan, grads, flags, finish, after)
+    accumulator = opened.accumulator
+    with tf.name_scope("close_window"):
+        last = _window_position_check(accumulator, last=True)
+        with tf.control_dependencies([last]):
+            adds = accumulator.accumulate(grads, opened.flag_vector)
+        with tf.control_dependencies(adds):
+            sums = accumulator.sums(grads)
+            window_flags = accumulator.window_flags.read_value()
+    closing = _close.Closing(_check_flags(plan, window_flags), sums, list(after),
+                             plan.window.steps)
+    return closing, last
+
+
+def add_this_run(plan, opened, grads, after):
+    """``update_op``'s run without an engine: adds this micro-batch.
+
+    Args:
+      plan: the ``plan.Plan``.
+      opened: the ``Opened`` window.
+      grads: ordered dict from group name to this run's unscaled pairs.
+      after: tensors the window's decision must follow (the scale reads).
+
+    Returns:
+      A ``ThisRun``.
+    """
+    accumulator = opened.accumulator
+    adds = accumulator.accumulate(grads, opened.flag_vector)
+    with tf.control_dependencies(adds + list(after)):
+        window_end = tf.equal(accumulator.micro_step.read_value(), plan.window.steps - 1,
+                              name="window_end")
+        window_flags = accumulator.window_flags.read_value()
+    return ThisRun(adds, window_end, window_flags)
+
+
+def closing_at_window_end(plan, opened, this_run, grads):
+    """The ``close.Closing`` of the window's last run (inside the ``window``
+    cond's true branch): the window's sums, read there, and flags.
+
+    Args:
+      plan: the ``plan.Plan``.
+      opened: the ``Opened`` window.
+      this_run: the ``ThisRun``.
+      grads: the mapping of (gradient, variable) pairs (for the variables).
+
+    Returns:
+      A ``close.Closing``.
+    """
+    return _close.Closing(_check_flags(plan, this_run.window_flags),
+                          opened.accumulator.sums(grads), [], plan.window.steps)
+
+
+def finish(opened, closed):
+    """Zeroes the window once the closed step read (and reduced) its values.
+
+    Args:
+      opened: the ``Opened`` window.
+      closed: the ``close.Closed`` step.
+
+    Returns:
+      ``closed.applied``, after the zeroing.
+    """
+    applied_means = [g for pairs in closed.grads.values() for g, _ in pairs]
+    with tf.control_dependencies([closed.applied] + applied_means):
+        resets = opened.accumulator.reset()
+    with tf.control_dependencies(resets):
+        return tf.identity(closed.applied, name="window_applied")
+
+
+def advance(opened):
+    """A run inside the window: moves to its next micro-batch.
+
+    Returns:
+      False, after the move.
+    """
+    with tf.control_dependencies([opened.accumulator.advance()]):
+        return tf.constant(False)
 
 
 def _flag_vector(plan, flags):
@@ -169,61 +250,6 @@ def _check_flags(plan, window_flags):
     return collections.OrderedDict(
         (item.name, window_flags[plan.group_names.index(item.groups[0])])
         for item in plan.checks)
-
-
-def _open(plan, grads, flags):
-    """The window's accumulators, this run's flag vector, the op that adds a
-    micro-batch without closing the window, and the op its writes follow."""
-    accumulator = GradientAccumulator(grads, plan.window.steps)
-    vector = _flag_vector(plan, flags)
-    accumulate_op, entry = _accumulate_only(accumulator, grads, vector)
-    return accumulator, vector, accumulate_op, entry
-
-
-def _closed_at_window_end(plan, grads, flags, finish, after):
-    accumulator, vector, accumulate_op, accumulate_entry = _open(plan, grads, flags)
-    adds = accumulator.accumulate(grads, vector)
-    with tf.control_dependencies(adds + list(after)):
-        window_end = tf.equal(accumulator.micro_step.read_value(), plan.window.steps - 1,
-                              name="window_end")
-        window_flags = accumulator.window_flags.read_value()
-
-    def at_window_end():
-        step = finish(_check_flags(plan, window_flags), accumulator.means(grads), [], None)
-        with tf.control_dependencies([step.applied]):
-            resets = accumulator.reset()
-        with tf.control_dependencies(resets):
-            return tf.identity(step.applied)
-
-    def mid_window():
-        with tf.control_dependencies([accumulator.advance()]):
-            return tf.constant(False)
-
-    applied = tf.cond(window_end, at_window_end, mid_window, name="window")
-    # This run's own decision, as without accumulation.
-    decisions = _overflow.Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
-    return WindowStep(applied, window_end, accumulate_op, decisions, grads, adds,
-                      [accumulate_entry])
-
-
-def _closed_by_update_op(plan, grads, flags, finish, after):
-    accumulator, vector, accumulate_op, accumulate_entry = _open(plan, grads, flags)
-    with tf.name_scope("close_window"):
-        last = _window_position_check(accumulator, last=True)
-        with tf.control_dependencies([last]):
-            adds = accumulator.accumulate(grads, vector)
-        with tf.control_dependencies(adds):
-            sums = accumulator.sums(grads)
-            window_flags = accumulator.window_flags.read_value()
-    step = finish(_check_flags(plan, window_flags), sums, after, accumulator.means_of)
-    applied_means = [g for pairs in step.grads.values() for g, _ in pairs]
-    # The window's values are read (and reduced) before they are zeroed.
-    with tf.control_dependencies([step.applied] + applied_means):
-        resets = accumulator.reset()
-    with tf.control_dependencies(resets):
-        applied = tf.identity(step.applied, name="window_applied")
-    return WindowStep(applied, tf.constant(True, name="window_end"), accumulate_op,
-                      step.decisions, step.grads, [last], [accumulate_entry])
 
 
 def _window_position_check(accumulator, last):
@@ -246,14 +272,3 @@ def _window_position_check(accumulator, last):
     # The raw op: tf.Assert would wrap non-string data in a cond guard, whose
     # inner assert a control input of the guard does not order (claims).
     return tf.raw_ops.Assert(condition=ok, data=[message, position, fix], name="window_position")
-
-
-def _accumulate_only(accumulator, grads, flag_vector):
-    """The op adding one micro-batch that is not its window's last, and the
-    check every write of it follows."""
-    with tf.name_scope("accumulate_only"):
-        check = _window_position_check(accumulator, last=False)
-        with tf.control_dependencies([check]):
-            adds = accumulator.accumulate(grads, flag_vector)
-        with tf.control_dependencies(adds):
-            return tf.group(accumulator.advance(), name="accumulate_op"), check

@@ -1,0 +1,123 @@
+"""Phase 3 of the step, closing it: reduce across workers, decide, commit,
+update the managers.
+
+``close`` runs on the run that closes a step (every run without
+accumulation; the window's last one with it). It takes a ``Closing`` record,
+the flags and gradients of the step as the earlier phases left them, and
+returns a ``Closed`` one.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import commit as _commit
+from npu_lossscale import distributed as _distributed
+from npu_lossscale import gradients as _gradients
+from npu_lossscale import manager_update as _manager_update
+
+
+class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over"])):
+    """What closing a step needs.
+
+    Attributes:
+      flags: ordered dict from check name to float32 flag (0.0 finite).
+      grads: ordered dict from group name to the (gradient, variable) pairs:
+        this run's unscaled gradients, or an accumulation window's float32
+        sums.
+      after: tensors the manager updates must follow (the step's scale
+        reads), so the step reads each scale before it moves.
+      mean_over: the number of micro-batches ``grads`` sum, 1 without
+        accumulation: the applied gradients are their mean, taken after the
+        reduction across workers, in each variable's dtype.
+    """
+
+
+class Closed(collections.namedtuple("Closed", ["applied", "decisions", "grads"])):
+    """A closed step.
+
+    Attributes:
+      applied: bool scalar, True when this run applied (any group); it
+        follows the applies, the counters and the manager updates.
+      decisions: the step's ``Decisions``.
+      grads: ordered dict from group name to the applied pairs.
+    """
+
+
+def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
+    """Reduces, decides, commits and updates the managers.
+
+    Args:
+      plan: the ``plan.Plan``.
+      closing: a ``Closing``.
+      global_step: an integer variable, or None.
+      skipped_steps: the ``commit.SkippedSteps`` counter, or None.
+      update_ops: ops that run only when every group applies (or
+        ``commit.Copies`` of them).
+
+    Returns:
+      A ``Closed``.
+    """
+    flags, grads = _distributed.reduce_across_workers(plan.reduction, closing.flags,
+                                                      closing.grads)
+    if closing.mean_over > 1:
+        grads = _gradients.means(grads, closing.mean_over)
+    decisions = Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
+    committed = _commit.commit(plan, grads, decisions, global_step, skipped_steps, update_ops)
+    updates = _manager_update.update_managers(plan, decisions,
+                                              committed.ops + list(closing.after))
+    with tf.control_dependencies(committed.ops + updates):
+        applied = tf.identity(committed.applied, name="applied")
+    return Closed(applied, decisions, grads)
+
+
+class Decisions(object):
+    """The step's bool decisions: one per check, ordered after the gradients.
+
+    Anything gated on a decision therefore runs only once all of the step's
+    gradients exist: no group's update can race another group's backprop.
+
+    Args:
+      flags: ordered dict from check name to float32 flag.
+      after: tensors every decision must follow (the step's gradients).
+    """
+
+    def __init__(self, flags, after):
+        self._after = [_gradients.dense_values(t) for t in after]
+        self.by_check = collections.OrderedDict()
+        for name, flag in flags.items():
+            with tf.control_dependencies(self._after):
+                self.by_check[name] = tf.identity(tf.equal(flag, 0.0),
+                                                  name="group_is_finite")
+        self._always = None
+
+    @property
+    def ops(self):
+        """The decision ops made so far: every write gated on a decision
+        follows one of them."""
+        tensors = list(self.by_check.values())
+        if self._always is not None:
+            tensors.append(self._always)
+        return [tensor.op for tensor in tensors]
+
+    def all_of(self, checks, name=None):
+        """True when every check in ``checks`` passed (True if there is none).
+
+        Args:
+          checks: check names.
+          name: the op name of a conjunction of several decisions.
+
+        Returns:
+          A bool scalar tensor; one decision is returned as it is.
+        """
+        decisions = [self.by_check[check] for check in checks]
+        if not decisions:
+            if self._always is None:
+                with tf.control_dependencies(self._after):
+                    self._always = tf.identity(tf.constant(True), name="always_finite")
+            return self._always
+        if len(decisions) == 1:
+            return decisions[0]
+        return tf.reduce_all(tf.stack(decisions), name=name)

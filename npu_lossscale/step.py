@@ -1,0 +1,261 @@
+"""The step, top-down: the one pipeline both public APIs build.
+
+``MultiOptimizerLossScale.build`` runs it once for the joint step (and once
+per group with ``per_group_ops``); ``LossScaleOptimizer.apply_gradients``
+runs it on a one-group plan over the gradients it is given. Each phase is a
+module, called in order; none calls back:
+
+0. ``plan_step``: the checks that need TF or the environment (backend, gate,
+   resource variables, losses that reach their variables), then
+   ``plan.make_plan``; no op made;
+1. ``gradients``: each scale read once, the scaled losses, one backprop per
+   distinct loss (or the gradients given), unscaled;
+2. ``overflow``: one flag per check (with per-group reads of the
+   float-status register, each group's backprop follows the previous read);
+3. ``window`` (with accumulation): the run adds its micro-batch; the run that
+   closes the window closes the step with the window's sums and flags;
+4. ``close``: reduce across workers, decide, commit (the gate and the
+   counters), update the managers;
+5. ``claims``: the state the step moves is claimed per run, when another
+   step op moves it too.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+import os
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import backends as _backends
+from npu_lossscale import checks as _checks
+from npu_lossscale import claims as _claims
+from npu_lossscale import close as _close
+from npu_lossscale import gradients as _gradients
+from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale import managers as _managers
+from npu_lossscale import overflow as _overflow
+from npu_lossscale import plan as _plan
+from npu_lossscale import window as _window
+
+
+class Options(collections.namedtuple(
+        "Options", ["backend", "gate", "skip_policy", "engine", "allreduce_gradients",
+                    "accumulation_steps", "count_skipped_steps"])):
+    """A step's options, as the public API took (and checked) them.
+
+    Attributes:
+      backend: the requested backend: a name of ``backends.BACKENDS`` or a
+        ``backends.Backend`` instance.
+      gate: "auto", "pivot" or "cond".
+      skip_policy: "all" or "per_group".
+      engine: the distributed engine, or None.
+      allreduce_gradients: whether the engine averages the gradients.
+      accumulation_steps: micro-batches per applied step.
+      count_skipped_steps: whether ``global_step`` advances on skipped steps.
+    """
+
+
+class Step(collections.namedtuple(
+        "Step", ["update_op", "is_finite", "applied", "window_end", "group_is_finite",
+                 "grads_and_vars", "loss_scale", "loss_scales", "accumulate_op"])):
+    """What ``build_step`` made (``TrainOps`` documents each field)."""
+
+
+def plan_step(groups, manager, options, global_step, api):
+    """The plan of a step, after every check that needs TF; no op made.
+
+    The backend and the gate are decided here, when the step is built, as
+    npu_bridge's ``NPULossScaleOptimizer`` decides at ``apply_gradients``.
+
+    Args:
+      groups: the ``plan.Group`` records.
+      manager: the default manager (read first; updated if a group uses it).
+      options: the step's ``Options``.
+      global_step: an integer variable, or None.
+      api: the public name being built, for messages.
+
+    Returns:
+      A ``plan.Plan``.
+
+    Raises:
+      ValueError: for a register read outside the top level, ref variables
+        under a functional ``If``, a loss that reaches none of its
+        variables, or a plan rule.
+    """
+    backend = _backends.resolve_backend(options.backend)
+    if backend.reads_register and any(group.checked for group in groups):
+        _checks.require_top_level(api)
+    cf_v2 = tf.control_flow_v2_enabled()
+    gate_kind = _plan.choose_gate(options.gate, backend.on_npu,
+                                  os.environ.get("ENABLE_FORCE_V2_CONTROL") == "1", cf_v2)
+    plan = _plan.make_plan(
+        groups, manager, backend, skip_policy=options.skip_policy, engine=options.engine,
+        allreduce_gradients=options.allreduce_gradients,
+        accumulation_steps=options.accumulation_steps,
+        count_skipped_steps=options.count_skipped_steps, gate_kind=gate_kind)
+    # Applies inside a functional If (the cond gate, or the accumulation
+    # window's cond) cannot assign ref variables.
+    if cf_v2 and (gate_kind == "cond" or plan.window.steps > 1):
+        for group in plan.groups:
+            _checks.check_resource_variables(group.var_list, group.name)
+        if global_step is not None:
+            _checks.check_resource_variables([global_step], "global_step")
+    for group in plan.groups:
+        if group.loss is not None and _graph_walk.first_reached(
+                [group.loss.op], _differentiable_parents, _variable_ops(group.var_list)) is None:
+            raise ValueError(
+                "group %r: its loss %r reaches none of its %d variables, so every "
+                "gradient would be None. Check var_list, or that the loss depends on "
+                "those variables." % (group.name, group.loss, len(group.var_list)))
+    return plan
+
+
+def build_step(plan, description, global_step, skipped_steps=None, update_ops=(),
+               counters=None, given=None):
+    """Builds one step op of ``plan``, phase after phase.
+
+    Args:
+      plan: the ``plan.Plan`` (``plan_step``).
+      description: what the step op is, for run-time messages (e.g.
+        "update_op of MultiOptimizerLossScale (groups d, g)").
+      global_step: an integer variable, or None.
+      skipped_steps: the ``commit.SkippedSteps`` counter, or None.
+      update_ops: ops that run only when every group applies (or
+        ``commit.Copies`` of them).
+      counters: a ``claims.StateKey`` for the caller's own per-step state
+        (a builder's counters and window), claimed with the managers; None
+        for none.
+      given: for a one-group plan, the group's unscaled (gradient, variable)
+        pairs, checked and applied as they are (no scale, no backprop).
+
+    Returns:
+      A ``Step``.
+    """
+    scales = collections.OrderedDict() if given is not None else _gradients.read_scales(plan)
+    grads, flags = _gradients_and_flags(plan, scales, given)
+    after = [scale.value for scale in scales.values()]
+    window_end = None
+    accumulate_op = None
+    entry_ops = None  # None: the decisions are the ops every write follows
+    if plan.window.steps == 1:
+        closed = _close.close(plan, _close.Closing(flags, grads, after, 1), global_step,
+                              skipped_steps, update_ops)
+        applied, decisions, reported = closed.applied, closed.decisions, closed.grads
+    else:
+        opened = _window.open_window(plan, grads, flags)
+        accumulate_op = opened.accumulate_op
+        if plan.window.closed_by_update_op:
+            closing, entry = _window.closing_by_update_op(plan, opened, grads, after)
+            closed = _close.close(plan, closing, global_step, skipped_steps, update_ops)
+            applied = _window.finish(opened, closed)
+            decisions, reported, entry_ops = closed.decisions, closed.grads, [entry]
+        else:
+            this_run = _window.add_this_run(plan, opened, grads, after)
+
+            def at_window_end():
+                closing = _window.closing_at_window_end(plan, opened, this_run, grads)
+                return _window.finish(opened, _close.close(
+                    plan, closing, global_step, skipped_steps, update_ops))
+
+            applied = tf.cond(this_run.window_end, at_window_end,
+                              lambda: _window.advance(opened), name="window")
+            window_end = this_run.window_end
+            # This run's own decision, as without accumulation.
+            decisions = _close.Decisions(flags, [g for pairs in grads.values()
+                                                 for g, _ in pairs])
+            reported, entry_ops = grads, this_run.adds
+    step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op)
+    states = _moved_state(plan, counters)
+    _claims.claim(states, description, decisions.ops if entry_ops is None else entry_ops)
+    if accumulate_op is not None:
+        _claims.claim(states, description.replace("update_op", "accumulate_op", 1),
+                      [opened.accumulate_entry])
+    return step
+
+
+def _gradients_and_flags(plan, scales, given):
+    """Phases 1 and 2: the unscaled gradients and one flag per check.
+
+    With one read per check of the shared status register
+    (``plan.serial_reads``), each group's backprop follows the previous
+    group's read, which is never cleared: a group skips when it or a group
+    added before it overflowed, and never misses its own overflow.
+
+    Returns:
+      ``(grads, flags)``: ordered dicts from group name to unscaled pairs
+      and from check name to float32 flag.
+    """
+    if given is not None:
+        grads = collections.OrderedDict([(plan.groups[0].name, list(given))])
+        return grads, _overflow.flags(plan, grads, _gradients.Packing([]), after=())
+    if plan.serial_reads:
+        scaled, flags, after = collections.OrderedDict(), collections.OrderedDict(), []
+        for item in plan.checks:
+            scaled.update(_gradients.scaled_gradients(plan, scales, item.groups, after))
+            flags.update(_overflow.flags(plan, scaled, _gradients.Packing([]),
+                                         after=[plan.group(item.groups[0]).loss],
+                                         checks=[item]))
+            after = [flags[item.name]]  # the next group follows this read
+        rest = tuple(name for name in plan.group_names if name not in scaled)
+        if rest:  # unchecked groups follow the last read
+            scaled.update(_gradients.scaled_gradients(plan, scales, rest, after))
+        scaled = collections.OrderedDict((name, scaled[name]) for name in plan.group_names)
+        packing = _gradients.pack(plan, scaled)
+    else:
+        scaled = _gradients.scaled_gradients(plan, scales, plan.group_names)
+        packing = _gradients.pack(plan, scaled)
+        flags = _overflow.flags(plan, scaled, packing, after=list(plan.losses))
+    return _gradients.unscale_all(plan, scales, scaled, packing), flags
+
+
+def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op):
+    """The step's tensors, as ``TrainOps`` reports them."""
+    is_finite = tf.identity(decisions.all_of([item.name for item in plan.checks]),
+                            name="is_finite")
+    group_is_finite = dict(
+        (name, decisions.all_of([plan.check_of(name)] if plan.check_of(name) else []))
+        for name in plan.group_names)
+    loss_scales = dict((name, scales[plan.scale_of(name)].value)
+                       for name in plan.group_names if scales)
+    return Step(
+        update_op=tf.group(applied.op, name="update"), is_finite=is_finite, applied=applied,
+        window_end=tf.constant(True, name="window_end") if window_end is None else window_end,
+        group_is_finite=group_is_finite, grads_and_vars=dict(grads),
+        loss_scale=scales[plan.managers[0].name].value if scales else None,
+        loss_scales=loss_scales, accumulate_op=accumulate_op)
+
+
+def _moved_state(plan, counters):
+    """What the step moves once per run: each manager whose scale can move,
+    and the caller's counters."""
+    states = [] if counters is None else [counters]
+    for use in plan.managers:
+        if use.groups and _managers.scale_moves(use.manager):
+            states.append(_claims.StateKey(use.manager, _managers.describe(use.manager)))
+    return states
+
+
+#: Ops whose gradient is None whatever flows into them.
+_GRADIENT_STOPS = ("StopGradient", "PreventGradient")
+
+
+def _differentiable_parents(op):
+    """The producers of ``op``'s inputs that gradients flow through (float,
+    complex and resource edges), none past ``tf.stop_gradient``."""
+    if op.type in _GRADIENT_STOPS:
+        return []
+    return [tensor.op for tensor in op.inputs
+            if (tensor.dtype.base_dtype.is_floating or tensor.dtype.base_dtype.is_complex
+                or tensor.dtype.base_dtype == tf.resource)]
+
+
+def _variable_ops(var_list):
+    """The ops that stand for ``var_list`` in a graph walk (the variable op,
+    and a resource variable's handle op)."""
+    ops = []
+    for var in var_list:
+        handle = getattr(var, "handle", None)
+        ops.append((handle if handle is not None else var).op)
+        ops.append(var.op)
+    return ops
