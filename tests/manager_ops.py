@@ -35,6 +35,11 @@ class RecordingManager(object):
     """Wraps a manager and records every op its methods (and its
     construction) add to the graph."""
 
+    #: It wraps one of this package's managers, whose class declares the
+    #: promise (``managers.base.declares_scale_in_range``): the step must
+    #: cost what it costs with the manager itself, without a run-time check.
+    keeps_scale_in_range = True
+
     def __init__(self, make):
         graph = tf.get_default_graph()
         before = set(graph.get_operations())
