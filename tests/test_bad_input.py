@@ -11,7 +11,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from npu_lossscale import backends as nl_backends
-from conftest import GRAPH_MODE, REPO
+from conftest import GRAPH_MODE, REPO, fresh_process
 from models import two_group_gan
 
 
@@ -245,6 +245,7 @@ def test_already_wrapped_optimizer_is_rejected(graph):
         _scaler().add(model.g_loss, tf_wrapped, var_list=model.g_vars)
 
 
+@fresh_process
 def test_eager_mode_is_rejected():
     """Eager is process-global, so this runs in a fresh interpreter."""
     code = textwrap.dedent("""
@@ -486,6 +487,7 @@ _EAGER_FUNCTION = textwrap.dedent("""
 """)
 
 
+@fresh_process
 def test_tf_function_in_an_eager_program():
     """In an eager program (TF2 behaviour, a fresh interpreter),
     LossScaleOptimizer.minimize inside a tf.function, with the manager made

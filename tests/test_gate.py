@@ -16,7 +16,7 @@ import tensorflow.compat.v1 as tf
 import npu_lossscale as nl
 from npu_lossscale import checks
 from npu_lossscale import plan as P
-from conftest import GRAPH_MODE, SKIPPED_STEPS, snapshot_globals
+from conftest import GRAPH_MODE, SKIPPED_STEPS, fresh_process, snapshot_globals
 from models import add_gan_groups, two_group_gan
 
 RAW_CONTROL = ("Switch", "Merge", "RefSwitch", "RefMerge")
@@ -122,6 +122,7 @@ def test_choose_gate_rule():
         checks.check_gate("if")
 
 
+@fresh_process
 def test_ref_variables_under_a_functional_if_get_a_clear_error():
     """Ref variables with control flow v2 on: say what to enable."""
     code = """
