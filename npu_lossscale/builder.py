@@ -8,23 +8,11 @@ The steps a user takes::
   train = scaler.build(global_step=tf.train.get_or_create_global_step())
   sess.run({"train": train.update_op, "finite": train.is_finite, ...})
 
-``build`` is a pipeline over the phases of the step, one module each, under
-the name scope ``loss_scale/``:
-
-0. ``plan``: who shares a backprop, a check, a manager and a gate (no op);
-1. ``gradients``: each scale read once, scaled losses, one backprop per
-   distinct loss, unscaled gradients;
-2. ``overflow``: one flag per check (one float-status read for all groups
-   on Ascend, after the run's one clear; or one is_finite pass), summed
-   across workers, then the bool decisions;
-3. ``commit``: the gate (a Switch of the decision whose pivot every update
-   depends on, and a Merge; or a ``tf.cond`` with ``gate="cond"``), one
-   for all groups (one per group with ``skip_policy="per_group"``): every
-   group's apply, the update ops and the global-step increment, or nothing;
-4. ``manager_update``: each manager's update from its groups' decision;
-5. ``window``: with ``accumulation_steps=N``, the runs that do not close a
-   window only add to float32 accumulators; the closing run hands the
-   window's sums and flags to phases 2-4.
+``build`` checks its arguments, then runs the step of ``step.py`` under the
+name scope ``loss_scale/`` (once more per group with ``per_group_ops``):
+plan (``plan``), gradients (``gradients``), overflow (``overflow``), the
+accumulation window (``window``), close (``close``: reduce, decide, commit,
+manager update), and the run-time claims (``claims``).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -366,10 +354,9 @@ class MultiOptimizerLossScale(object):
                 "build() was already called on this MultiOptimizerLossScale. It "
                 "returns the one update op for all groups; reuse the TrainOps it "
                 "returned instead of building again.")
-        _checks.check_number(
-            "accumulation_steps", accumulation_steps, minimum=1, integer=True,
-            hint="Pass the number of micro-batches per applied step, e.g. 4 (1 = "
-                 "no accumulation).")
+        accumulation_steps = _checks.check_count(
+            "accumulation_steps", accumulation_steps,
+            "Pass the micro-batches per applied step, e.g. 4 (1: no accumulation).")
         _checks.check_bool(
             "count_skipped_steps", count_skipped_steps,
             "Pass True to advance global_step on skipped steps too.")

@@ -1,5 +1,5 @@
-"""Phase 3 of the step, closing it: reduce across workers, decide, commit,
-update the managers.
+"""Phase 4 of the step, closing it: reduce across workers, decide, commit
+(``commit``), update the managers.
 
 ``close`` runs on the run that closes a step (every run without
 accumulation; the window's last one with it). It takes a ``Closing`` record,
@@ -13,10 +13,10 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import checks as _checks
 from npu_lossscale import commit as _commit
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
-from npu_lossscale import manager_update as _manager_update
 
 
 class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over"])):
@@ -66,8 +66,7 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
         grads = _gradients.means(grads, closing.mean_over)
     decisions = Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
     committed = _commit.commit(plan, grads, decisions, global_step, skipped_steps, update_ops)
-    updates = _manager_update.update_managers(plan, decisions,
-                                              committed.ops + list(closing.after))
+    updates = update_managers(plan, decisions, committed.ops + list(closing.after))
     with tf.control_dependencies(committed.ops + updates):
         applied = tf.identity(committed.applied, name="applied")
     return Closed(applied, decisions, grads)
@@ -121,3 +120,69 @@ class Decisions(object):
         if len(decisions) == 1:
             return decisions[0]
         return tf.reduce_all(tf.stack(decisions), name=name)
+
+
+def update_manager(manager, is_finite, after):
+    """The manager's update, ordered after ``after`` (the step's scale reads).
+
+    Args:
+      manager: a loss-scale manager.
+      is_finite: bool scalar, the decision its groups were gated on.
+      after: ops or tensors the update must follow.
+
+    Returns:
+      The update op.
+
+    Raises:
+      TypeError: if ``update_loss_scale`` returns no op (None, a number...).
+    """
+    with tf.control_dependencies(after):
+        update = manager.update_loss_scale(is_finite)
+    return update_op(manager, update)
+
+
+def update_op(manager, update):
+    """The op of what ``manager.update_loss_scale`` returned, checked.
+
+    Accepts an ``Operation``, a ``Tensor`` (an assign's output) or anything
+    whose ``op`` is an ``Operation`` (what ``tf.assign`` returns for a
+    resource variable), the forms contrib's and npu_bridge's optimizers
+    accept in ``tf.group``.
+
+    Args:
+      manager: the manager (its class names the error).
+      update: the value its ``update_loss_scale`` returned.
+
+    Returns:
+      A ``tf.Operation``.
+
+    Raises:
+      TypeError: for anything else, before the step uses it.
+    """
+    op = _checks.op_of(update)
+    if op is not None:
+        return op
+    raise TypeError(
+        "%s.update_loss_scale(finite_grads) returned %r (%s), not an op. It must "
+        "return the op that moves the scale: return the assign op (e.g. "
+        "tf.assign(self._scale, new_scale)), or tf.no_op() for a scale that "
+        "never moves." % (type(manager).__name__, update, type(update).__name__))
+
+
+def update_managers(plan, decisions, after):
+    """Every used manager's update, fed with its groups' decision.
+
+    A manager no group uses (the builder's, when every group brings its own)
+    is read for ``TrainOps.loss_scale`` but never updated.
+
+    Args:
+      plan: the ``plan.Plan``.
+      decisions: the step's ``close.Decisions``.
+      after: ops or tensors every update must follow (the applies and the
+        scale reads, so that the step reads the scale before it moves).
+
+    Returns:
+      A list of ops.
+    """
+    return [update_manager(use.manager, decisions.all_of(use.checks), after)
+            for use in plan.managers if use.groups]

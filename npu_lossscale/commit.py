@@ -1,5 +1,6 @@
-"""Phase 3 of the step, the commit: the gate, the grouped applies, and the
-global step."""
+"""The commit, inside phase 4 (``close``): the gate, the grouped applies, and
+the step counters (the only place ``global_step`` and ``skipped_steps``
+move)."""
 
 from __future__ import absolute_import, division, print_function
 

@@ -84,8 +84,8 @@ class LossScaleHook(tf.train.SessionRunHook):
 
     def __init__(self, train_ops, every_n_steps=100):
         _check_train_ops(train_ops)
-        _checks.check_number("every_n_steps", every_n_steps, minimum=1, integer=True,
-                                 hint="Pass how often to log, e.g. 100.")
+        every_n_steps = _checks.check_count("every_n_steps", every_n_steps,
+                                            "Pass how often to log, e.g. 100.")
         self._train = train_ops
         self._every = every_n_steps
         self._runs = 0

@@ -146,17 +146,19 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
         opened = _window.open_window(plan, grads, flags)
         accumulate_op = opened.accumulate_op
         if plan.window.closed_by_update_op:
-            closing, entry = _window.closing_by_update_op(plan, opened, grads, after)
-            closed = _close.close(plan, closing, global_step, skipped_steps, update_ops)
+            sums, entry = _window.close_by_update_op(plan, opened, grads)
+            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps),
+                                  global_step, skipped_steps, update_ops)
             applied = _window.finish(opened, closed)
             decisions, reported, entry_ops = closed.decisions, closed.grads, [entry]
         else:
             this_run = _window.add_this_run(plan, opened, grads, after)
 
             def at_window_end():
-                closing = _window.closing_at_window_end(plan, opened, this_run, grads)
+                sums = _window.sums_at_window_end(plan, opened, this_run, grads)
                 return _window.finish(opened, _close.close(
-                    plan, closing, global_step, skipped_steps, update_ops))
+                    plan, _close.Closing(sums.flags, sums.grads, [], sums.steps),
+                    global_step, skipped_steps, update_ops))
 
             applied = tf.cond(this_run.window_end, at_window_end,
                               lambda: _window.advance(opened), name="window")

@@ -1,4 +1,4 @@
-"""Phase 4 of the step, the accumulation window: which runs close the step.
+"""Phase 3 of the step, the accumulation window: which runs close the step.
 
 A window is ``accumulation_steps`` micro-batches. Each run adds its unscaled
 gradients to float32 accumulators and its overflow flags to the window's
@@ -11,11 +11,11 @@ back into it:
   that is not its window's last (no collective, no cond).
 * With a ``distributed`` engine ``update_op`` closes the window at the top
   level of the graph, so the collectives run once per window and never
-  inside a cond: ``closing_by_update_op``, then ``close``, then
-  ``finish``.
+  inside a cond: ``close_by_update_op``, then the step closes with the
+  window's ``Sums``, then ``finish``.
 * Without one every run is ``update_op``: ``add_this_run``, then a
-  ``window`` cond whose true branch closes (``closing_at_window_end``,
-  ``close``, ``finish``) and whose false branch ``advance``s.
+  ``window`` cond whose true branch closes (``sums_at_window_end``, the
+  close, ``finish``) and whose false branch ``advance``s.
 
 All state is in non-trainable global variables, so ``tf.train.Saver``
 checkpoints a window in progress and a restore continues it exactly.
@@ -26,8 +26,6 @@ from __future__ import absolute_import, division, print_function
 import collections
 
 import tensorflow.compat.v1 as tf
-
-from npu_lossscale import close as _close
 
 
 class GradientAccumulator(object):
@@ -147,19 +145,24 @@ def open_window(plan, grads, flags):
     return Opened(accumulator, vector, accumulate_op, check)
 
 
-def closing_by_update_op(plan, opened, grads, after):
+class Sums(collections.namedtuple("Sums", ["flags", "grads", "steps"])):
+    """What a window hands to the close: the window's summed flags, per
+    check, and summed float32 gradients, per group, over ``steps``
+    micro-batches."""
+
+
+def close_by_update_op(plan, opened, grads):
     """``update_op``'s run with an engine: checks that it is the window's
-    last, adds it, and hands the window's sums and flags to ``close``.
+    last and adds it.
 
     Args:
       plan: the ``plan.Plan``.
       opened: the ``Opened`` window.
       grads: ordered dict from group name to this run's unscaled pairs.
-      after: tensors the manager updates must follow (the scale reads).
 
     Returns:
-      ``(closing, entry)``: the ``close.Closing``, and the check every write
-      of ``update_op`` follows.
+      ``(sums, entry)``: the window's ``Sums``, and the check every write of
+      ``update_op`` follows.
     """
     accumulator = opened.accumulator
     with tf.name_scope("close_window"):
@@ -169,9 +172,7 @@ def closing_by_update_op(plan, opened, grads, after):
         with tf.control_dependencies(adds):
             sums = accumulator.sums(grads)
             window_flags = accumulator.window_flags.read_value()
-    closing = _close.Closing(_check_flags(plan, window_flags), sums, list(after),
-                             plan.window.steps)
-    return closing, last
+    return Sums(_check_flags(plan, window_flags), sums, plan.window.steps), last
 
 
 def add_this_run(plan, opened, grads, after):
@@ -195,9 +196,9 @@ def add_this_run(plan, opened, grads, after):
     return ThisRun(adds, window_end, window_flags)
 
 
-def closing_at_window_end(plan, opened, this_run, grads):
-    """The ``close.Closing`` of the window's last run (inside the ``window``
-    cond's true branch): the window's sums, read there, and flags.
+def sums_at_window_end(plan, opened, this_run, grads):
+    """The window's ``Sums`` on its last run (inside the ``window`` cond's
+    true branch, where the sums are read).
 
     Args:
       plan: the ``plan.Plan``.
@@ -206,10 +207,10 @@ def closing_at_window_end(plan, opened, this_run, grads):
       grads: the mapping of (gradient, variable) pairs (for the variables).
 
     Returns:
-      A ``close.Closing``.
+      A ``Sums``.
     """
-    return _close.Closing(_check_flags(plan, this_run.window_flags),
-                          opened.accumulator.sums(grads), [], plan.window.steps)
+    return Sums(_check_flags(plan, this_run.window_flags), opened.accumulator.sums(grads),
+                plan.window.steps)
 
 
 def finish(opened, closed):
@@ -217,7 +218,8 @@ def finish(opened, closed):
 
     Args:
       opened: the ``Opened`` window.
-      closed: the ``close.Closed`` step.
+      closed: the closed step (``applied``, and ``grads``: the applied
+        means, which the zeroing must follow).
 
     Returns:
       ``closed.applied``, after the zeroing.

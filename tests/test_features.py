@@ -243,8 +243,10 @@ def test_count_skipped_steps(graph, count):
 
 @pytest.mark.parametrize("value, error, fragment", [
     (0, ValueError, "accumulation_steps must be >= 1, got 0"),
-    (2.0, TypeError, "accumulation_steps must be an int, got 2.0"),
-    (True, TypeError, "accumulation_steps must be an int, got True"),
+    (2.5, TypeError, "accumulation_steps must be a whole number, got 2.5"),
+    (float("nan"), ValueError, "accumulation_steps must be a finite number, got nan"),
+    (True, TypeError, "accumulation_steps must be a whole number, got True"),
+    ("4", TypeError, "accumulation_steps must be a whole number, got '4'"),
 ])
 def test_bad_accumulation_steps(graph, value, error, fragment):
     model = two_group_gan()
@@ -253,6 +255,21 @@ def test_bad_accumulation_steps(graph, value, error, fragment):
     with pytest.raises(error) as info:
         scaler.build(accumulation_steps=value)
     assert fragment in str(info.value)
+
+
+def test_an_integral_float_counts_as_accumulation_steps(graph):
+    """The one count policy (checks.check_count): 2.0 is 2, as TF's own tests
+    pass counts, and the managers' periods accept."""
+    model = two_group_gan()
+    gs = tf.train.get_or_create_global_step()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(4), backend="is_finite")
+    scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars)
+    train = scaler.build(global_step=gs, accumulation_steps=2.0)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(4):
+            sess.run(train.update_op, model.feed)
+        assert sess.run(gs) == 2
 
 
 @pytest.mark.parametrize("value, error", [(0, ValueError), (-1.0, ValueError), ("1", TypeError)])

@@ -91,6 +91,19 @@ def test_hook_rejects_a_bad_period(graph):
     _, train = _train()
     with pytest.raises(ValueError, match="every_n_steps"):
         nl.LossScaleHook(train, every_n_steps=0)
+    with pytest.raises(TypeError, match="every_n_steps must be a whole number, got 2.5"):
+        nl.LossScaleHook(train, every_n_steps=2.5)
+
+
+def test_hook_takes_an_integral_float_period(graph):
+    """The one count policy: 100.0 counts as 100, as the managers' periods."""
+    model, train = _train()
+    hook = nl.LossScaleHook(train, every_n_steps=2.0)
+    with tf.train.MonitoredSession(hooks=[hook]) as sess:
+        sess.run(train.update_op, model.feed)
+        assert hook.last is None
+        sess.run(train.update_op, model.feed)
+        assert hook.last is not None
 
 
 def test_all_finite_is_the_builders_decision(graph):
