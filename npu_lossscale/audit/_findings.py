@@ -1,0 +1,115 @@
+"""What the audit reports: the ``Finding`` record, the ``CODES`` it uses,
+and the ``Context`` every check reads.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+
+__all__ = ["CODES", "Context", "Finding", "needs_fetches_note"]
+
+Finding = collections.namedtuple("Finding", ["code", "severity", "message", "ops"])
+Finding.__doc__ = """One hazard found by ``audit``.
+
+Attributes:
+  code: a stable code such as "NLS001-status-race" (see ``CODES``).
+  severity: "error", "warning" or "info".
+  message: one sentence: what is wrong and the fix.
+  ops: tuple of the names of the ops (or variables) involved.
+"""
+
+#: code -> (severity, what it reports). Severities in parentheses apply when
+#: no fetches are given (the hazard then depends on what is run together).
+CODES = collections.OrderedDict([
+    ("NLS000-needs-fetches", ("info", "checks that were run on the whole graph "
+                              "because no fetches were given")),
+    ("NLS001-status-race", ("error (warning)", "a float-status clear that can "
+                            "run between an overflow and the read meant to see "
+                            "it, in one step")),
+    ("NLS002-untrained-variables", ("warning (info)", "trainable variables that "
+                                    "no train op updates (info: only unfetched "
+                                    "ones do)")),
+    ("NLS003-foreign-loss", ("error", "a train op whose gradients come from a loss "
+                             "that does not read the variable it updates")),
+    ("NLS004-collective-in-cond", ("error", "a collective inside a cond branch, "
+                                   "If branch function or Switch-guarded region")),
+    ("NLS005-ungated-update", ("error or warning (warning)", "a variable update "
+                               "that runs on steps the loss-scale gate skips")),
+    ("NLS006-unsaved-scale", ("warning", "loss-scale state that a Saver does "
+                              "not save")),
+    ("NLS007-float16-master", ("warning", "a float16 variable updated directly by "
+                               "an optimizer (no float32 master copy)")),
+    ("NLS008-independent-scales", ("warning", "two or more loss scales, each "
+                                   "with its own gate, in one step")),
+    ("NLS009-ungated-accumulation", ("error", "accumulated gradients applied "
+                                     "outside a gate that sees the whole "
+                                     "window's overflow")),
+    ("NLS010-double-update", ("error (warning)", "a variable (or global_step) "
+                              "updated by more than one train op in one step")),
+    ("NLS011-double-scale-update", ("error (info)", "one loss-scale manager's "
+                                    "state updated by more than one update op in "
+                                    "one step (info: by several step ops of the "
+                                    "graph, which must not be fetched together)")),
+])
+
+
+class Context(object):
+    """What the checks share.
+
+    Args:
+      facts: the ``Facts`` of the graph.
+      run: set of node names that can execute in the audited run (the
+        ancestors of the fetches; every node without fetches).
+      fetched: whether fetches were given.
+    """
+
+    def __init__(self, facts, run, fetched):
+        self.facts = facts
+        self.model = facts.model
+        self.run = run
+        self.fetched = fetched
+
+    def run_severity(self, severity):
+        """``severity`` with fetches; "warning" without (the hazard then
+        depends on what the user runs together)."""
+        return severity if self.fetched else "warning"
+
+    def co_runnable(self, first, second):
+        """Whether two ops can run in one step: their branch conditions do
+        not exclude each other and, without fetches, they do not follow two
+        one-step-per-run claims on one counter (alternative step ops, such
+        as a builder's ``update_op`` and ``per_group`` ops: a run of both
+        fails at run time; with fetches that run is what is audited)."""
+        if self.model.exclusive(self.model.conditions(first), self.model.conditions(second)):
+            return False
+        return self.fetched or not self.facts.claim_exclusive(first, second)
+
+    def train_updates(self):
+        return dict((op, var) for op, var in self.facts.train_updates.items()
+                    if op in self.run)
+
+
+def _sorted(names):
+    return tuple(sorted(set(names)))
+
+
+def _if_run_together(context):
+    return "" if context.fetched else " if they run in one session.run"
+
+
+def _some(names, limit=8):
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def needs_fetches_note():
+    """The info finding given when no fetches were passed."""
+    return Finding(
+        "NLS000-needs-fetches", "info",
+        "no fetches were given, so the whole graph was audited as one run: "
+        "NLS001, NLS005 and NLS010 are warnings about ops that would clash if run "
+        "together (except step ops whose run-time claims refuse a run of both, such "
+        "as a builder's update_op and per_group ops: alternatives, not one run), "
+        "NLS011 is an info naming the step ops that update one manager, and NLS002 "
+        "counts every train op in the graph; pass the ops you run in one "
+        "session.run as fetches (--fetch NAME) to confirm them.",
+        ())

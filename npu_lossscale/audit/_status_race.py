@@ -1,0 +1,90 @@
+"""NLS001: a float-status clear that can land between an overflow and the
+read meant to see it, in one step (Ascend's float-status register).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+from npu_lossscale import graph_walk
+from npu_lossscale.audit import _facts
+from npu_lossscale.audit._findings import Finding, _if_run_together, _sorted
+
+__all__ = ["check_status_race"]
+
+
+# -- NLS001 ----------------------------------------------------------------------
+
+def check_status_race(context):
+    """No float-status clear may land between an overflow and the read that
+    should see it.
+
+    A read sees every overflow since the last clear and does not change the
+    register (tf_adapter's read and clear are separate ops), so reads never
+    race each other. A clear
+    races a read in the same run unless it runs after the read, or before
+    every op the read follows (then it only removes what came before the
+    step, as the builder's one clear per run does).
+    """
+    model = context.model
+    ops = [n for n in context.run if model.nodes[n].type in _facts.STATUS_TYPES]
+    reads = sorted(n for n in ops if model.nodes[n].type in _facts.STATUS_READ_TYPES)
+    clears = sorted(n for n in ops if model.nodes[n].type in _facts.STATUS_CLEAR_TYPES)
+    racing = set()
+    order = model.topological(model.all_deps) if reads and clears else []
+    before = dict((clear, model.ancestors([clear])) for clear in clears)
+    for read in reads:
+        followed = model.ancestors([read])
+        for clear in clears:
+            if not context.co_runnable(read, clear):
+                continue
+            if read in before[clear]:
+                continue  # the clear comes after the read
+            if not _precedes_all(model, order, clear, followed):
+                racing |= set([read, clear])
+    if not racing:
+        return []
+    names = sorted(op for op in racing if model.nodes[op].type in _facts.STATUS_READ_TYPES)
+    return [Finding(
+        "NLS001-status-race", context.run_severity("error"),
+        "%d float-status reads/clears (%s) can run in one step with a clear that "
+        "can land between an overflow and the read that should see it%s, so a "
+        "loss-scale check can miss its overflow and apply a saturated step (the "
+        "multi-optimizer race of Huawei's FAQ); build all the optimizers with one "
+        "npu_lossscale.MultiOptimizerLossScale (one clear per run, before every "
+        "read's computation), or run each optimizer in its own session.run."
+        % (len(racing), ", ".join(names), _if_run_together(context)),
+        _sorted(racing))]
+
+
+def _precedes_all(model, order, clear, followed):
+    """Whether ``clear`` runs before every op in ``followed`` (a read's
+    ancestors) that computes: all but graph inputs (nodes without inputs,
+    placeholders with a default, status buffers). An op that runs before
+    the clear (its ancestors) is not exempt: the clear wipes its overflow.
+    A function body node starts when its call node does, so it also counts
+    as after the clear when the call node's own inputs are. ``order``:
+    every node, topologically."""
+
+    def deps(name):
+        call = model.nodes[name].call
+        if call is None:
+            return model.all_deps(name)
+        outer = model.nodes[call]
+        return model.all_deps(name) + [source for source, _ in outer.inputs] + list(
+            outer.controls)
+
+    after = set([clear])
+    # A stand-in's own nodes (the CPU shim's) are named under the op's name.
+    pending = [name for name in order if name in followed and name != clear
+               and not name.startswith(clear + "/")]
+    changed = True
+    while changed:  # a second pass settles v1 loop back edges
+        changed = False
+        for name in pending:
+            if name not in after and any(dep in after for dep in deps(name)):
+                after.add(name)
+                changed = True
+    return all(name in after or not model.all_deps(name)
+               or model.nodes[name].type in _facts.STATUS_ALLOC_TYPES
+               or model.nodes[name].type in graph_walk.FEEDABLE_TYPES for name in pending)
+
+
