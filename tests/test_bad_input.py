@@ -68,7 +68,9 @@ def test_exponential_manager_rejects(graph, kwargs, error, fragments):
     (dict(initial_scale=0.25), ValueError, ["initial_scale", "0.25"]),
     (dict(growth_steps=0), ValueError, ["growth_steps", "0"]),
     (dict(multiplier=1.0), ValueError, ["multiplier", "1.0"]),
-    (dict(min_loss_scale=0.5), ValueError, ["min_loss_scale", "0.5"]),
+    (dict(min_loss_scale=2.0 ** -127), ValueError, ["min_loss_scale", "5.877"]),
+    (dict(hysteresis=0), ValueError, ["hysteresis", "0"]),
+    (dict(hysteresis=1.5), TypeError, ["hysteresis", "1.5"]),
     (dict(max_loss_scale=2.0 ** 10), ValueError, ["initial_scale", "max_loss_scale"]),
     (dict(floor_warning_after=0), ValueError, ["floor_warning_after", "0", "None"]),
 ])

@@ -11,7 +11,8 @@ and npu_bridge's managers, so the builder accepts any of them:
 the declaration ``keeps_scale_in_range``; ``base``'s functions are the only
 step code that reads them, so a new manager is one class and needs no edit
 here (the README's "Adding a manager"). Our managers keep the scale in
-[1, 2**126]: above 2**126 the inverse the step unscales with is subnormal.
+[min_loss_scale, 2**126] (the floor is 1 by default, as low as 2**-126):
+beyond that range the scale or its inverse is subnormal.
 
 The dynamic managers keep all their state in ONE non-trainable float32
 variable of four elements, ``[loss_scale, good_steps, bad_steps,

@@ -15,7 +15,10 @@ import struct
 from npu_lossscale import checks as _checks
 
 # The floor of 1 is contrib's, npu_bridge's (`maximum(1., loss_scale *
-# decr_ratio)` in npu_loss_scale_manager.py) and Keras' (`max(scale / m, 1)`).
+# decr_ratio)` in npu_loss_scale_manager.py), Keras' (`max(scale / m, 1)`)
+# and jmp's default (`DynamicLossScale.min_loss_scale`, ones). A lower floor,
+# down to SCALE_RANGE's 2**-126, may be passed, as jmp allows; PyTorch's
+# GradScaler has none (`_amp_update_scale_` multiplies by backoff_factor).
 _DEFAULT_MIN_LOSS_SCALE = 1.0
 # No ceiling by default: npu_bridge and contrib have none besides float32's
 # range, and npu_bridge examples start at 2**32. Pass a number to cap growth.
@@ -287,9 +290,9 @@ def describe(manager):
 
 def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
     """The floor, the ceiling and the starting scale between them."""
-    _checks.check_number("min_loss_scale", min_loss_scale, minimum=1,
+    _checks.check_number("min_loss_scale", min_loss_scale, minimum=SCALE_RANGE[0],
                          maximum=_MAX_SCALE,
-                         hint="Pass e.g. 1 (the default; at most 2**126).")
+                         hint="Pass e.g. 1 (the default; within 2**-126 to 2**126).")
     if max_loss_scale is not None:
         _checks.check_number("max_loss_scale", max_loss_scale, minimum=min_loss_scale,
                              maximum=_FLOAT32_MAX,
@@ -329,7 +332,7 @@ def _check_initial_scale(name, value, min_loss_scale, max_loss_scale, floor_warn
     if value is None:
         raise ValueError("%s must be a number, got None. Pass e.g. 2**15." % name)
     _check_floor_warning(floor_warning_after)
-    _checks.check_number(name, value, minimum=1, maximum=_MAX_SCALE,
-                         hint="Pass e.g. 2**15 (at most 2**126).")
+    _checks.check_number(name, value, minimum=SCALE_RANGE[0], maximum=_MAX_SCALE,
+                         hint="Pass e.g. 2**15 (within 2**-126 to 2**126).")
     _check_bounds(name, value, min_loss_scale, max_loss_scale)
 

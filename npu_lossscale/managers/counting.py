@@ -7,7 +7,7 @@ from __future__ import absolute_import, division, print_function
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import monitoring as _monitoring
-from npu_lossscale.managers.base import _MAX_SCALE, LossScaleManager
+from npu_lossscale.managers.base import _MAX_SCALE, LossScaleManager, _float32
 
 # Positions in the state vector.
 _SCALE, _GOOD, _BAD, _STREAK = 0, 1, 2, 3
@@ -25,15 +25,23 @@ class _CountingLossScaleManager(LossScaleManager):
         if good + 1 >= grow_every:  scale = grown(scale); good = bad = 0
         else:                       good += 1
       else:
-        if bad + 1 >= shrink_every: scale = shrunk(scale); good = bad = 0
+        if bad + 1 >= shrink_every: scale = shrunk(scale); good = 0
+                                    bad = shrink_every - 1 if keep_bad_at_shrink else 0
         else:                       bad += 1; good = 0
+
+    With ``keep_bad_at_shrink`` False (contrib's and npu_bridge's rule),
+    ``bad`` counts the overflows since the scale last changed; with it True
+    (DeepSpeed's and Megatron's hysteresis), since the scale last grew: once
+    ``shrink_every`` overflows have come, every further one shrinks the
+    scale until it grows again.
 
     where ``grown(s) = min(s * incr, cap)`` if ``s`` is below the growth
     ceiling, else ``s``, with ``cap = min(max_loss_scale, 2**126)``
     (``base._MAX_SCALE``: above 2**126, 1/scale flushes to 0); and
-    ``shrunk(s)`` is set by the subclass, floored at ``min_loss_scale``. The
-    scale therefore stays in [min_loss_scale, 2**126], inside the protocol's
-    ``SCALE_RANGE`` (``keeps_scale_in_range``).
+    ``shrunk(s)`` is set by the subclass, floored at ``min_loss_scale``
+    (at least 2**-126). The scale therefore stays in [min_loss_scale,
+    2**126], inside the protocol's ``SCALE_RANGE``
+    (``keeps_scale_in_range``).
 
     The state is one float32 vector ``[scale, good, bad, streak]``; ``streak``
     counts consecutive overflowing steps (for the floor warning). The update
@@ -43,7 +51,7 @@ class _CountingLossScaleManager(LossScaleManager):
 
     def __init__(self, init_loss_scale, grow_every, shrink_every, incr_ratio,
                  min_loss_scale, max_loss_scale, floor_warning_after,
-                 growth_ceiling, name, scale_name_in_scope):
+                 growth_ceiling, name, scale_name_in_scope, keep_bad_at_shrink=False):
         self._init_loss_scale = float(init_loss_scale)
         # Checked by the subclass (_check_initial_scale) before any variable.
         self._floor_warning_after = (None if floor_warning_after is None
@@ -51,7 +59,10 @@ class _CountingLossScaleManager(LossScaleManager):
         self._grow_every = int(grow_every)
         self._shrink_every = int(shrink_every)
         self._incr_ratio = float(incr_ratio)
-        self._min_loss_scale = float(min_loss_scale)
+        self._keep_bad_at_shrink = keep_bad_at_shrink
+        # The floor as the float32 state holds it (0.1 is 0.100000001...), so
+        # that the floor warning's comparison with the scale read is exact.
+        self._min_loss_scale = _float32(float(min_loss_scale))
         self._max_loss_scale = None if max_loss_scale is None else float(max_loss_scale)
         self._growth_ceiling = growth_ceiling
         with tf.name_scope(None, default_name=name):
@@ -99,8 +110,10 @@ class _CountingLossScaleManager(LossScaleManager):
 
     @property
     def bad_steps(self):
-        """float32 scalar tensor: overflowing steps since the scale last
-        changed (not reset by finite steps, as in contrib)."""
+        """float32 scalar tensor: the back-off counter, not reset by finite
+        steps (as in contrib). Exponential: overflowing steps since the scale
+        last changed. Dynamic: overflowing steps since it last grew, at most
+        ``hysteresis - 1`` (always 0 without hysteresis)."""
         return self._values[_BAD]
 
     @property
@@ -142,6 +155,9 @@ class _CountingLossScaleManager(LossScaleManager):
         shrink_factor = self._shrink_factor()
         keep = [1.0, 0.0, 0.0, 1.0]  # scale kept, counters reset, streak kept
         floor = [self._min_loss_scale, 0.0, 0.0, 0.0]
+        # The back-off counter after a shrink: reset (contrib), or held at
+        # shrink_every - 1 by the cap below (hysteresis: factor 1, capped).
+        bad_at_shrink = 1.0 if self._keep_bad_at_shrink else 0.0
         finite = [
             [1.0, 1.0, 1.0, 0.0],                      # mul: streak resets
             [0.0, 1.0, 0.0, 0.0],                      # add: good + 1
@@ -155,10 +171,11 @@ class _CountingLossScaleManager(LossScaleManager):
             [0.0, 0.0, 1.0, 1.0],                      # add: bad + 1, streak + 1
             [_INF, _INF, float(self._shrink_every), _INF],   # event limit
             [_INF, _INF, _INF, _INF],                  # shrinking has no ceiling
-            [shrink_factor, 0.0, 0.0, 1.0],            # event factor
+            [shrink_factor, 0.0, bad_at_shrink, 1.0],  # event factor
             keep, floor,
         ]
-        cap = [self._scale_cap(), _INF, _INF, _INF]
+        bad_cap = float(self._shrink_every - 1) if self._keep_bad_at_shrink else _INF
+        cap = [self._scale_cap(), _INF, bad_cap, _INF]
         finite.append(cap)
         overflow.append(cap)
         return finite, overflow

@@ -19,6 +19,10 @@ _DEFAULT_INITIAL_SCALE = 2.0 ** 15
 _DEFAULT_GROWTH_STEPS = 2000
 # Keras' default growth and back-off factor.
 _DEFAULT_MULTIPLIER = 2.0
+# Back off on every overflow, as TF's DynamicLossScale and Keras do. DeepSpeed
+# ("hysteresis": 2 in its fp16 config) and Megatron (--hysteresis 2) wait for
+# a second overflow.
+_DEFAULT_HYSTERESIS = 1
 
 
 def _float32_step(value, steps):
@@ -58,7 +62,23 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
 
     After ``growth_steps`` consecutive finite steps the scale is multiplied by
     ``multiplier`` if the result is finite; on any non-finite step it becomes
-    ``max(scale / multiplier, min_loss_scale)`` and the count restarts. The
+    ``max(scale / multiplier, min_loss_scale)`` and the count restarts. With
+    ``hysteresis=H``, DeepSpeed's and Megatron's rule: an overflow always
+    restarts the growth count, but the scale backs off only on the H-th
+    overflow since it last grew and on every overflow after that, until it
+    grows again (finite steps between the overflows do not restore the
+    count; growth does)::
+
+      if finite:
+        good += 1
+        if good == growth_steps: scale = grown(scale); good = 0; bad = 0
+      else:
+        good = 0
+        if bad + 1 >= H: scale = max(scale / multiplier, min_loss_scale)
+        bad = min(bad + 1, H - 1)
+
+    where ``bad`` is the state's ``bad_steps`` (DeepSpeed's ``hysteresis -
+    cur_hysteresis``). The
     finiteness test is done without ``IsFinite``: ``scale < ceiling``, with
     the ceiling computed at build time as the smallest float32 whose product
     with the multiplier overflows, which is the same test bit for bit.
@@ -75,11 +95,17 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
         [min_loss_scale, 2**126].
       growth_steps: finite steps needed before the scale grows, in [1, 2**24].
       multiplier: growth and back-off factor, > 1.
-      min_loss_scale: floor of the scale, 1 by default (Keras' floor).
+      min_loss_scale: floor of the scale, 1 by default (Keras' and jmp's);
+        as low as 2**-126 (``SCALE_RANGE``), as jmp's ``min_loss_scale``
+        allows. PyTorch's GradScaler has no floor.
       max_loss_scale: cap on growth, None (no cap but 2**126) by default.
       floor_warning_after: warn, once, when the scale sits at
         ``min_loss_scale`` after this many consecutive overflowing steps
         (see ``check_floor``); None never warns.
+      hysteresis: overflows since the scale last grew before it backs off,
+        in [1, 2**24]; 1 (the default) backs off on every overflow, as TF
+        and Keras; DeepSpeed and Megatron default to 2. The count lives in
+        the state's ``bad_steps``, so checkpoints keep their layout.
 
     Raises:
       TypeError: if an argument has the wrong type.
@@ -87,25 +113,28 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
     """
 
     # The counting rule keeps the scale in [min_loss_scale, growth cap], with
-    # min_loss_scale >= 1 (see _CountingLossScaleManager).
+    # min_loss_scale >= 2**-126 (see _CountingLossScaleManager).
     keeps_scale_in_range = True
 
     def __init__(self, initial_scale=_DEFAULT_INITIAL_SCALE,
                  growth_steps=_DEFAULT_GROWTH_STEPS, multiplier=_DEFAULT_MULTIPLIER,
                  min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
                  max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
-                 floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER):
+                 floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER,
+                 hysteresis=_DEFAULT_HYSTERESIS):
         _checks.require_graph_mode("DynamicLossScaleManager")
         _check_initial_scale("initial_scale", initial_scale, min_loss_scale,
                              max_loss_scale, floor_warning_after)
         _check_period("growth_steps", growth_steps, 2000)
         _check_ratio("multiplier", multiplier, 2)
+        _check_period("hysteresis", hysteresis, 2)
         self._multiplier = _float32(float(multiplier))
         super(DynamicLossScaleManager, self).__init__(
-            initial_scale, growth_steps, 1, multiplier,
+            initial_scale, growth_steps, int(hysteresis), multiplier,
             min_loss_scale, max_loss_scale, floor_warning_after,
             growth_ceiling=_finite_growth_ceiling(self._multiplier),
-            name="dynamic_loss_scale", scale_name_in_scope=True)
+            name="dynamic_loss_scale", scale_name_in_scope=True,
+            keep_bad_at_shrink=True)
 
     def _shrink_factor(self):
         # TF's DynamicLossScale writes `scale / multiplier`, and a Session's
@@ -124,4 +153,9 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
     def multiplier(self):
         """The growth and back-off factor."""
         return self._multiplier
+
+    @property
+    def hysteresis(self):
+        """Overflows since the scale last grew before it backs off."""
+        return self._shrink_every
 

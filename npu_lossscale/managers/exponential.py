@@ -58,7 +58,8 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
         [1, 2**24].
       incr_ratio: growth factor, > 1.
       decr_ratio: back-off factor, in (0, 1).
-      min_loss_scale: floor of the scale (npu_bridge's is 1).
+      min_loss_scale: floor of the scale (npu_bridge's is 1), as low as
+        2**-126.
       max_loss_scale: cap on growth, or None (npu_bridge's: no cap); the
         scale stops at 2**126 in any case.
       floor_warning_after: warn, once, when the scale sits at
@@ -71,7 +72,7 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
     """
 
     # The counting rule keeps the scale in [min_loss_scale, growth cap], with
-    # min_loss_scale >= 1 (see _CountingLossScaleManager).
+    # min_loss_scale >= 2**-126 (see _CountingLossScaleManager).
     keeps_scale_in_range = True
 
     def __init__(self, init_loss_scale, incr_every_n_steps,
