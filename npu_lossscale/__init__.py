@@ -4,7 +4,9 @@ TF1 optimizers in one ``session.run``, on Ascend NPUs, GPUs and CPUs.
 Public API::
 
   managers   FixedLossScaleManager, ExponentialUpdateLossScaleManager,
-             DynamicLossScaleManager (and their protocol, LossScaleManager)
+             DynamicLossScaleManager, NoOpLossScaleManager (bfloat16: scale
+             1, non-finite steps skipped), and their protocol,
+             LossScaleManager
   builder    MultiOptimizerLossScale, TrainOps
   optimizer  LossScaleOptimizer
   overflow   all_finite (the builder's own decision for a list of gradients)
@@ -17,7 +19,8 @@ from npu_lossscale.audit import Finding, audit
 from npu_lossscale.builder import MultiOptimizerLossScale, TrainOps
 from npu_lossscale.managers import (DynamicLossScaleManager,
                                     ExponentialUpdateLossScaleManager,
-                                    FixedLossScaleManager, LossScaleManager)
+                                    FixedLossScaleManager, LossScaleManager,
+                                    NoOpLossScaleManager)
 from npu_lossscale.monitoring import LossScaleHook, summaries
 from npu_lossscale.optimizer import LossScaleOptimizer
 from npu_lossscale.overflow import all_finite
@@ -33,6 +36,7 @@ __all__ = [
     "LossScaleManager",
     "LossScaleOptimizer",
     "MultiOptimizerLossScale",
+    "NoOpLossScaleManager",
     "TrainOps",
     "all_finite",
     "audit",

@@ -174,6 +174,14 @@ def scale_loss(loss, scale):
     return tf.multiply(loss, scale, name="scaled_loss")
 
 
+def scaled(loss, scale):
+    """The loss to differentiate for ``scale`` (a ``Scale``): the loss itself,
+    in its own dtype, when the scale is the constant 1 (no cast, no
+    multiply: a bfloat16 loss is differentiated as it is), else
+    ``scale_loss``."""
+    return loss if scale.is_unit else scale_loss(loss, scale.value)
+
+
 def unscale(grads_and_vars, scale):
     """Multiplies each gradient by the reciprocal scale, in its own dtype.
 
@@ -227,7 +235,7 @@ def scaled_gradients(plan, scales, names, after=()):
         for known_loss, known_manager, product in scaled_losses:
             if known_loss is loss and known_manager is manager:
                 return product
-        product = scale_loss(loss, scales[plan.manager_use(manager).name].value)
+        product = scaled(loss, scales[plan.manager_use(manager).name])
         scaled_losses.append((loss, manager, product))
         return product
 

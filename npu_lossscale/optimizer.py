@@ -179,7 +179,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
             loss = loss()
         with tf.name_scope("loss_scale"):
             scale = _gradients.read_scale(self._manager)
-            scaled_loss = _gradients.scale_loss(loss, scale.value)
+            scaled_loss = _gradients.scaled(loss, scale)
         grads_and_vars = self._opt.compute_gradients(
             scaled_loss, var_list=var_list, gate_gradients=gate_gradients,
             aggregation_method=aggregation_method,

@@ -13,6 +13,7 @@ def test_all_is_pinned():
         "LossScaleManager",
         "LossScaleOptimizer",
         "MultiOptimizerLossScale",
+        "NoOpLossScaleManager",
         "TrainOps",
         "all_finite",
         "audit",

@@ -49,7 +49,7 @@ from npu_lossscale.managers.base import (SCALE_RANGE, LossScaleManager, check_ma
 from npu_lossscale.managers.checkpoints import convert_checkpoint
 from npu_lossscale.managers.dynamic import DynamicLossScaleManager
 from npu_lossscale.managers.exponential import ExponentialUpdateLossScaleManager
-from npu_lossscale.managers.fixed import FixedLossScaleManager
+from npu_lossscale.managers.fixed import FixedLossScaleManager, NoOpLossScaleManager
 from npu_lossscale.monitoring import FloorWarningHook
 
 __all__ = [
@@ -57,5 +57,6 @@ __all__ = [
     "ExponentialUpdateLossScaleManager",
     "FixedLossScaleManager",
     "LossScaleManager",
+    "NoOpLossScaleManager",
     "convert_checkpoint",
 ]

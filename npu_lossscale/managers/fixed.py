@@ -81,3 +81,35 @@ class FixedLossScaleManager(LossScaleManager):
         """The scale as a Python float (the builder skips unscaling at 1)."""
         return self._loss_scale_value
 
+
+class NoOpLossScaleManager(FixedLossScaleManager):
+    """No loss scaling, and steps with inf/nan gradients still skipped.
+
+    For bfloat16 models (Ascend Atlas A2/A3, current GPUs) and float32 ones:
+    bfloat16 has float32's exponent range, so its gradients need no scale to
+    stay above underflow, but a non-finite step (a bad batch, a diverging
+    loss) should still change nothing. The scale is the constant 1
+    (``static_loss_scale``), so the step makes no scale ops: the loss is
+    differentiated as it is, in its own dtype, and nothing is unscaled. The
+    overflow check, the one decision and the gate are the other managers'.
+    jmp's ``NoOpLossScale``, plus the skip; the same as
+    ``FixedLossScaleManager(1)``.
+
+    Example::
+
+      scaler = MultiOptimizerLossScale(NoOpLossScaleManager())
+
+    Args:
+      enable_overflow_check: whether steps with non-finite gradients are
+        skipped (True); False applies every step (plain training).
+
+    Raises:
+      TypeError: if the flag is not a bool.
+    """
+
+    # The constant 1.
+    keeps_scale_in_range = True
+
+    def __init__(self, enable_overflow_check=True):
+        super(NoOpLossScaleManager, self).__init__(1, enable_overflow_check)
+
