@@ -37,9 +37,12 @@ def test_every_test_file_is_in_a_list():
     named = set(_file(entry) for entries in lists.values() for entry in entries)
     files = set(os.path.relpath(path, REPO)
                 for path in glob.glob(os.path.join(REPO, "tests", "test_*.py")))
-    assert sorted(files - named) == [], (
-        "add these files to V1_TESTS and/or TF215_TESTS, or to FAST_ONLY_TESTS, in the Makefile")
-    assert sorted(named - files) == [], "the Makefile names test files that do not exist"
+    unnamed, missing = sorted(files - named), sorted(named - files)
+    assert not unnamed, (
+        "%s: name each in the Makefile's V1_TESTS and/or TF215_TESTS (the legs that run "
+        "it again), or in FAST_ONLY_TESTS" % ", ".join(unnamed))
+    assert not missing, "the Makefile names test files that do not exist: %s" % ", ".join(
+        missing)
 
 
 def test_fast_only_files_are_in_no_other_list():
