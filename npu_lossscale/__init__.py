@@ -7,6 +7,9 @@ Public API::
              DynamicLossScaleManager, NoOpLossScaleManager (bfloat16: scale
              1, non-finite steps skipped), and their protocol,
              LossScaleManager
+  underflow  ListeningLossScaleManager (a dynamic scale steered by the
+             underflow measurement), underflow_summaries (of
+             TrainOps.underflow, from build(measure_underflow=True))
   builder    MultiOptimizerLossScale, TrainOps
   optimizer  LossScaleOptimizer
   overflow   all_finite (the builder's own decision for a list of gradients)
@@ -21,9 +24,11 @@ from npu_lossscale.managers import (DynamicLossScaleManager,
                                     ExponentialUpdateLossScaleManager,
                                     FixedLossScaleManager, LossScaleManager,
                                     NoOpLossScaleManager)
+from npu_lossscale.managers.listening import ListeningLossScaleManager
 from npu_lossscale.monitoring import LossScaleHook, summaries
 from npu_lossscale.optimizer import LossScaleOptimizer
 from npu_lossscale.overflow import all_finite
+from npu_lossscale.underflow import summaries as underflow_summaries
 
 __version__ = "0.2.0"
 
@@ -32,6 +37,7 @@ __all__ = [
     "ExponentialUpdateLossScaleManager",
     "Finding",
     "FixedLossScaleManager",
+    "ListeningLossScaleManager",
     "LossScaleHook",
     "LossScaleManager",
     "LossScaleOptimizer",
@@ -41,4 +47,5 @@ __all__ = [
     "all_finite",
     "audit",
     "summaries",
+    "underflow_summaries",
 ]

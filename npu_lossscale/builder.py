@@ -30,6 +30,7 @@ from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import managers as _managers
 from npu_lossscale import plan as _plan
 from npu_lossscale import step as _step
+from npu_lossscale import underflow as _underflow
 from npu_lossscale import update_ops as _update_ops
 
 # The clip_norm values for which clip_by_global_norm stays exact: clip_norm
@@ -40,7 +41,8 @@ CLIP_NORM_RANGE = (2.0 ** -126, 2.0 ** 126)
 class TrainOps(collections.namedtuple(
         "TrainOps", ["update_op", "is_finite", "loss_scale", "grads_and_vars",
                      "applied", "window_end", "group_is_finite", "loss_scales",
-                     "accumulate_op", "per_group", "skipped_steps", "clear_status"])):
+                     "accumulate_op", "per_group", "skipped_steps", "clear_status",
+                     "underflow"])):
     """What ``MultiOptimizerLossScale.build`` returns.
 
     Fetch the tensors in the same ``session.run`` as ``update_op``.
@@ -93,6 +95,12 @@ class TrainOps(collections.namedtuple(
         runs it first, before any op the read follows, so an overflow left
         by an earlier run (an evaluation run, a step of another reader)
         never reaches the next step's check; it need not be run by hand.
+      underflow: with ``build(measure_underflow=True)``, a dict from group
+        name to its ``underflow.Underflow``: how much of this run's
+        gradients float16 flushed to zero at the scale in use (against a
+        float32 view of the same backprop), how much is subnormal, and the
+        headroom below 65504. Ops that run only when fetched: fetch them
+        every N steps, with ``update_op`` or alone. Empty otherwise.
     """
 
 
@@ -287,7 +295,7 @@ class MultiOptimizerLossScale(object):
         return name
 
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,
-              update_ops=None, per_group_ops=False):
+              update_ops=None, per_group_ops=False, measure_underflow=False):
         """Builds the single update op for every registered group.
 
         Args:
@@ -322,6 +330,11 @@ class MultiOptimizerLossScale(object):
           per_group_ops: also build ``TrainOps.per_group``, one update op per
             group for alternating loops (see ``TrainOps``). Not with
             accumulation.
+          measure_underflow: also build ``TrainOps.underflow``, the
+            per-group underflow measurement (a float32 copy of each loss's
+            float16 forward graph and its backprop, run only when fetched).
+            Needs float32 variables and a forward graph of plain ops
+            (``underflow.check_float32_view``).
 
         Returns:
           A ``TrainOps``.
@@ -339,8 +352,8 @@ class MultiOptimizerLossScale(object):
             can be called again.
           TypeError: for a global_step that is not an integer variable, a
             non-int ``accumulation_steps``, a non-bool
-            ``count_skipped_steps``, or an op name (a string) in
-            ``update_ops``.
+            ``count_skipped_steps``, a non-bool ``measure_underflow``, or
+            an op name (a string) in ``update_ops``.
 
         A manager may be shared with other builders and
         ``LossScaleOptimizer``s: each ``session.run`` that fetches one of
@@ -360,16 +373,21 @@ class MultiOptimizerLossScale(object):
         _checks.check_bool(
             "count_skipped_steps", count_skipped_steps,
             "Pass True to advance global_step on skipped steps too.")
+        _checks.check_bool(
+            "measure_underflow", measure_underflow,
+            "Pass True to build TrainOps.underflow.")
         _checks.check_global_step(global_step)
         plan = _step.plan_step(self._groups, self._manager, self._options(
             accumulation_steps, count_skipped_steps), global_step,
                                "MultiOptimizerLossScale.build")
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
+        _underflow.check_measurable(plan, measure_underflow)
         # A failed build leaves the graph's variables, the control inputs of
         # the user's ops (the pivot gate's, the register clear's), the
         # optimizers' slots and the library's records as they were.
         with _graph_state.transaction(optimizers=[g.optimizer for g in plan.groups]):
-            train = self._build(plan, global_step, update_ops, per_group_ops)
+            train = self._build(plan, global_step, update_ops, per_group_ops,
+                                measure_underflow)
         self._built = True
         return train
 
@@ -379,7 +397,7 @@ class MultiOptimizerLossScale(object):
             engine=self._engine, allreduce_gradients=self._allreduce_gradients,
             accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps)
 
-    def _build(self, plan, global_step, update_ops, per_group_ops):
+    def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow):
         """The joint step, then the per-group steps if asked."""
         what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
         if plan.backend.reads_register and plan.checks:
@@ -391,7 +409,7 @@ class MultiOptimizerLossScale(object):
             skipped_steps = _commit.SkippedSteps()
             joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
                                      [op for ops in update_ops.values() for op in ops],
-                                     counters)
+                                     counters, measure_underflow=measure_underflow)
             clear_status = plan.backend.clear_status()
         per_group = {}
         if per_group_ops:
@@ -411,4 +429,5 @@ class MultiOptimizerLossScale(object):
             grads_and_vars=joint.grads_and_vars, applied=joint.applied,
             window_end=joint.window_end, group_is_finite=joint.group_is_finite,
             loss_scales=joint.loss_scales, accumulate_op=joint.accumulate_op,
-            per_group=per_group, skipped_steps=skipped_steps.before, clear_status=clear_status)
+            per_group=per_group, skipped_steps=skipped_steps.before, clear_status=clear_status,
+            underflow=joint.underflow)

@@ -36,6 +36,7 @@ from npu_lossscale import graph_walk as _graph_walk
 from npu_lossscale import managers as _managers
 from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
+from npu_lossscale import underflow as _underflow
 from npu_lossscale import window as _window
 
 
@@ -58,8 +59,15 @@ class Options(collections.namedtuple(
 
 class Step(collections.namedtuple(
         "Step", ["update_op", "is_finite", "applied", "window_end", "group_is_finite",
-                 "grads_and_vars", "loss_scale", "loss_scales", "accumulate_op"])):
+                 "grads_and_vars", "loss_scale", "loss_scales", "accumulate_op",
+                 "underflow"])):
     """What ``build_step`` made (``TrainOps`` documents each field)."""
+
+
+class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled"])):
+    """Phases 1 and 2: ordered dicts from group name to unscaled pairs, from
+    check name to float32 flag, and from group name to scaled pairs (empty
+    for given gradients)."""
 
 
 def plan_step(groups, manager, options, global_step, api):
@@ -112,7 +120,7 @@ def plan_step(groups, manager, options, global_step, api):
 
 
 def build_step(plan, description, global_step, skipped_steps=None, update_ops=(),
-               counters=None, given=None):
+               counters=None, given=None, measure_underflow=False):
     """Builds one step op of ``plan``, phase after phase.
 
     Args:
@@ -128,13 +136,18 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
         for none.
       given: for a one-group plan, the group's unscaled (gradient, variable)
         pairs, checked and applied as they are (no scale, no backprop).
+      measure_underflow: also build each group's ``underflow.Underflow``
+        (``Step.underflow``), ops that run only when fetched.
 
     Returns:
       A ``Step``.
     """
     scales = collections.OrderedDict() if given is not None else _gradients.read_scales(plan)
-    grads, flags = _gradients_and_flags(plan, scales, given)
-    after = [scale.value for scale in scales.values()]
+    computed = _gradients_and_flags(plan, scales, given)
+    grads, flags = computed.grads, computed.flags
+    # Listening managers hear their groups' measurement before they update.
+    listening = _underflow.listen(plan, scales, computed.scaled, flags)
+    after = [scale.value for scale in scales.values()] + listening.ops
     window_end = None
     accumulate_op = None
     entry_ops = None  # None: the decisions are the ops every write follows
@@ -167,9 +180,16 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
             decisions = _close.Decisions(flags, [g for pairs in grads.values()
                                                  for g, _ in pairs])
             reported, entry_ops = grads, this_run.adds
-    step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op)
+    underflow = {}
+    if measure_underflow and computed.scaled:
+        with tf.name_scope("underflow"):
+            underflow = dict(_underflow.measure(plan, scales, computed.scaled,
+                                                list(computed.scaled), after=flags.values()))
+    step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op,
+                   underflow)
     states = _moved_state(plan, counters)
-    _claims.claim(states, description, decisions.ops if entry_ops is None else entry_ops)
+    _claims.claim(states, description,
+                  (decisions.ops if entry_ops is None else entry_ops) + listening.entry_ops)
     if accumulate_op is not None:
         _claims.claim(states, description.replace("update_op", "accumulate_op", 1),
                       [opened.accumulate_entry])
@@ -185,12 +205,12 @@ def _gradients_and_flags(plan, scales, given):
     added before it overflowed, and never misses its own overflow.
 
     Returns:
-      ``(grads, flags)``: ordered dicts from group name to unscaled pairs
-      and from check name to float32 flag.
+      A ``_Computed``.
     """
     if given is not None:
         grads = collections.OrderedDict([(plan.groups[0].name, list(given))])
-        return grads, _overflow.flags(plan, grads, _gradients.Packing([]), after=())
+        return _Computed(grads, _overflow.flags(plan, grads, _gradients.Packing([]), after=()),
+                         collections.OrderedDict())
     if plan.serial_reads:
         scaled, flags, after = collections.OrderedDict(), collections.OrderedDict(), []
         for item in plan.checks:
@@ -208,10 +228,10 @@ def _gradients_and_flags(plan, scales, given):
         scaled = _gradients.scaled_gradients(plan, scales, plan.group_names)
         packing = _gradients.pack(plan, scaled)
         flags = _overflow.flags(plan, scaled, packing, after=list(plan.losses))
-    return _gradients.unscale_all(plan, scales, scaled, packing), flags
+    return _Computed(_gradients.unscale_all(plan, scales, scaled, packing), flags, scaled)
 
 
-def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op):
+def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op, underflow):
     """The step's tensors, as ``TrainOps`` reports them."""
     is_finite = tf.identity(decisions.all_of([item.name for item in plan.checks]),
                             name="is_finite")
@@ -225,7 +245,7 @@ def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op):
         window_end=tf.constant(True, name="window_end") if window_end is None else window_end,
         group_is_finite=group_is_finite, grads_and_vars=dict(grads),
         loss_scale=scales[plan.managers[0].name].value if scales else None,
-        loss_scales=loss_scales, accumulate_op=accumulate_op)
+        loss_scales=loss_scales, accumulate_op=accumulate_op, underflow=underflow)
 
 
 def _moved_state(plan, counters):

@@ -9,6 +9,7 @@ def test_all_is_pinned():
         "ExponentialUpdateLossScaleManager",
         "Finding",
         "FixedLossScaleManager",
+        "ListeningLossScaleManager",
         "LossScaleHook",
         "LossScaleManager",
         "LossScaleOptimizer",
@@ -18,6 +19,7 @@ def test_all_is_pinned():
         "all_finite",
         "audit",
         "summaries",
+        "underflow_summaries",
     ]
     for name in npu_lossscale.__all__:
         assert getattr(npu_lossscale, name).__doc__, name
@@ -27,4 +29,4 @@ def test_train_ops_fields():
     assert npu_lossscale.TrainOps._fields == (
         "update_op", "is_finite", "loss_scale", "grads_and_vars",
         "applied", "window_end", "group_is_finite", "loss_scales", "accumulate_op",
-        "per_group", "skipped_steps", "clear_status")  # new fields only at the end
+        "per_group", "skipped_steps", "clear_status", "underflow")  # new fields only at the end

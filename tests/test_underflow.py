@@ -1,6 +1,7 @@
 """Seed 000: float16 gradients underflow to zero unless the loss is scaled."""
 
 import numpy as np
+import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
@@ -48,3 +49,195 @@ def test_float16_gradients_underflow_without_scaling_and_match_float32_with_it()
     for g, r in zip(scaled, ref):
         assert np.abs(r).max() > 1e-9  # the float32 reference is not zero
         np.testing.assert_allclose(g, r, rtol=2e-2, atol=1e-3 * np.abs(r).max())
+
+
+# -- the underflow measurement (issue 26, item 4) ----------------------------
+
+FLOAT16_MAX = 65504.0
+
+
+def _seed_net_measured(scale):
+    """The float16 seed net at a fixed scale, measured; and, in the same
+    graph, its float16 gradients at that scale computed by hand."""
+    loss16, w16 = _conv3d_net(tf.float16)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(scale), backend="is_finite")
+    scaler.add(loss16, tf.train.GradientDescentOptimizer(0.0), var_list=w16, name="net")
+    train = scaler.build(measure_underflow=True)
+    by_hand = tf.gradients(tf.cast(loss16, tf.float32) * scale, w16)
+    return train, by_hand
+
+
+def _float32_reference():
+    """The seed net's gradients built in float32 (its own graph)."""
+    with tf.Graph().as_default():
+        loss32, w32 = _conv3d_net(tf.float32)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            return sess.run(tf.gradients(loss32, w32))
+
+
+def test_measurement_on_the_seed_net_flushes_all_at_scale_1_and_none_at_2_15():
+    ref = np.concatenate([g.ravel() for g in _float32_reference()])
+    true_zero_share = np.float32(np.sum(ref == 0)) / ref.size
+    assert 0.0 < true_zero_share < 0.5  # dead ReLU units: zero in float32 too
+    measured = {}
+    for scale in (1.0, 2.0 ** 15):
+        with tf.Graph().as_default():
+            train, by_hand = _seed_net_measured(scale)
+            with tf.Session() as sess:
+                sess.run(tf.global_variables_initializer())
+                underflow, raw = sess.run([train.underflow, by_hand])
+        measured[scale] = underflow["net"], np.concatenate([g.ravel() for g in raw])
+
+    at_1, raw_1 = measured[1.0]
+    assert at_1.elements == ref.size == raw_1.size == 27 * 1 * 4 + 27 * 4 * 4
+    assert not np.any(raw_1)  # the seed's report: every float16 gradient is 0
+    assert at_1.flushed_share >= 0.99
+    assert at_1.flushed == np.sum(ref != 0) and at_1.flushed_share == 1.0
+    assert at_1.zero_share == 1.0
+    np.testing.assert_allclose(at_1.float32_zero_share, true_zero_share, rtol=1e-6)
+    assert at_1.subnormal_share == 0.0
+    # A float16 loss: the backprop starts from the scale, 1 here; nothing
+    # else of it is larger.
+    assert at_1.max_abs == 1.0
+    np.testing.assert_allclose(at_1.headroom, np.log2(FLOAT16_MAX), rtol=1e-6)
+
+    at_15, raw_15 = measured[2.0 ** 15]
+    # At Keras' default scale nothing is flushed: the zeros are exactly
+    # float32's true zeros.
+    assert at_15.flushed == 0 and at_15.flushed_share == 0.0
+    assert at_15.zeros == at_15.float32_zeros == np.sum(ref == 0)
+    np.testing.assert_allclose(at_15.zero_share, true_zero_share, rtol=1e-6)
+    assert np.array_equal(raw_15 == 0, ref == 0)
+    magnitude = np.abs(raw_15)
+    assert at_15.subnormal == np.sum((magnitude > 0) & (magnitude < 2.0 ** -14)) > 0
+    np.testing.assert_allclose(at_15.subnormal_share, at_15.subnormal / ref.size, rtol=1e-6)
+    assert at_15.max_abs == 2.0 ** 15  # the float16 loss's own gradient
+    np.testing.assert_allclose(at_15.headroom, np.log2(FLOAT16_MAX / 2.0 ** 15), rtol=1e-6)
+    np.testing.assert_allclose(at_15.float32_max_abs, 1.0)  # d loss / d loss
+    assert at_15.scale == 2.0 ** 15
+
+
+def _two_weight_net():
+    """loss = sum(cast(w * x)) with w float32 [2] cast to float16 and x = [3,
+    0.5]: d loss / d w = x, and d loss / d (w * x) = 1."""
+    w = tf.get_variable("w", initializer=np.array([1.0, 1.0], np.float32))
+    x = tf.constant([3.0, 0.5], tf.float16)
+    return tf.reduce_sum(tf.cast(tf.cast(w, tf.float16) * x, tf.float32)), w
+
+
+@pytest.mark.parametrize("scale, max_abs, headroom", [
+    (1024.0, 3072.0, np.log2(FLOAT16_MAX / 3072.0)),  # the gradient 3 * 1024
+    (2.0 ** 15, np.inf, -np.inf),  # 3 * 2**15 overflows float16
+])
+def test_headroom_of_a_float32_loss_by_hand(scale, max_abs, headroom):
+    with tf.Graph().as_default():
+        loss, w = _two_weight_net()
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(scale), backend="is_finite")
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="g")
+        train = scaler.build(measure_underflow=True)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            finite, measured = sess.run([train.is_finite, train.underflow["g"]])
+    assert finite == np.isfinite(max_abs)
+    assert measured.max_abs == max_abs and measured.elements == 2
+    np.testing.assert_allclose(measured.headroom, headroom, rtol=1e-6)
+    np.testing.assert_allclose(measured.float32_max_abs, 3.0)
+    assert measured.flushed_share == 0.0 and measured.float32_zero_share == 0.0
+
+
+def _executed(sess, fetches, feed=None):
+    """The names of the nodes a run executed."""
+    options = tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE)
+    metadata = tf.RunMetadata()
+    sess.run(fetches, feed, options=options, run_metadata=metadata)
+    return [node.node_name for device in metadata.step_stats.dev_stats
+            for node in device.node_stats]
+
+
+def test_measurement_runs_only_when_fetched_and_changes_no_step():
+    weights = {}
+    for measure in (False, True):
+        with tf.Graph().as_default():
+            loss16, w16 = _conv3d_net(tf.float16)
+            scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                                backend="is_finite")
+            scaler.add(loss16 * tf.cast(1e4, tf.float16), tf.train.AdamOptimizer(1e-2),
+                       var_list=w16, name="net")
+            train = scaler.build(measure_underflow=measure)
+            assert bool(train.underflow) == measure
+            with tf.Session() as sess:
+                sess.run(tf.global_variables_initializer())
+                for step in range(4):
+                    ran = _executed(sess, train.update_op)
+                    assert not [name for name in ran if "float32_view" in name]
+                    if measure:  # fetched with the step: the same run's gradients
+                        ran = _executed(sess, [train.update_op, train.underflow])
+                        assert [name for name in ran if "float32_view" in name]
+                weights[measure] = sess.run(w16)
+    for plain, measured in zip(weights[False], weights[True]):
+        assert np.array_equal(plain, measured)
+
+
+def test_indexed_slices_count_their_rows():
+    with tf.Graph().as_default():
+        table = tf.get_variable("table", initializer=np.arange(12, dtype=np.float32)
+                                .reshape(6, 2) / 12.0)
+        rows = tf.cast(tf.gather(table, [1, 4, 4]), tf.float16)
+        loss = tf.reduce_sum(rows * tf.constant(1e-3, tf.float16))
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[table], name="e")
+        train = scaler.build(measure_underflow=True)
+        assert isinstance(train.grads_and_vars["e"][0][0], tf.IndexedSlices)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            measured = sess.run(train.underflow["e"])
+    # Three gathered rows of two: 1e-3 is a float16 normal number, kept.
+    assert measured.elements == 6 and measured.zeros == 0 and measured.flushed == 0
+    # d loss / d loss: the largest gradient of a float16 tensor that depends
+    # on the table (the constant 1e-3 does not; its gradient, 3.25, is not
+    # part of the float16 backprop).
+    np.testing.assert_allclose(measured.float32_max_abs, 1.0)
+
+
+def test_summaries_of_the_measurement_are_fetched_on_demand():
+    with tf.Graph().as_default():
+        train, _ = _seed_net_measured(1.0)
+        scalars = nl.underflow_summaries(train.underflow, family="uf")
+        assert not tf.get_collection(tf.GraphKeys.SUMMARIES)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            summary = tf.Summary()
+            summary.ParseFromString(sess.run(tf.summary.merge(scalars)))
+    values = dict((value.tag, value.simple_value) for value in summary.value)
+    assert sorted(values) == ["uf/net/float32_zero_share", "uf/net/flushed_share",
+                              "uf/net/headroom", "uf/net/subnormal_share"]
+    assert values["uf/net/flushed_share"] == 1.0
+    with pytest.raises(ValueError, match="measure_underflow=True"):
+        nl.underflow_summaries({})
+    with pytest.raises(TypeError, match="train.underflow"):
+        nl.underflow_summaries([1.0])
+
+
+def test_no_float32_view_is_refused_before_any_op():
+    with tf.Graph().as_default() as graph:
+        w = tf.get_variable("w16", initializer=np.ones([2], np.float16))
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+        scaler.add(tf.reduce_sum(w * w), tf.train.GradientDescentOptimizer(0.1), var_list=[w])
+        ops = len(graph.get_operations())
+        with pytest.raises(ValueError, match="variable 'w16:0' is float16"):
+            scaler.build(measure_underflow=True)
+        assert len(graph.get_operations()) == ops
+    with tf.Graph().as_default() as graph:
+        w = tf.get_variable("w", initializer=np.ones([2], np.float32))
+        doubled = tf.while_loop(lambda i, x: i < 2, lambda i, x: (i + 1, x * 2.0),
+                                [0, tf.cast(w, tf.float16)])[1]
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+        scaler.add(tf.reduce_sum(doubled), tf.train.GradientDescentOptimizer(0.1),
+                   var_list=[w])
+        ops = len(graph.get_operations())
+        with pytest.raises(ValueError, match="cannot copy op .*control flow"):
+            scaler.build(measure_underflow=True)
+        assert len(graph.get_operations()) == ops
+        with pytest.raises(TypeError, match="measure_underflow"):
+            scaler.build(measure_underflow=1)

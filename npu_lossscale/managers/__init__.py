@@ -38,24 +38,27 @@ from __future__ import absolute_import, division, print_function
 
 # The package's modules, one idea each: base (the protocol, its checks, the
 # shared argument checks), fixed, counting (the rule both dynamic managers
-# share), exponential, dynamic, and checkpoints (offline conversion). The
+# share), exponential, dynamic, listening (the dynamic rule steered by the
+# underflow measurement), and checkpoints (offline conversion). The
 # protocol's functions are re-exported for the step (builder, optimizer,
 # gradients); FloorWarningHook (monitoring) for code that imported it here.
 from npu_lossscale.managers.base import (SCALE_RANGE, LossScaleManager, check_manager,
                                          check_manager_graph, declares_scale_in_range,
-                                         describe, manager_variables,
+                                         describe, listens_to_underflow, manager_variables,
                                          overflow_check_enabled, scale_moves,
                                          static_scale)
 from npu_lossscale.managers.checkpoints import convert_checkpoint
 from npu_lossscale.managers.dynamic import DynamicLossScaleManager
 from npu_lossscale.managers.exponential import ExponentialUpdateLossScaleManager
 from npu_lossscale.managers.fixed import FixedLossScaleManager, NoOpLossScaleManager
+from npu_lossscale.managers.listening import ListeningLossScaleManager
 from npu_lossscale.monitoring import FloorWarningHook
 
 __all__ = [
     "DynamicLossScaleManager",
     "ExponentialUpdateLossScaleManager",
     "FixedLossScaleManager",
+    "ListeningLossScaleManager",
     "LossScaleManager",
     "NoOpLossScaleManager",
     "convert_checkpoint",

@@ -3,8 +3,8 @@
 ``LossScaleManager`` declares the protocol; the functions below are the only
 code that reads it (``check_manager``, ``manager_variables``,
 ``overflow_check_enabled``, ``static_scale``, ``scale_moves``,
-``declares_scale_in_range``, ``describe``). The argument checks and named defaults the managers share
-live here too.
+``declares_scale_in_range``, ``listens_to_underflow``, ``describe``). The
+argument checks and named defaults the managers share live here too.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -60,6 +60,10 @@ SCALE_RANGE = (2.0 ** -126, 2.0 ** 126)
 # from npu_bridge, which grows while scale < 3.4e38 / incr_ratio, and from
 # TF's DynamicLossScale and contrib, which grow while scale * ratio is finite.
 _MAX_SCALE = SCALE_RANGE[1]
+#: float16's largest finite value (IEEE 754 binary16): the top of the
+#: underflow measurement's headroom (``underflow.Underflow``), which a
+#: listening manager reads.
+FLOAT16_MAX = 65504.0
 
 
 class LossScaleManager(object):
@@ -77,6 +81,21 @@ class LossScaleManager(object):
     properties: ``loss_scale`` and ``overflow_streak`` (float32 scalar
     tensors made once, read whenever fetched), ``min_loss_scale`` (a number)
     and ``floor_warning_after`` (an int, or None never to warn).
+
+    A manager that listens to the underflow measurement (the README's "A
+    scale that listens") defines two optional methods; with both, the step
+    measures the manager's groups on the runs it asks for, and on no other
+    (``listens_to_underflow``; without them nothing is measured for it):
+
+    * ``underflow_due()``: a bool scalar tensor, True on the runs the
+      manager wants a measurement (e.g. every N-th update), read from its
+      state once per run, before anything of the measurement runs;
+    * ``observe_underflow(measurement)``: called once at build, inside a
+      gate that opens on those runs only, with one ``underflow.Underflow``
+      of tensors over the manager's groups (this run's gradients, after the
+      overflow check); returns the op that records what the manager needs.
+      Its ``update_loss_scale`` of the same run follows that op, so the
+      update can read the record at once.
 
     Example, a manager written against this protocol (the README's "Adding a
     manager")::
@@ -252,6 +271,21 @@ def declares_scale_in_range(manager):
       A Python bool.
     """
     return vars(type(manager)).get("keeps_scale_in_range", False) is True
+
+
+def listens_to_underflow(manager):
+    """Whether ``manager`` defines the optional hooks ``underflow_due`` and
+    ``observe_underflow`` (see ``LossScaleManager``): then the step measures
+    its groups' underflow on the runs it asks for.
+
+    Args:
+      manager: any loss-scale manager.
+
+    Returns:
+      A Python bool.
+    """
+    return (callable(getattr(manager, "underflow_due", None))
+            and callable(getattr(manager, "observe_underflow", None)))
 
 
 def static_scale(manager):

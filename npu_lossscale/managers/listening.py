@@ -1,0 +1,219 @@
+"""A dynamic scale that listens to the underflow measurement:
+``ListeningLossScaleManager``."""
+
+from __future__ import absolute_import, division, print_function
+
+import math
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import checks as _checks
+from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
+                                         _DEFAULT_MIN_LOSS_SCALE, FLOAT16_MAX, _check_period)
+from npu_lossscale.managers.counting import _GOOD, _SCALE
+from npu_lossscale.managers.dynamic import (_DEFAULT_GROWTH_STEPS, _DEFAULT_INITIAL_SCALE,
+                                            _DEFAULT_MULTIPLIER, DynamicLossScaleManager)
+
+# One measurement (a float32 copy of the forward pass and its backprop, about
+# the cost of a step) every 100 updates: about 1 % more work.
+_DEFAULT_MEASURE_EVERY_N_STEPS = 100
+# Raise when more than 1 % of the gradient elements that float32 keeps
+# non-zero are flushed to zero in float16.
+_DEFAULT_RAISE_ABOVE_FLUSHED_SHARE = 0.01
+# Keep 2 bits (a factor of 4) below 65504 when raising: the measured
+# maximum moves from step to step, and backprop tensors between the loss
+# and the weights, which the measurement does not read, may be larger.
+_DEFAULT_HEADROOM_MARGIN_BITS = 2.0
+
+# Positions in the ``heard`` vector: the update count modulo the period, the
+# last finite measurement's unscaled maximum |g| (-1: none yet) and flushed
+# share, and whether that measurement came this run (1) or not (0).
+_RUNS, _MAX, _FLUSHED, _FRESH = 0, 1, 2, 3
+_HEARD_SIZE = 4
+
+
+class ListeningLossScaleManager(DynamicLossScaleManager):
+    """``DynamicLossScaleManager``'s rule, steered by the underflow measurement.
+
+    Every ``measure_every_n_steps`` updates the step measures this manager's
+    groups (``underflow.Underflow``: the share of gradient elements float16
+    flushed to zero at the scale in use, against a float32 view, and the
+    largest |g|), on those runs only. With ``m``, the measured largest |g|
+    unscaled (the larger of the float16 side's maximum over the scale and
+    the float32 view's maximum), the update is the dynamic rule, then::
+
+      if the dynamic rule grew the scale and scale * m > 65504:
+        scale = the scale before (a growth the measurement says overflows)
+      if finite and measured this run and flushed_share >= raise_above:
+        k = floor((log2(65504 / (scale * m)) - margin_bits) / log2(multiplier))
+        if k >= 1: scale = min(scale * multiplier ** k, cap); good = 0
+
+    Without a finite measurement yet (before the first one, or when every
+    measurement so far overflowed) it is exactly ``DynamicLossScaleManager``.
+    Overflows shrink the scale as there. The scale stays in [min_loss_scale,
+    min(max_loss_scale, 2**126)]. With a float16 loss, ``m`` includes the
+    loss's own gradient (the scale is cast to float16 first), so the scale
+    never grows past 65504: the dynamic rule's probe of 2**16, which always
+    overflows there, is never made.
+
+    The step feeds it through the protocol's optional hooks
+    (``underflow_due``, ``observe_underflow``;
+    ``managers.base.listens_to_underflow``). Through
+    ``MultiOptimizerLossScale`` it hears its groups; through
+    ``LossScaleOptimizer``, which sees gradients but no loss, nothing is
+    measured and it is ``DynamicLossScaleManager``. The measurement needs
+    float32 variables and a forward graph of plain ops
+    (``underflow.check_float32_view``).
+
+    The state is ``dynamic_loss_scale/state`` (as the dynamic manager's) and
+    ``listening_loss_scale/heard``: ``[update count mod N, m (-1: none),
+    flushed share, measured this run]``.
+
+    Args:
+      initial_scale, growth_steps, multiplier, min_loss_scale,
+        max_loss_scale, floor_warning_after: as ``DynamicLossScaleManager``.
+      measure_every_n_steps: updates between measurements, in [1, 2**24];
+        the first update is measured.
+      raise_above_flushed_share: the flushed share, in (0, 1], at which a
+        measurement raises the scale early.
+      headroom_margin_bits: the powers of two kept below 65504 when raising,
+        in [0, 126].
+
+    Raises:
+      TypeError: if an argument has the wrong type.
+      ValueError: if an argument is out of range, NaN or infinite.
+    """
+
+    # The dynamic rule keeps the scale in [min_loss_scale, cap]; reverting a
+    # growth keeps the scale before it, and a raise is clipped to the cap.
+    keeps_scale_in_range = True
+
+    def __init__(self, initial_scale=_DEFAULT_INITIAL_SCALE,
+                 growth_steps=_DEFAULT_GROWTH_STEPS, multiplier=_DEFAULT_MULTIPLIER,
+                 min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
+                 max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
+                 floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER,
+                 measure_every_n_steps=_DEFAULT_MEASURE_EVERY_N_STEPS,
+                 raise_above_flushed_share=_DEFAULT_RAISE_ABOVE_FLUSHED_SHARE,
+                 headroom_margin_bits=_DEFAULT_HEADROOM_MARGIN_BITS):
+        _checks.require_graph_mode("ListeningLossScaleManager")
+        self._every = _check_period("measure_every_n_steps", measure_every_n_steps, 100)
+        _checks.check_number("raise_above_flushed_share", raise_above_flushed_share,
+                             minimum=0, maximum=1, min_open=True,
+                             hint="Pass e.g. 0.01 (1 %).")
+        _checks.check_number("headroom_margin_bits", headroom_margin_bits, minimum=0,
+                             maximum=126, hint="Pass e.g. 2 (a factor of 4).")
+        self._raise_above = float(raise_above_flushed_share)
+        self._margin_bits = float(headroom_margin_bits)
+        super(ListeningLossScaleManager, self).__init__(
+            initial_scale=initial_scale, growth_steps=growth_steps, multiplier=multiplier,
+            min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
+            floor_warning_after=floor_warning_after)
+        with tf.name_scope(None, default_name="listening_loss_scale"):
+            self._heard = tf.Variable([0.0, -1.0, 0.0, 0.0], dtype=tf.float32,
+                                      trainable=False, name="heard")
+
+    @property
+    def variables(self):
+        """The state variables: ``state`` and ``heard``."""
+        return [self.state, self._heard]
+
+    @property
+    def heard(self):
+        """The float32[4] variable ``[update count mod N, m (-1: none),
+        flushed share, measured this run]``."""
+        return self._heard
+
+    @property
+    def measure_every_n_steps(self):
+        """Updates between measurements."""
+        return self._every
+
+    @property
+    def raise_above_flushed_share(self):
+        """The flushed share at which a measurement raises the scale."""
+        return self._raise_above
+
+    @property
+    def headroom_margin_bits(self):
+        """Powers of two kept below 65504 when raising."""
+        return self._margin_bits
+
+    # -- the protocol's optional hooks (managers.base.listens_to_underflow) --
+
+    def underflow_due(self):
+        """True on the first update and every ``measure_every_n_steps``-th
+        one after it."""
+        runs = tf.unstack(self._heard.read_value(), num=_HEARD_SIZE)[_RUNS]
+        return tf.equal(runs, 0.0)
+
+    def observe_underflow(self, measurement):
+        """Records a finite measurement (``underflow.Underflow`` over this
+        manager's groups); an overflowed one (max_abs beyond 65504, or NaN)
+        is marked heard but leaves the last finite one in place.
+
+        Returns:
+          The op that writes ``heard``.
+        """
+        with tf.name_scope("observe_underflow"):
+            heard = tf.unstack(self._heard.read_value(), num=_HEARD_SIZE)
+            finite = tf.logical_and(tf.less_equal(measurement.max_abs, FLOAT16_MAX),
+                                    tf.greater(measurement.scale, 0.0))
+            unscaled = tf.maximum(measurement.max_abs / measurement.scale,
+                                  measurement.float32_max_abs)
+            new = tf.where(finite,
+                           tf.stack([heard[_RUNS], unscaled, measurement.flushed_share, 1.0]),
+                           tf.stack([heard[_RUNS], heard[_MAX], heard[_FLUSHED], 0.0]))
+            with tf.control_dependencies([new]):
+                return tf.assign(self._heard, new, name="assign_heard").op
+
+    # -- the protocol ----------------------------------------------------------
+
+    def update_loss_scale(self, finite_grads):
+        """The dynamic rule, then the measurement's corrections (see the
+        class docstring).
+
+        Args:
+          finite_grads: bool scalar tensor (or Python bool).
+
+        Returns:
+          An op.
+        """
+        with tf.name_scope("listening_update"):
+            finite = tf.convert_to_tensor(finite_grads, dtype=tf.bool)
+            # Copies: the dynamic rule's assign overwrites a ref variable's
+            # buffer in place.
+            heard = tf.unstack(tf.raw_ops.Snapshot(input=self._heard.read_value()),
+                               num=_HEARD_SIZE)
+            before = tf.raw_ops.Snapshot(input=self.state.read_value())
+        with tf.control_dependencies([before] + heard):
+            dynamic = super(ListeningLossScaleManager, self).update_loss_scale(finite)
+        with tf.name_scope("listening_update"), tf.control_dependencies([dynamic]):
+            after = self.state.read_value()
+            scale_before = before[_SCALE]
+            scale = after[_SCALE]
+            unscaled_max = heard[_MAX]
+            known = tf.greater(unscaled_max, 0.0)
+            # A growth the measurement says overflows is not made.
+            overflowing_growth = tf.logical_and(
+                tf.logical_and(known, tf.greater(scale, scale_before)),
+                tf.greater(scale * unscaled_max, FLOAT16_MAX))
+            scale = tf.where(overflowing_growth, scale_before, scale)
+            # An early raise, by whole multiplier steps within the headroom.
+            bits = (tf.math.log(FLOAT16_MAX / (scale * tf.maximum(unscaled_max, 1e-30)))
+                    / math.log(2.0) - self._margin_bits)
+            steps = tf.floor(bits / math.log(self.multiplier, 2.0))
+            raising = tf.logical_and(
+                tf.logical_and(finite, tf.greater(heard[_FRESH], 0.0)),
+                tf.logical_and(tf.logical_and(known, tf.greater_equal(steps, 1.0)),
+                               tf.greater_equal(heard[_FLUSHED], self._raise_above)))
+            raised = tf.minimum(scale * tf.pow(self.multiplier, tf.maximum(steps, 0.0)),
+                                self._scale_cap())
+            new_scale = tf.where(raising, raised, scale)
+            new_good = tf.where(raising, tf.zeros([]), after[_GOOD])
+            new_state = tf.concat([tf.stack([new_scale, new_good]), after[_GOOD + 1:]], 0)
+            new_heard = tf.stack([tf.floormod(heard[_RUNS] + 1.0, float(self._every)),
+                                  heard[_MAX], heard[_FLUSHED], 0.0])
+            with tf.control_dependencies([new_state, new_heard]):
+                return tf.group(tf.assign(self.state, new_state, name="assign_state"),
+                                tf.assign(self._heard, new_heard, name="assign_heard"))

@@ -1,0 +1,609 @@
+"""The underflow measurement: how much of each group's gradient float16
+flushes to zero at the scale in use, how much is subnormal, and how much
+headroom the scale leaves below float16's largest value.
+
+Two sides are compared, element by element:
+
+* the **float16 side**: the step's scaled gradients, as the float16 backprop
+  produced them (for float32 master weights, the float16 values cast to
+  float32 at the weights' ``Cast``);
+* the **float32 view**: the gradient of the same loss through a float32 copy
+  of its forward graph (``Float32View``): every op between the variables and
+  the loss that computes in float16 is copied with float32 in place of
+  float16, reading the same variables and the same inputs (placeholders,
+  input pipelines and random draws are taken as they are, cast to float32),
+  and differentiated in float32, unscaled. That is the gradient the graph
+  would give if it computed in float32. It exists only where the model keeps
+  float32 variables (master weights): a float16 variable's gradient ends in
+  float16 whatever computes before it.
+
+The measurement is built on demand: ``MultiOptimizerLossScale.build(
+measure_underflow=True)`` gives ``TrainOps.underflow`` (ops the user fetches,
+every N steps: nothing runs while they are not fetched), and a manager that
+listens (``managers.base.listens_to_underflow``) gets one behind a gate that
+opens on the runs it asks for (``listen``). Either way it runs after the
+step's overflow check, so its float32 ops never reach a float-status
+register read.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+from tensorflow.core.framework import attr_value_pb2, types_pb2
+
+from npu_lossscale import commit as _commit
+from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale.managers import base as _manager_base
+
+#: float16's largest finite value (IEEE 754 binary16), the top of the
+#: headroom (``managers.base.FLOAT16_MAX``).
+FLOAT16_MAX = _manager_base.FLOAT16_MAX
+#: float16's smallest normal value, 2**-14: below it a float16 value is
+#: subnormal and keeps fewer than its 11 significant bits.
+FLOAT16_MIN_NORMAL = 2.0 ** -14
+
+#: Ops the float32 view never copies: they are inputs of the step (their
+#: values are fed or delivered), taken as they are.
+_INPUT_TYPES = _graph_walk.FEEDABLE_TYPES.union(["Placeholder", "PlaceholderV2"])
+#: Ops the float32 view cannot copy: their bodies or frames are not ops of
+#: the graph.
+_UNCOPYABLE_TYPES = _graph_walk.CONTROL_FLOW_TYPES.union(_graph_walk.FUNCTION_CALL_TYPES)
+
+
+class Underflow(collections.namedtuple(
+        "Underflow", ["flushed_share", "subnormal_share", "headroom", "zero_share",
+                      "float32_zero_share", "max_abs", "float32_max_abs", "scale",
+                      "elements", "zeros", "float32_zeros", "flushed", "subnormal"])):
+    """One group's underflow measurement, for one run (float32 scalars).
+
+    Fetch it every N steps, with ``update_op`` (the run's own gradients) or
+    alone (the gradients at the current scale, nothing applied). Fetched,
+    each field is a number.
+
+    Attributes:
+      flushed_share: of the gradient elements that are non-zero in the
+        float32 view, the share that is zero on the float16 side at this
+        scale: what float16 flushed. 0 when the view has no non-zero
+        element.
+      subnormal_share: the share of all elements whose scaled float16 value
+        is subnormal (0 < |g| < 2**-14): kept, with fewer significant bits.
+      headroom: ``log2(65504 / max(max_abs, scale * float32_max_abs))``:
+        how many powers of two the scale could grow before the float16
+        backprop overflows, by what the step read and by what the float32
+        view says every float16 tensor of the backprop holds at this scale;
+        inf when all of it is zero, -inf when a gradient overflowed (inf,
+        NaN, or beyond 65504).
+      zero_share: the share of all elements that are zero on the float16
+        side (true zeros and flushed ones).
+      float32_zero_share: the share of all elements that are zero in the
+        float32 view (true zeros: dead units, unused rows).
+      max_abs: the largest |g| on the float16 side, scaled, and, for a
+        float16 loss, the loss's own gradient (the scale itself, which the
+        backprop casts to float16 first).
+      float32_max_abs: the largest |gradient| of the float32 view,
+        unscaled: over the variables' gradients and those of every tensor
+        the forward pass computes in float16 (which the float16 backprop
+        holds, times the scale).
+      scale: the loss scale the float16 side was computed at.
+      elements: the number of gradient elements (an IndexedSlices counts
+        its rows).
+      zeros, float32_zeros, flushed, subnormal: the counts behind the
+        shares (float32: exact up to 2**24 each).
+    """
+
+
+class Float32View(object):
+    """The float32 copy of losses' forward graphs (see the module docstring).
+
+    Ops are copied once, however many losses share them (a GAN's two losses
+    share the generator). Ops are made in the current graph, name scope and
+    control-dependency context, so a view built under a gate runs only when
+    the gate opens.
+
+    Args:
+      losses: the loss tensors to copy.
+
+    Raises:
+      ValueError: as ``check_float32_view``.
+    """
+
+    def __init__(self, losses):
+        self._graph = tf.get_default_graph()
+        self._mapped = {}  # original tensor name -> float32 tensor
+        self._activations = {}  # loss name -> copies of its float16 tensors
+        for loss in losses:
+            self._float32(loss)
+
+    def loss(self, loss):
+        """The float32 view of ``loss`` (one given to the constructor)."""
+        return self._mapped.get(loss.name, loss)
+
+    def backprop(self, loss, var_list):
+        """The float32 backprop of ``loss``, unscaled.
+
+        Args:
+          loss: a loss given to the constructor.
+          var_list: the variables whose gradients are wanted.
+
+        Returns:
+          A ``ViewBackprop``.
+        """
+        activations = _downstream(self._activations[loss.name], var_list)
+        grads = tf.gradients(self.loss(loss), list(var_list) + activations)
+        held = [tf.reduce_max(tf.abs(_values(grad))) for grad in grads[len(var_list):]
+                if grad is not None]
+        return ViewBackprop(grads[:len(var_list)],
+                            tf.reduce_max(tf.stack(held)) if held else tf.zeros([]))
+
+    def _float32(self, loss):
+        """Copies every op that ``loss`` needs in float32, in graph order."""
+        ops = _ops_to_copy(loss)
+        with tf.name_scope("float32_view"):
+            for op in ops:
+                self._copy(op)
+        self._activations[loss.name] = [
+            (tensor, self._mapped[tensor.name]) for op in ops for tensor in op.outputs
+            if _is_float16(tensor)]
+
+    def _input(self, tensor):
+        """What a copied op takes for ``tensor``: its copy, or the tensor
+        itself in float32 (a float16 tensor cast once)."""
+        if tensor.name in self._mapped:
+            return self._mapped[tensor.name]
+        if tensor.dtype.base_dtype == tf.float16:
+            widened = tf.cast(tensor, tf.float32)
+            self._mapped[tensor.name] = widened
+            return widened
+        return tensor
+
+    def _copy(self, op):
+        if op.outputs and op.outputs[0].name in self._mapped:
+            return
+        name = op.name.rsplit("/", 1)[-1]
+        if op.type == "Const":
+            value = tf.make_ndarray(op.get_attr("value"))
+            if value.dtype == np.float16:
+                value = value.astype(np.float32)
+            copied = [tf.constant(value, name=name)]
+        else:
+            attrs = dict((key, _widened_attr(value)) for key, value in op.node_def.attr.items()
+                         if not key.startswith("_"))
+            new = self._graph.create_op(
+                op.type, [self._input(tensor) for tensor in op.inputs],
+                [_widened(tensor.dtype) for tensor in op.outputs], name=name, attrs=attrs)
+            copied = new.outputs
+        for original, copy in zip(op.outputs, copied):
+            self._mapped[original.name] = copy
+
+
+def _downstream(activations, var_list):
+    """The copies of the float16 tensors that depend on a variable of
+    ``var_list``: the tensors the float16 backprop of those variables holds.
+
+    Args:
+      activations: (original tensor, copy) pairs, in graph order.
+      var_list: the variables.
+    """
+    sources = set()
+    for var in var_list:
+        sources.add(var.op.name)
+        handle = getattr(var, "handle", None)
+        if handle is not None:
+            sources.add(handle.op.name)
+    reaches = {}  # op name -> whether it depends on a source
+
+    def depends(op):
+        stack, order = [op], []
+        while stack:
+            top = stack.pop()
+            if top.name in reaches or top.name in sources:
+                continue
+            order.append(top)
+            stack.extend(tensor.op for tensor in top.inputs)
+        # Creation order is a topological order (no loops: _ops_to_copy).
+        for item in sorted(order, key=lambda item: item._id):  # pylint: disable=protected-access
+            if item.name not in reaches:
+                reaches[item.name] = any(
+                    tensor.op.name in sources or reaches.get(tensor.op.name, False)
+                    for tensor in item.inputs)
+        return op.name in sources or reaches[op.name]
+
+    return [copy for original, copy in activations if depends(original.op)]
+
+
+class ViewBackprop(collections.namedtuple("ViewBackprop", ["grads", "activations_max_abs"])):
+    """A loss's float32 backprop, unscaled.
+
+    Attributes:
+      grads: the variables' gradients, in order (None where unconnected).
+      activations_max_abs: the largest |gradient| of the tensors the forward
+        pass computes in float16 (what the float16 backprop holds, over the
+        scale); 0 when there is none.
+    """
+
+
+def _values(grad):
+    """The tensor of a gradient's values (IndexedSlices or dense)."""
+    return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _widened(dtype):
+    """float32 for float16, any other dtype as it is (no ref types here)."""
+    dtype = dtype.base_dtype
+    return tf.float32 if dtype == tf.float16 else dtype
+
+
+def _widened_attr(value):
+    """An ``AttrValue`` with every float16 type (or float16 tensor) float32."""
+    which = value.WhichOneof("value")
+    if which == "type" and value.type == types_pb2.DT_HALF:
+        return attr_value_pb2.AttrValue(type=types_pb2.DT_FLOAT)
+    if which == "list" and types_pb2.DT_HALF in value.list.type:
+        widened = attr_value_pb2.AttrValue()
+        widened.CopyFrom(value)
+        del widened.list.type[:]
+        widened.list.type.extend(types_pb2.DT_FLOAT if item == types_pb2.DT_HALF else item
+                                 for item in value.list.type)
+        return widened
+    if which == "tensor" and value.tensor.dtype == types_pb2.DT_HALF:
+        array = tf.make_ndarray(value.tensor).astype(np.float32)
+        return attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(array))
+    return value
+
+
+def _is_float16(tensor):
+    return tensor.dtype.base_dtype == tf.float16
+
+
+def _ops_to_copy(loss):
+    """The ops of ``loss``'s forward graph the float32 view copies, in
+    creation order (a topological order of a graph without loops).
+
+    An op is copied when it computes something float16 (a float16 input or
+    output) or takes a copied op's output, unless it is an input of the step
+    (``_INPUT_TYPES``) or stateful (a variable read, a random draw, whose
+    value is taken as it is) with no input that changes.
+
+    Raises:
+      ValueError: for a stateful op, control flow or a function call that
+        would need copying (its float inputs change).
+    """
+    ancestors = {}  # op name -> op, every op loss's value depends on
+    stack = [loss.op]
+    while stack:
+        op = stack.pop()
+        if op.name in ancestors:
+            continue
+        ancestors[op.name] = op
+        if op.type not in _INPUT_TYPES:
+            stack.extend(tensor.op for tensor in op.inputs)
+    copied = set()
+    ordered = []
+    for op in sorted(ancestors.values(), key=lambda op: op._id):  # pylint: disable=protected-access
+        if op.type in _INPUT_TYPES:
+            continue
+        changed = [tensor for tensor in op.inputs
+                   if tensor.op.name in copied or _is_float16(tensor)]
+        if op.type == "Const":
+            needed = any(_is_float16(tensor) for tensor in op.outputs)
+        elif _stateful(op):
+            needed = False
+            if any(tensor.dtype.base_dtype.is_floating for tensor in changed):
+                raise _cannot_copy(loss, op, "it is stateful")
+        else:
+            needed = bool(changed) or any(_is_float16(tensor) for tensor in op.outputs)
+        if needed and op.type in _UNCOPYABLE_TYPES:
+            raise _cannot_copy(loss, op, "it is control flow or a function call")
+        if needed:
+            copied.add(op.name)
+            ordered.append(op)
+    return ordered
+
+
+def _stateful(op):
+    try:
+        return op.op_def.is_stateful
+    except (AttributeError, ValueError):
+        return True
+
+
+def _cannot_copy(loss, op, why):
+    return ValueError(
+        "the float32 view of loss %r cannot copy op %r (%s), which computes in "
+        "float16 on the way to the loss. Measure a loss whose float16 part is plain "
+        "ops, or leave measure_underflow off (and use a non-listening manager)."
+        % (loss.name, op.name, why + ", " + op.type))
+
+
+def check_float32_view(loss, var_list, group):
+    """Checks, before any op is made, that ``loss`` has a float32 view.
+
+    Args:
+      loss: the group's loss tensor.
+      var_list: its variables.
+      group: its name, for the message.
+
+    Raises:
+      ValueError: for a float16 variable (its gradient ends in float16), or
+        a stateful op, control flow or a function call that computes in
+        float16 on the way to the loss.
+    """
+    for var in var_list:
+        if var.dtype.base_dtype == tf.float16:
+            raise ValueError(
+                "group %r: variable %r is float16, so the underflow measurement has no "
+                "float32 view of its gradient. Keep the variables float32 and cast them "
+                "to float16 in the forward pass." % (group, var.name))
+    _ops_to_copy(loss)
+
+
+def check_measurable(plan, measure_underflow):
+    """The build-time check of every group the step will measure.
+
+    Args:
+      plan: the ``plan.Plan``.
+      measure_underflow: whether ``TrainOps.underflow`` is asked for (every
+        group); otherwise only the groups of listening managers are measured.
+
+    Raises:
+      ValueError: as ``check_float32_view``.
+    """
+    for group in plan.groups:
+        if group.loss is None:
+            continue
+        if measure_underflow or _manager_base.listens_to_underflow(group.manager):
+            check_float32_view(group.loss, group.var_list, group.name)
+
+
+def measure(plan, scales, scaled, names, after=()):
+    """Each named group's ``Underflow``, built in the current context.
+
+    Args:
+      plan: the ``plan.Plan``.
+      scales: the step's ``gradients.Scale`` records, by manager use name.
+      scaled: ordered dict from group name to its scaled (gradient,
+        variable) pairs.
+      names: the groups to measure.
+      after: tensors the measurement follows (the step's overflow flags).
+
+    Returns:
+      Ordered dict from group name to ``Underflow``.
+    """
+    result = collections.OrderedDict()
+    with tf.control_dependencies(list(after)):
+        view = Float32View(_distinct([plan.group(name).loss for name in names]))
+        for name in names:
+            group = plan.group(name)
+            with tf.name_scope(name):
+                backprop = view.backprop(group.loss, group.var_list)
+                wide = dict(zip([var.name for var in group.var_list], backprop.grads))
+                counts = [_counts(grad, wide[var.name]) for grad, var in scaled[name]]
+                seed = None
+                if group.loss.dtype.base_dtype == tf.float16:
+                    # The float16 backprop starts from the scale itself.
+                    seed = scales[plan.scale_of(name)].value
+                result[name] = _record(counts, scales[plan.scale_of(name)].value,
+                                       backprop.activations_max_abs, seed)
+    return result
+
+
+def _distinct(tensors):
+    result = []
+    for tensor in tensors:
+        if not any(tensor is seen for seen in result):
+            result.append(tensor)
+    return result
+
+
+class _Counts(collections.namedtuple(
+        "_Counts", ["elements", "zeros", "float32_zeros", "flushed", "subnormal", "max_abs",
+                    "overflowed", "float32_max_abs"])):
+    """One gradient's counts (float32 scalars; ``overflowed`` bool)."""
+
+
+def _dense_pair(grad, wide):
+    """The two sides as float32 tensors of the same shape."""
+    if isinstance(grad, tf.IndexedSlices) and isinstance(wide, tf.IndexedSlices):
+        return tf.cast(grad.values, tf.float32), tf.cast(wide.values, tf.float32)
+    return (tf.cast(tf.convert_to_tensor(grad), tf.float32),
+            tf.cast(tf.convert_to_tensor(wide), tf.float32))
+
+
+def _counts(grad, wide):
+    """The counts of one scaled gradient against its float32 view (None:
+    unconnected there, all zero)."""
+    if wide is None:
+        wide = tf.zeros_like(_values(grad))
+        if isinstance(grad, tf.IndexedSlices):
+            wide = tf.IndexedSlices(wide, grad.indices, grad.dense_shape)
+    low, high = _dense_pair(grad, wide)
+
+    def count(mask):
+        return tf.reduce_sum(tf.cast(mask, tf.float32))
+
+    magnitude = tf.abs(low)
+    zero = tf.equal(low, 0.0)
+    zero32 = tf.equal(high, 0.0)
+    return _Counts(
+        elements=tf.cast(tf.size(low), tf.float32), zeros=count(zero),
+        float32_zeros=count(zero32),
+        flushed=count(tf.logical_and(zero, tf.logical_not(zero32))),
+        subnormal=count(tf.logical_and(tf.greater(magnitude, 0.0),
+                                       tf.less(magnitude, FLOAT16_MIN_NORMAL))),
+        max_abs=tf.reduce_max(magnitude),
+        # NaN compares false: overflowed unless every value is at most 65504.
+        overflowed=tf.logical_not(tf.reduce_all(tf.less_equal(magnitude, FLOAT16_MAX))),
+        float32_max_abs=tf.reduce_max(tf.abs(high)))
+
+
+def _record(counts, scale, activations_max_abs, seed=None):
+    """An ``Underflow`` from per-gradient ``_Counts`` at ``scale``."""
+    def total(field):
+        return tf.add_n([getattr(item, field) for item in counts])
+
+    maxima = [item.max_abs for item in counts]
+    overflows = [item.overflowed for item in counts]
+    if seed is not None:
+        maxima.append(seed)
+        overflows.append(tf.greater(seed, FLOAT16_MAX))
+    float32_max_abs = tf.reduce_max(tf.stack(
+        [item.float32_max_abs for item in counts] + [activations_max_abs]))
+    return _from_counts(scale, total("elements"), total("zeros"), total("float32_zeros"),
+                        total("flushed"), total("subnormal"), tf.reduce_max(tf.stack(maxima)),
+                        tf.reduce_any(tf.stack(overflows)), float32_max_abs)
+
+
+def _share(part, whole):
+    """part / whole, 0 when whole is 0."""
+    return tf.where(tf.greater(whole, 0.0), part / tf.maximum(whole, 1.0), tf.zeros([]))
+
+
+def _from_counts(scale, elements, zeros, float32_zeros, flushed, subnormal, max_abs,
+                 overflowed, float32_max_abs):
+    # The larger of what the step read and what the float32 view predicts
+    # the float16 backprop holds at this scale.
+    largest = tf.maximum(max_abs, scale * float32_max_abs)
+    headroom = tf.where(overflowed, tf.constant(-np.inf, tf.float32),
+                        _log2(FLOAT16_MAX / largest))
+    return Underflow(
+        flushed_share=_share(flushed, elements - float32_zeros),
+        subnormal_share=_share(subnormal, elements), headroom=headroom,
+        zero_share=_share(zeros, elements), float32_zero_share=_share(float32_zeros, elements),
+        max_abs=tf.where(overflowed, tf.constant(np.inf, tf.float32), max_abs),
+        float32_max_abs=float32_max_abs, scale=scale, elements=elements, zeros=zeros,
+        float32_zeros=float32_zeros, flushed=flushed, subnormal=subnormal)
+
+
+def _log2(x):
+    return tf.math.log(x) / np.float32(np.log(2.0))
+
+
+def combine(records):
+    """One ``Underflow`` over several groups' records (of one scale): counts
+    summed, maxima taken, shares recomputed.
+
+    Args:
+      records: ``Underflow`` records of tensors, at least one.
+
+    Returns:
+      An ``Underflow``.
+    """
+    records = list(records)
+    if len(records) == 1:
+        return records[0]
+
+    def total(field):
+        return tf.add_n([getattr(item, field) for item in records])
+
+    max_abs = tf.reduce_max(tf.stack([item.max_abs for item in records]))
+    return _from_counts(
+        records[0].scale, total("elements"), total("zeros"), total("float32_zeros"),
+        total("flushed"), total("subnormal"), max_abs,
+        tf.logical_not(tf.less_equal(max_abs, FLOAT16_MAX)),
+        tf.reduce_max(tf.stack([item.float32_max_abs for item in records])))
+
+
+class Listening(collections.namedtuple("Listening", ["ops", "entry_ops"])):
+    """The gated measurements of listening managers.
+
+    Attributes:
+      ops: one tensor per listening manager: live every run, after its
+        measurement and ``observe_underflow`` on the runs it asked for. The
+        manager updates follow them.
+      entry_ops: the ops every write of the measurement follows (for
+        ``claims``).
+    """
+
+
+def listen(plan, scales, scaled, flags):
+    """Feeds each listening manager its measurement, on the runs it asks for.
+
+    For each manager whose class defines the optional hooks
+    (``managers.base.listens_to_underflow``): ``underflow_due()`` gives the
+    bool of this run; behind a gate on it (the step's gate kind: the pivot,
+    or a ``tf.cond``) its groups are measured (``measure``, after the
+    overflow flags), combined into one ``Underflow`` and handed to
+    ``observe_underflow``, whose op runs there. On other runs nothing of it
+    runs.
+
+    Args:
+      plan: the ``plan.Plan``.
+      scales: the step's ``gradients.Scale`` records.
+      scaled: ordered dict from group name to scaled pairs.
+      flags: ordered dict from check name to float32 flag.
+
+    Returns:
+      A ``Listening``.
+    """
+    ops, entries = [], []
+    for use in plan.managers:
+        names = tuple(name for name in use.groups if name in scaled)
+        if not names or not _manager_base.listens_to_underflow(use.manager):
+            continue
+        with tf.name_scope("listen"):
+            due = tf.identity(use.manager.underflow_due(), name="due")
+
+            def observe(scope, use=use, names=names):
+                del scope
+                measured = measure(plan, scales, scaled, names, after=list(flags.values()))
+                return [_checked_op(use.manager, use.manager.observe_underflow(
+                    combine(measured.values())))]
+
+            if plan.gate_kind == "cond":
+                ops.append(_commit.cond_if(due, observe, "observe"))
+            else:
+                ops.append(_commit.run_if(due, observe, "observe"))
+        entries.append(due.op)
+    return Listening(ops, entries)
+
+
+def _checked_op(manager, value):
+    op = getattr(value, "op", value)
+    if isinstance(op, tf.Operation):
+        return op
+    raise TypeError(
+        "%s.observe_underflow(measurement) returned %r, not an op. Return the op "
+        "that records the measurement, e.g. tf.assign(...).op."
+        % (type(manager).__name__, value))
+
+
+def summaries(underflow, family="underflow"):
+    """``tf.summary.scalar`` summaries of ``TrainOps.underflow``.
+
+    Per group: ``<family>/<group>/flushed_share``, ``subnormal_share``,
+    ``headroom`` and ``float32_zero_share``. Fetching them computes the
+    measurement (a float32 backprop), so they are kept out of
+    ``tf.GraphKeys.SUMMARIES``: merge them and fetch them every N steps,
+    with ``update_op`` or alone.
+
+    Args:
+      underflow: ``TrainOps.underflow`` (a dict from group name to
+        ``Underflow``), non-empty.
+      family: the name prefix of the scalars.
+
+    Returns:
+      The list of summary tensors.
+
+    Raises:
+      TypeError: if ``underflow`` is not such a dict.
+      ValueError: if it is empty (``build(measure_underflow=True)`` was not
+        asked).
+    """
+    if not isinstance(underflow, dict) or not all(
+            isinstance(value, Underflow) for value in underflow.values()):
+        raise TypeError("underflow must be TrainOps.underflow (a dict of Underflow), got "
+                        "%r. Pass train.underflow." % (underflow,))
+    if not underflow:
+        raise ValueError("underflow is empty, got %r. Build with "
+                         "build(measure_underflow=True)." % (underflow,))
+    result = []
+    with tf.name_scope(None):
+        for name, record in sorted(underflow.items()):
+            for field in ("flushed_share", "subnormal_share", "headroom",
+                          "float32_zero_share"):
+                result.append(tf.summary.scalar("%s/%s/%s" % (family, name, field),
+                                                getattr(record, field), collections=[]))
+    return result
