@@ -68,8 +68,10 @@ class Underflow(collections.namedtuple(
         float32 view, the share that is zero on the float16 side at this
         scale: what float16 flushed. 0 when the view has no non-zero
         element.
-      subnormal_share: the share of all elements whose scaled float16 value
-        is subnormal (0 < |g| < 2**-14): kept, with fewer significant bits.
+      subnormal_share: of the same elements, the share whose value on the
+        float16 side is subnormal (0 < |g| < 2**-14): kept, with fewer than
+        float16's 11 significant bits. ``flushed_share + subnormal_share``
+        is the share of them that underflowed.
       headroom: ``log2(65504 / max(max_abs, scale * float32_max_abs))``:
         how many powers of two the scale could grow before the float16
         backprop overflows, by what the step read and by what the float32
@@ -470,7 +472,7 @@ def _from_counts(scale, elements, zeros, float32_zeros, flushed, subnormal, max_
                         _log2(FLOAT16_MAX / largest))
     return Underflow(
         flushed_share=_share(flushed, elements - float32_zeros),
-        subnormal_share=_share(subnormal, elements), headroom=headroom,
+        subnormal_share=_share(subnormal, elements - float32_zeros), headroom=headroom,
         zero_share=_share(zeros, elements), float32_zero_share=_share(float32_zeros, elements),
         max_abs=tf.where(overflowed, tf.constant(np.inf, tf.float32), max_abs),
         float32_max_abs=float32_max_abs, scale=scale, elements=elements, zeros=zeros,

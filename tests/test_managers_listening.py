@@ -53,15 +53,18 @@ def test_raises_early_by_the_headroom_and_measures_every_n_updates(gate):
                 measured.append(ran)
                 heard.append(list(sess.run(manager.heard)))
     # The first update is measured: at scale 1 every float16 gradient is 0
-    # (flushed share 1); the largest gradient is the float16 loss's own, 1,
-    # so the headroom is log2(65504) = 15.9993 bits; less the 2-bit margin,
-    # 13 doublings: 2**13.
+    # (underflow share 1); the largest gradient is the float16 loss's own,
+    # 1, so the headroom is log2(65504) = 15.9993 bits; less the 2-bit
+    # margin, 13 doublings: 2**13.
     assert used == [1.0] + [2.0 ** 13] * 6
     assert measured == [True, False, False, True, False, False, True]
-    # [update count mod 3, m, flushed share, measured this run]: m is 1
-    # (scale-free); at 2**13 nothing is flushed, so no further raise.
+    # [update count mod 3, m, underflow share, measured this run]: m is 1
+    # (scale-free).
     assert heard[0] == [1.0, 1.0, 1.0, 0.0]
-    assert heard[3] == [1.0, 1.0, 0.0, 0.0]
+    # At 2**13 some gradients are still subnormal (the share is above 1 %),
+    # but 0.9993 bits of headroom less the margin leave no doubling: kept.
+    assert heard[3][:2] == [1.0, 1.0] and heard[3][3] == 0.0
+    assert 0.01 < heard[3][2] < 0.5
     assert [h[0] for h in heard] == [1.0, 2.0, 0.0, 1.0, 2.0, 0.0, 1.0]
 
 
@@ -90,7 +93,7 @@ def test_an_overflowed_measurement_keeps_the_last_finite_one():
         poison = tf.placeholder_with_default(tf.constant(1.0), [])
         manager = nl.ListeningLossScaleManager(initial_scale=4, growth_steps=1000,
                                                measure_every_n_steps=1,
-                                               raise_above_flushed_share=1.0)
+                                               raise_above_underflow_share=1.0)
         train = _seed_step(manager, poison=poison)
         with tf.Session() as sess:
             sess.run(tf.global_variables_initializer())
@@ -100,8 +103,9 @@ def test_an_overflowed_measurement_keeps_the_last_finite_one():
                                         {poison: np.inf})
             after = list(sess.run(manager.heard))
             state = sess.run(manager.state)
-    # The first measurement: flushed share 1 at scale 4, which reaches the
-    # threshold 1.0: raised by 11 doublings (log2(65504 / 4) - 2 = 11.9993).
+    # The first measurement: underflow share 1 at scale 4 (all flushed),
+    # which reaches the threshold 1.0: raised by 11 doublings
+    # (log2(65504 / 4) - 2 = 11.9993).
     assert first == [0.0, 1.0, 1.0, 0.0]
     assert not finite and scale == 2.0 ** 13
     # The poisoned run measured inf: m and the share stay, marked unheard;
@@ -244,9 +248,9 @@ def test_per_group_ops_listen_too():
 @pytest.mark.parametrize("argument, value, error, fragment", [
     ("measure_every_n_steps", 0, ValueError, "measure_every_n_steps"),
     ("measure_every_n_steps", 2.5, TypeError, "measure_every_n_steps"),
-    ("raise_above_flushed_share", 0.0, ValueError, "raise_above_flushed_share"),
-    ("raise_above_flushed_share", 1.5, ValueError, "raise_above_flushed_share"),
-    ("raise_above_flushed_share", "1%", TypeError, "raise_above_flushed_share"),
+    ("raise_above_underflow_share", 0.0, ValueError, "raise_above_underflow_share"),
+    ("raise_above_underflow_share", 1.5, ValueError, "raise_above_underflow_share"),
+    ("raise_above_underflow_share", "1%", TypeError, "raise_above_underflow_share"),
     ("headroom_margin_bits", -1, ValueError, "headroom_margin_bits"),
     ("headroom_margin_bits", float("nan"), ValueError, "headroom_margin_bits"),
 ])

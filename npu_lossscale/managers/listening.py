@@ -17,18 +17,18 @@ from npu_lossscale.managers.dynamic import (_DEFAULT_GROWTH_STEPS, _DEFAULT_INIT
 # One measurement (a float32 copy of the forward pass and its backprop, about
 # the cost of a step) every 100 updates: about 1 % more work.
 _DEFAULT_MEASURE_EVERY_N_STEPS = 100
-# Raise when more than 1 % of the gradient elements that float32 keeps
-# non-zero are flushed to zero in float16.
-_DEFAULT_RAISE_ABOVE_FLUSHED_SHARE = 0.01
+# Raise when 1 % or more of the gradient elements that float32 keeps
+# non-zero underflow in float16 (flushed to zero, or subnormal).
+_DEFAULT_RAISE_ABOVE_UNDERFLOW_SHARE = 0.01
 # Keep 2 bits (a factor of 4) below 65504 when raising: the measured
 # maximum moves from step to step, and backprop tensors between the loss
 # and the weights, which the measurement does not read, may be larger.
 _DEFAULT_HEADROOM_MARGIN_BITS = 2.0
 
 # Positions in the ``heard`` vector: the update count modulo the period, the
-# last finite measurement's unscaled maximum |g| (-1: none yet) and flushed
-# share, and whether that measurement came this run (1) or not (0).
-_RUNS, _MAX, _FLUSHED, _FRESH = 0, 1, 2, 3
+# last finite measurement's unscaled maximum |g| (-1: none yet) and
+# underflow share, and whether that measurement came this run (1) or not (0).
+_RUNS, _MAX, _UNDERFLOW, _FRESH = 0, 1, 2, 3
 _HEARD_SIZE = 4
 
 
@@ -36,15 +36,17 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
     """``DynamicLossScaleManager``'s rule, steered by the underflow measurement.
 
     Every ``measure_every_n_steps`` updates the step measures this manager's
-    groups (``underflow.Underflow``: the share of gradient elements float16
-    flushed to zero at the scale in use, against a float32 view, and the
-    largest |g|), on those runs only. With ``m``, the measured largest |g|
+    groups (``underflow.Underflow``), on those runs only. Its underflow
+    share is ``flushed_share + subnormal_share``: of the gradient elements
+    the float32 view keeps non-zero, those float16 flushed to zero or keeps
+    subnormal at the scale in use. With ``m``, the measured largest |g|
     unscaled (the larger of the float16 side's maximum over the scale and
-    the float32 view's maximum), the update is the dynamic rule, then::
+    the float32 view's maximum over its whole backprop), the update is the
+    dynamic rule, then::
 
       if the dynamic rule grew the scale and scale * m > 65504:
         scale = the scale before (a growth the measurement says overflows)
-      if finite and measured this run and flushed_share >= raise_above:
+      if finite and measured this run and underflow share >= raise_above:
         k = floor((log2(65504 / (scale * m)) - margin_bits) / log2(multiplier))
         if k >= 1: scale = min(scale * multiplier ** k, cap); good = 0
 
@@ -67,15 +69,15 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
 
     The state is ``dynamic_loss_scale/state`` (as the dynamic manager's) and
     ``listening_loss_scale/heard``: ``[update count mod N, m (-1: none),
-    flushed share, measured this run]``.
+    underflow share, measured this run]``.
 
     Args:
       initial_scale, growth_steps, multiplier, min_loss_scale,
         max_loss_scale, floor_warning_after: as ``DynamicLossScaleManager``.
       measure_every_n_steps: updates between measurements, in [1, 2**24];
         the first update is measured.
-      raise_above_flushed_share: the flushed share, in (0, 1], at which a
-        measurement raises the scale early.
+      raise_above_underflow_share: the underflow share, in (0, 1], at which
+        a measurement raises the scale early.
       headroom_margin_bits: the powers of two kept below 65504 when raising,
         in [0, 126].
 
@@ -94,16 +96,16 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
                  max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
                  floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER,
                  measure_every_n_steps=_DEFAULT_MEASURE_EVERY_N_STEPS,
-                 raise_above_flushed_share=_DEFAULT_RAISE_ABOVE_FLUSHED_SHARE,
+                 raise_above_underflow_share=_DEFAULT_RAISE_ABOVE_UNDERFLOW_SHARE,
                  headroom_margin_bits=_DEFAULT_HEADROOM_MARGIN_BITS):
         _checks.require_graph_mode("ListeningLossScaleManager")
         self._every = _check_period("measure_every_n_steps", measure_every_n_steps, 100)
-        _checks.check_number("raise_above_flushed_share", raise_above_flushed_share,
+        _checks.check_number("raise_above_underflow_share", raise_above_underflow_share,
                              minimum=0, maximum=1, min_open=True,
                              hint="Pass e.g. 0.01 (1 %).")
         _checks.check_number("headroom_margin_bits", headroom_margin_bits, minimum=0,
                              maximum=126, hint="Pass e.g. 2 (a factor of 4).")
-        self._raise_above = float(raise_above_flushed_share)
+        self._raise_above = float(raise_above_underflow_share)
         self._margin_bits = float(headroom_margin_bits)
         super(ListeningLossScaleManager, self).__init__(
             initial_scale=initial_scale, growth_steps=growth_steps, multiplier=multiplier,
@@ -121,7 +123,7 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
     @property
     def heard(self):
         """The float32[4] variable ``[update count mod N, m (-1: none),
-        flushed share, measured this run]``."""
+        underflow share, measured this run]``."""
         return self._heard
 
     @property
@@ -130,8 +132,8 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
         return self._every
 
     @property
-    def raise_above_flushed_share(self):
-        """The flushed share at which a measurement raises the scale."""
+    def raise_above_underflow_share(self):
+        """The underflow share at which a measurement raises the scale."""
         return self._raise_above
 
     @property
@@ -149,8 +151,9 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
 
     def observe_underflow(self, measurement):
         """Records a finite measurement (``underflow.Underflow`` over this
-        manager's groups); an overflowed one (max_abs beyond 65504, or NaN)
-        is marked heard but leaves the last finite one in place.
+        manager's groups) as this run's; an overflowed one (max_abs beyond
+        65504, or NaN) is not recorded: the last finite one stays, marked as
+        not of this run.
 
         Returns:
           The op that writes ``heard``.
@@ -161,9 +164,9 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
                                     tf.greater(measurement.scale, 0.0))
             unscaled = tf.maximum(measurement.max_abs / measurement.scale,
                                   measurement.float32_max_abs)
-            new = tf.where(finite,
-                           tf.stack([heard[_RUNS], unscaled, measurement.flushed_share, 1.0]),
-                           tf.stack([heard[_RUNS], heard[_MAX], heard[_FLUSHED], 0.0]))
+            share = measurement.flushed_share + measurement.subnormal_share
+            new = tf.where(finite, tf.stack([heard[_RUNS], unscaled, share, 1.0]),
+                           tf.stack([heard[_RUNS], heard[_MAX], heard[_UNDERFLOW], 0.0]))
             with tf.control_dependencies([new]):
                 return tf.assign(self._heard, new, name="assign_heard").op
 
@@ -206,14 +209,14 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
             raising = tf.logical_and(
                 tf.logical_and(finite, tf.greater(heard[_FRESH], 0.0)),
                 tf.logical_and(tf.logical_and(known, tf.greater_equal(steps, 1.0)),
-                               tf.greater_equal(heard[_FLUSHED], self._raise_above)))
+                               tf.greater_equal(heard[_UNDERFLOW], self._raise_above)))
             raised = tf.minimum(scale * tf.pow(self.multiplier, tf.maximum(steps, 0.0)),
                                 self._scale_cap())
             new_scale = tf.where(raising, raised, scale)
             new_good = tf.where(raising, tf.zeros([]), after[_GOOD])
             new_state = tf.concat([tf.stack([new_scale, new_good]), after[_GOOD + 1:]], 0)
             new_heard = tf.stack([tf.floormod(heard[_RUNS] + 1.0, float(self._every)),
-                                  heard[_MAX], heard[_FLUSHED], 0.0])
+                                  heard[_MAX], heard[_UNDERFLOW], 0.0])
             with tf.control_dependencies([new_state, new_heard]):
                 return tf.group(tf.assign(self.state, new_state, name="assign_state"),
                                 tf.assign(self._heard, new_heard, name="assign_heard"))
