@@ -1,18 +1,26 @@
-"""Which variable updates an op stands for: one op vocabulary and one walk,
-shared by the builder's ``update_ops`` check (``tf.Operation``s) and the
-audit's NLS005 (``GraphDef`` nodes, by name).
+"""Graph walks and the op vocabulary, shared by the library (which walks
+``tf.Operation``s) and the audit (which walks ``GraphDef`` nodes by name).
 
-An op given as an update (``tf.group``, ``tf.tuple``, ``check_numerics``,
-``stop_gradient``, a ``tf.print`` under ``control_dependencies``, or the
-update itself) stands for the variable updates the walk reaches from it,
-over data and control edges, through any op that is not an update. The walk
-stops at the first update on each path: an update's own inputs are the
-forward pass and the data pipeline, which must run on every step, so it
-never goes past one. A data pipeline's get-next op or a random op is
-stateful but writes no variable, so it is walked through like any other op.
+* The op vocabulary: variable updates, identities, control flow, function
+  calls, data inputs.
+* ``depth_first`` (and ``reachable``, ``first_reached``), ``children`` and
+  ``topological``: generic walks over any nodes, given their ``parents``.
+* ``updates_behind``: which variable updates an op stands for, shared by
+  the builder's ``update_ops`` check and the audit's NLS005.
+
+For ``updates_behind``, an op given as an update (``tf.group``,
+``tf.tuple``, ``check_numerics``, ``stop_gradient``, a ``tf.print`` under
+``control_dependencies``, or the update itself) stands for the variable
+updates the walk reaches from it, over data and control edges, through any
+op that is not an update. The walk stops at the first update on each path:
+an update's own inputs are the forward pass and the data pipeline, which
+must run on every step, so it never goes past one. A data pipeline's
+get-next op or a random op is stateful but writes no variable, so it is
+walked through like any other op.
 
 This module imports no TensorFlow and makes no op: the caller says how to
-read its graph through two functions, ``parents`` and ``classify``.
+read its graph through functions, ``parents`` (and, for ``updates_behind``,
+``classify``).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -20,10 +28,12 @@ from __future__ import absolute_import, division, print_function
 import collections
 import re
 
-__all__ = ["BARRIER", "CONTROL", "STOP", "THROUGH", "UPDATE", "CONTROL_FLOW_TYPES",
-           "DATA_INPUT_TYPES", "FEEDABLE_TYPES", "FUNCTION_CALL_TYPES",
-           "FUNCTIONAL_CONTROL_FLOW_TYPES", "Reached", "Walk", "first_reached",
-           "is_optimizer_apply", "is_update", "kind_of_type", "updates_behind",
+__all__ = ["BARRIER", "CASE_TYPES", "CONTROL", "CONTROL_FLOW_TYPES", "DATA_INPUT_TYPES",
+           "ENTER_TYPES", "EXIT_TYPES", "FEEDABLE_TYPES", "FUNCTIONAL_CONTROL_FLOW_TYPES",
+           "FUNCTION_CALL_TYPES", "IDENTITY_TYPES", "IF_TYPES", "MERGE_TYPES",
+           "NEXT_ITERATION_TYPES", "STOP", "SWITCH_TYPES", "THROUGH", "UPDATE", "WHILE_TYPES",
+           "Reached", "Walk", "children", "depth_first", "first_reached", "is_optimizer_apply",
+           "is_update", "kind_of_type", "reachable", "topological", "updates_behind",
            "walked_inputs"]
 
 # Variable writes, from the ops' definitions: each takes the variable as its
@@ -41,18 +51,38 @@ _VARIABLE_WRITE = re.compile(
 # The fused optimizer updates (ApplyAdam, ResourceSparseApplyMomentum...).
 _OPTIMIZER_APPLY = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]\w*$")
 
+#: Ops that pass their input on unchanged.
+IDENTITY_TYPES = frozenset(["Identity", "RefIdentity", "Snapshot"])
+
+# v1 control flow (tf.cond's and tf.while_loop's frames), op by op.
+#: Passes its data input to one of two outputs, as its predicate (the
+#: second input) says; the other output is dead.
+SWITCH_TYPES = frozenset(["Switch", "RefSwitch"])
+#: Passes on whichever input is live.
+MERGE_TYPES = frozenset(["Merge", "RefMerge"])
+#: Enters a loop's frame.
+ENTER_TYPES = frozenset(["Enter", "RefEnter"])
+#: Leaves a loop's frame.
+EXIT_TYPES = frozenset(["Exit", "RefExit"])
+#: Carries a value into a loop's next iteration (the back edge into a Merge).
+NEXT_ITERATION_TYPES = frozenset(["NextIteration", "RefNextIteration"])
+# v2 control flow: functional ops whose bodies are functions.
+#: Runs one of two branch functions, as its first input says.
+IF_TYPES = frozenset(["If", "StatelessIf"])
+#: Runs one of its branch functions, as its first input (an index) says.
+CASE_TYPES = frozenset(["Case", "StatelessCase"])
+#: Runs its body function while its cond function says so.
+WHILE_TYPES = frozenset(["While", "StatelessWhile"])
 #: v2 control flow: functional ops whose bodies are functions.
-FUNCTIONAL_CONTROL_FLOW_TYPES = frozenset([
-    "If", "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile"])
+FUNCTIONAL_CONTROL_FLOW_TYPES = IF_TYPES | CASE_TYPES | WHILE_TYPES
 #: Control flow: v1's Switch/Merge frames and v2's functional ops. What lies
 #: behind them runs only on some branch or iteration.
-CONTROL_FLOW_TYPES = FUNCTIONAL_CONTROL_FLOW_TYPES | frozenset([
-    "Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter", "Exit", "RefExit",
-    "NextIteration", "RefNextIteration", "LoopCond"])
+CONTROL_FLOW_TYPES = (FUNCTIONAL_CONTROL_FLOW_TYPES | SWITCH_TYPES | MERGE_TYPES
+                      | ENTER_TYPES | EXIT_TYPES | NEXT_ITERATION_TYPES
+                      | frozenset(["LoopCond"]))
 # Inputs that pick a branch rather than pass a value on: a Switch's
 # predicate (its second input), an If's or a Case's first input.
-_SWITCH_TYPES = frozenset(["Switch", "RefSwitch"])
-_BRANCH_INDEX_FIRST = frozenset(["If", "StatelessIf", "Case", "StatelessCase"])
+_BRANCH_INDEX_FIRST = IF_TYPES | CASE_TYPES
 #: Calls of a function (a graph-mode ``tf.function``): one op that runs its
 #: whole body.
 FUNCTION_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
@@ -141,7 +171,7 @@ def walked_inputs(op_type, inputs):
       A list.
     """
     inputs = list(inputs)
-    if op_type in _SWITCH_TYPES:
+    if op_type in SWITCH_TYPES:
         return inputs[:1]
     if op_type in _BRANCH_INDEX_FIRST:
         return inputs[1:]
@@ -190,12 +220,59 @@ def updates_behind(roots, parents, classify, seen=None):
                   for kind in (UPDATE, BARRIER)])
 
 
+def depth_first(roots, parents, stop=None):
+    """Each node reachable from ``roots``, once, depth first.
+
+    The library's one reachability walk: over ``parents`` it yields a
+    node's ancestors, over consumers its descendants. A node is yielded
+    when the walk first takes it off its stack; its ``parents`` are then
+    pushed in the order given (so the last is walked first), unless
+    ``stop`` holds for it. ``parents`` is called once the caller asks for
+    the next node, so the caller may change the graph around the node just
+    yielded.
+
+    Args:
+      roots: iterable of nodes (any hashable: ops, node or function names).
+      parents: node -> iterable of the nodes to walk to from it.
+      stop: optional node -> bool; a node for which it is True is yielded
+        but not walked past.
+
+    Yields:
+      Nodes: the roots and what they reach.
+    """
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        yield node
+        if stop is None or not stop(node):
+            stack.extend(parents(node))
+
+
+def reachable(roots, parents, stop=None):
+    """The set of nodes ``depth_first`` reaches: the roots' ancestors (their
+    descendants when ``parents`` gives consumers), the roots included.
+
+    Args:
+      roots: iterable of nodes.
+      parents: node -> iterable of the nodes to walk to from it.
+      stop: optional node -> bool; a node for which it is True is included
+        but not walked past.
+
+    Returns:
+      A set of nodes.
+    """
+    return set(depth_first(roots, parents, stop))
+
+
 def first_reached(roots, parents, targets):
     """The first of ``targets`` a depth-first walk from ``roots`` meets.
 
-    The one ancestor walk of the library: whether a loss reaches its
-    variables (only through edges gradients flow through, as ``parents``
-    gives them), whether an update op already runs with a loss.
+    Whether a loss reaches its variables (only through edges gradients flow
+    through, as ``parents`` gives them), whether an update op already runs
+    with a loss.
 
     Args:
       roots: iterable of nodes (any hashable: ops, node names).
@@ -206,13 +283,62 @@ def first_reached(roots, parents, targets):
       A node of ``targets``, or None when the walk meets none.
     """
     targets = set(targets)
-    seen, stack = set(), list(roots)
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
+    for node in depth_first(roots, parents):
         if node in targets:
             return node
-        stack.extend(parents(node))
     return None
+
+
+def children(nodes, parents):
+    """The edges of a graph turned around: who waits for each node.
+
+    Args:
+      nodes: iterable of every node of the graph, in order.
+      parents: node -> iterable of the nodes it waits for.
+
+    Returns:
+      A dict from a node to the list of nodes it is a parent of, in the
+      order of ``nodes``; a node without children has no entry. A parent
+      that is not among ``nodes`` gets its entry too.
+    """
+    found = {}
+    for node in nodes:
+        for parent in parents(node):
+            found.setdefault(parent, []).append(node)
+    return found
+
+
+def topological(nodes, parents):
+    """``nodes`` ordered so that each comes after its parents.
+
+    Depth first from each node in turn, in post order. A cycle (a v1 loop's
+    back edge) is broken where the walk meets a node it is still inside.
+
+    Args:
+      nodes: iterable of every node of the graph, in order.
+      parents: node -> iterable of the nodes it waits for; a parent not
+        among ``nodes`` is ordered like the others.
+
+    Returns:
+      A list of nodes.
+    """
+    order, state = [], {}  # state: 1 while walking a node's parents, 2 when done
+    for root in nodes:
+        if root in state:
+            continue
+        stack = [(root, iter(parents(root)))]
+        state[root] = 1
+        while stack:
+            node, pending = stack[-1]
+            advanced = False
+            for parent in pending:
+                if parent not in state:
+                    state[parent] = 1
+                    stack.append((parent, iter(parents(parent))))
+                    advanced = True
+                    break
+            if not advanced:
+                stack.pop()
+                state[node] = 2
+                order.append(node)
+    return order

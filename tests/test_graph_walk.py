@@ -164,3 +164,73 @@ def test_graph_walk_imports_no_tensorflow():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+# The generic walks on a diamond: a waits for b and c, both wait for d.
+_DIAMOND = {"a": ["b", "c"], "b": ["d"], "c": ["d"], "d": []}
+
+
+def test_depth_first_yields_each_node_once_last_parent_first():
+    # a; then c (pushed last); d under c; then b, whose d is already seen.
+    assert list(W.depth_first(["a"], _DIAMOND.get)) == ["a", "c", "d", "b"]
+    # A stop node is yielded, not walked past: d is reached through b only.
+    assert list(W.depth_first(["a"], _DIAMOND.get, stop=lambda n: n == "c")) == [
+        "a", "c", "b", "d"]
+    # A cycle ends: each node once.
+    assert list(W.depth_first(["x"], {"x": ["y"], "y": ["x"]}.get)) == ["x", "y"]
+
+
+def test_depth_first_reads_parents_after_the_node_is_handled():
+    """The register's clear ordering adds a control input to a node the walk
+    just yielded: the walk reads the node's parents after that."""
+    graph = {"a": ["b"], "b": [], "late": []}
+    walked = []
+    for node in W.depth_first(["a"], lambda n: list(graph[n])):
+        walked.append(node)
+        if node == "b":
+            graph["b"].append("late")
+    assert walked == ["a", "b", "late"]
+
+
+def test_reachable_gives_ancestors_or_descendants():
+    assert W.reachable(["b"], _DIAMOND.get) == {"b", "d"}
+    assert W.reachable(["a"], _DIAMOND.get, stop=lambda n: n in ("b", "c")) == {"a", "b", "c"}
+    consumers = W.children(_DIAMOND, _DIAMOND.get)
+    assert W.reachable(["d"], lambda n: consumers.get(n, ())) == {"a", "b", "c", "d"}
+    assert W.reachable(["c"], lambda n: consumers.get(n, ())) == {"a", "c"}
+
+
+def test_first_reached_is_the_first_target_the_walk_meets():
+    assert W.first_reached(["a"], _DIAMOND.get, ["b", "d"]) == "d"  # a, c, d
+    assert W.first_reached(["a"], _DIAMOND.get, ["a"]) == "a"
+    assert W.first_reached(["b"], _DIAMOND.get, ["c"]) is None
+
+
+def test_children_turns_the_edges_around_in_node_order():
+    consumers = W.children(["a", "b", "c", "d"], lambda n: _DIAMOND[n] + ["outside"])
+    assert consumers == {"b": ["a"], "c": ["a"], "d": ["b", "c"],
+                         "outside": ["a", "b", "c", "d"]}
+
+
+def test_topological_puts_parents_first_and_breaks_cycles():
+    assert W.topological(["a", "b", "c", "d"], _DIAMOND.get) == ["d", "b", "c", "a"]
+    # A v1 loop: merge waits for enter and for next_iteration, which waits
+    # for merge (the back edge). Each node once; merge after enter.
+    loop = {"merge": ["enter", "next_iteration"], "enter": [],
+            "next_iteration": ["merge"]}
+    assert W.topological(["merge", "enter", "next_iteration"], loop.get) == [
+        "enter", "next_iteration", "merge"]
+
+
+def test_control_flow_vocabulary_is_registered_and_composed():
+    """Each op type of the control-flow and identity vocabulary (shared by
+    the core and the audit) is a registered op; CONTROL_FLOW_TYPES is their
+    union (with LoopCond)."""
+    registry = _registered_ops()
+    parts = [W.SWITCH_TYPES, W.MERGE_TYPES, W.ENTER_TYPES, W.EXIT_TYPES,
+             W.NEXT_ITERATION_TYPES, W.IF_TYPES, W.CASE_TYPES, W.WHILE_TYPES]
+    for part in parts + [W.IDENTITY_TYPES, W.FUNCTION_CALL_TYPES]:
+        assert part and all(name in registry for name in part), part
+    assert W.CONTROL_FLOW_TYPES == frozenset().union(*parts) | {"LoopCond"}
+    assert W.FUNCTIONAL_CONTROL_FLOW_TYPES == W.IF_TYPES | W.CASE_TYPES | W.WHILE_TYPES
+    assert len(W.CONTROL_FLOW_TYPES) == 17
