@@ -8,7 +8,7 @@ from __future__ import absolute_import, division, print_function
 import tensorflow.compat.v1 as tf
 from tensorflow.core.framework import variable_pb2
 
-__all__ = ["Collections", "node_name"]
+__all__ = ["Collections", "node_name", "of_graph", "of_meta_graph"]
 
 
 def node_name(name):
@@ -48,7 +48,15 @@ def _names(items):
     return names
 
 
-def _graph_collections(graph):
+def of_graph(graph):
+    """What the audit reads from a graph's collections.
+
+    Args:
+      graph: a ``tf.Graph``.
+
+    Returns:
+      A ``Collections``.
+    """
     found = Collections()
     for key in ("trainable_variables", "trainable_resource_variables"):
         found.trainable |= _names(v.op for v in graph.get_collection(key)
@@ -80,7 +88,16 @@ def _variable_defs(meta, key):
     return result
 
 
-def _meta_collections(meta):
+def of_meta_graph(meta):
+    """What the audit reads from a ``MetaGraphDef``'s ``collection_def``
+    (``VariableDef`` protos and node lists) and ``saver_def``.
+
+    Args:
+      meta: a ``MetaGraphDef``.
+
+    Returns:
+      A ``Collections``.
+    """
     found = Collections()
     for key in ("trainable_variables", "trainable_resource_variables"):
         found.trainable |= set(node_name(v.variable_name)

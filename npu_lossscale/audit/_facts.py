@@ -11,6 +11,8 @@ import re
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import graph_walk
+from npu_lossscale.audit import _collections
 from npu_lossscale.audit import _graph
 
 __all__ = ["CHECK_TYPES", "COLLECTIVE_TYPES", "Facts", "STATUS_TYPES", "SaverUse"]
@@ -61,24 +63,26 @@ _GLOBAL_STEP_NAME = re.compile(r"(^|/)global_step$")
 DT_HALF = tf.float16.as_datatype_enum
 _INTEGER = frozenset([tf.int32.as_datatype_enum, tf.int64.as_datatype_enum])
 _ADD_TYPES = frozenset(["AssignAdd", "AssignAddVariableOp"])
+#: Ops a gradient seed passes through on its way to the loss's gradient.
+_IDENTITY_TYPES = graph_walk.IDENTITY_TYPES | frozenset(["IdentityN"])
 _FLOATING = frozenset([tf.float16.as_datatype_enum, tf.float32.as_datatype_enum,
                        tf.float64.as_datatype_enum, tf.bfloat16.as_datatype_enum])
 
 
 def _consumers_through_identities(name, consumers, nodes):
     """Consumers of a node, looking through identities and the shim's
-    instrumentation (which sits between a float16 tensor and its users)."""
-    result, stack, seen = [], [name], set([name])
-    while stack:
-        for consumer in consumers.get(stack.pop(), ()):
-            if consumer in seen:
-                continue
-            seen.add(consumer)
-            if (_is_shim_internal(consumer)
-                    or nodes[consumer].type in ("Identity", "IdentityN", "Snapshot")):
-                stack.append(consumer)
-            else:
-                result.append(consumer)
+    instrumentation (which sits between a float16 tensor and its users):
+    each identity's consumers in order, identities walked depth first."""
+
+    def passes_on(consumer):
+        return (_is_shim_internal(consumer)
+                or nodes[consumer].type in _IDENTITY_TYPES)
+
+    result = []
+    for node in graph_walk.depth_first(
+            [name], lambda node: [c for c in consumers.get(node, ()) if passes_on(c)]):
+        result.extend(c for c in consumers.get(node, ())
+                      if c != name and c not in result and not passes_on(c))
     return result
 
 
@@ -251,10 +255,8 @@ class Facts(object):
         """
         seeds = {}
         nodes = self.model.nodes
-        consumers = {}
-        for name, node in nodes.items():
-            for source, _ in node.inputs:
-                consumers.setdefault(source, []).append(name)
+        consumers = graph_walk.children(
+            nodes, lambda name: [source for source, _ in nodes[name].inputs])
         for name, node in nodes.items():
             if not _SEED.search(name) or not node.inputs:
                 continue
@@ -440,7 +442,7 @@ class Facts(object):
         save_nodes = [n for n, node in model.nodes.items() if node.type in SAVE_TYPES]
         result, covered = [], set()
         for saver_def in model.collections.saver_defs:
-            root = _graph.node_name(saver_def.save_tensor_name)
+            root = _collections.node_name(saver_def.save_tensor_name)
             if root not in model.nodes:
                 continue
             saves = [n for n in model.ancestors([root]) if n in save_nodes]

@@ -26,11 +26,9 @@ import tensorflow.compat.v1 as tf
 from tensorflow.python.framework import op_def_registry
 
 from npu_lossscale import graph_walk
-from npu_lossscale.audit._collections import (
-    Collections, _graph_collections, _meta_collections, node_name)
+from npu_lossscale.audit import _collections
 
-__all__ = ["Collections", "GraphModel", "Literal", "Node", "is_mutation",
-           "is_optimizer_apply", "load", "node_name"]
+__all__ = ["GraphModel", "Literal", "Node", "is_mutation", "is_optimizer_apply", "load"]
 
 #: Attribute the CPU shim of npu_bridge puts on the stock op that emulates a
 #: real adapter op type (``shims/npu_bridge``): the type audited is that one.
@@ -40,18 +38,9 @@ SHIM_OP_TYPE_ATTR = "_npu_shim_op_type"
 SHIM_INTERNAL_SCOPE = "npu_shim_overflow_check"
 
 VARIABLE_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
-_PASS_THROUGH_TYPES = frozenset([
-    "Identity", "RefIdentity", "Snapshot", "Switch", "RefSwitch", "Enter",
-    "RefEnter", "ReadVariableOp"])
-_IDENTITY_TYPES = frozenset(["Identity", "RefIdentity", "Snapshot"])
-_SWITCH_TYPES = frozenset(["Switch", "RefSwitch"])
-_MERGE_TYPES = frozenset(["Merge", "RefMerge"])
-_NEXT_ITERATION_TYPES = frozenset(["NextIteration", "RefNextIteration"])
-_EXIT_TYPES = frozenset(["Exit", "RefExit"])
-_IF_TYPES = frozenset(["If", "StatelessIf"])
-_CASE_TYPES = frozenset(["Case", "StatelessCase"])
-_WHILE_TYPES = frozenset(["While", "StatelessWhile"])
-_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
+#: Ops a variable's ref or handle passes through on its way to a write.
+_PASS_THROUGH_TYPES = graph_walk.IDENTITY_TYPES.union(
+    graph_walk.SWITCH_TYPES, graph_walk.ENTER_TYPES, ["ReadVariableOp"])
 _MAX_INLINE_DEPTH = 32
 
 #: A literal: the predicate tensor ("node:port"), the branch value, and its
@@ -132,22 +121,22 @@ class GraphModel(object):
         """[(function name, argument offset, branch literal or None)] of a call node."""
         attr, calls = node.attr, []
         raw_type = node.type
-        if raw_type in _IF_TYPES and node.inputs:
+        if raw_type in graph_walk.IF_TYPES and node.inputs:
             pred = self.canonical(node.inputs[0])
             for key, value in (("then_branch", True), ("else_branch", False)):
                 if key in attr:
                     calls.append((attr[key].func.name, 1, Literal(pred, value, "cond")))
-        elif raw_type in _CASE_TYPES and node.inputs and "branches" in attr:
+        elif raw_type in graph_walk.CASE_TYPES and node.inputs and "branches" in attr:
             pred = self.canonical(node.inputs[0])
             for index, func in enumerate(attr["branches"].list.func):
                 calls.append((func.name, 1, Literal(pred, index, "cond")))
-        elif raw_type in _WHILE_TYPES:
+        elif raw_type in graph_walk.WHILE_TYPES:
             if "cond" in attr:
                 calls.append((attr["cond"].func.name, 0, None))
             if "body" in attr:
                 calls.append((attr["body"].func.name, 0,
                               Literal(node.name + ":loop", True, "loop")))
-        elif raw_type in _CALL_TYPES and "f" in attr:
+        elif raw_type in graph_walk.FUNCTION_CALL_TYPES and "f" in attr:
             calls.append((attr["f"].func.name, 0, None))
         elif raw_type in self._functions:
             calls.append((raw_type, 0, None))
@@ -217,7 +206,7 @@ class GraphModel(object):
         name, port = tensor
         for _ in range(64):
             node = self.nodes.get(name)
-            if node is None or node.type not in _IDENTITY_TYPES or not node.inputs:
+            if node is None or node.type not in graph_walk.IDENTITY_TYPES or not node.inputs:
                 break
             name, port = node.inputs[0]
         return "%s:%d" % (name, port)
@@ -264,7 +253,8 @@ class GraphModel(object):
         return [dep for dep in deps if dep in self.nodes]
 
     def ancestors(self, names, data_only=False, stop=None):
-        """Every node some of ``names`` depends on, ``names`` included.
+        """Every node some of ``names`` depends on, ``names`` included
+        (``graph_walk.reachable``).
 
         Args:
           names: iterable of node names.
@@ -276,41 +266,16 @@ class GraphModel(object):
           A set of node names.
         """
         deps = self.data_deps if data_only else self.all_deps
-        seen = set()
-        stack = [n for n in names if n in self.nodes]
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if stop is not None and stop(name):
-                continue
-            stack.extend(d for d in deps(name) if d in self.nodes and d not in seen)
-        return seen
+        return graph_walk.reachable(
+            [n for n in names if n in self.nodes],
+            lambda name: [d for d in deps(name) if d in self.nodes], stop)
 
     def topological(self, deps):
         """Node names ordered so that each follows its ``deps`` (cycles,
-        i.e. v1 loop back edges, are broken arbitrarily)."""
-        order, state = [], {}
-        for root in self.nodes:
-            if root in state:
-                continue
-            stack = [(root, iter(deps(root)))]
-            state[root] = 1
-            while stack:
-                name, it = stack[-1]
-                advanced = False
-                for dep in it:
-                    if dep in self.nodes and dep not in state:
-                        state[dep] = 1
-                        stack.append((dep, iter(deps(dep))))
-                        advanced = True
-                        break
-                if not advanced:
-                    stack.pop()
-                    state[name] = 2
-                    order.append(name)
-        return order
+        i.e. v1 loop back edges, are broken arbitrarily;
+        ``graph_walk.topological``)."""
+        return graph_walk.topological(
+            self.nodes, lambda name: [d for d in deps(name) if d in self.nodes])
 
     # -- conditions -----------------------------------------------------------
 
@@ -323,8 +288,8 @@ class GraphModel(object):
     def _condition_deps(self, name):
         node = self.nodes[name]
         deps = [s for s, _ in node.inputs
-                if not (node.type in _MERGE_TYPES and s in self.nodes
-                        and self.nodes[s].type in _NEXT_ITERATION_TYPES)]
+                if not (node.type in graph_walk.MERGE_TYPES and s in self.nodes
+                        and self.nodes[s].type in graph_walk.NEXT_ITERATION_TYPES)]
         deps.extend(node.controls)
         if node.call is not None:
             deps.append(node.call)
@@ -337,7 +302,8 @@ class GraphModel(object):
         def of_output(source, port):
             base = result.get(source, empty)
             node = self.nodes.get(source)
-            if node is not None and node.type in _SWITCH_TYPES and len(node.inputs) > 1:
+            if (node is not None and node.type in graph_walk.SWITCH_TYPES
+                    and len(node.inputs) > 1):
                 pred = self.canonical(node.inputs[1])
                 kind = "loop" if self._is_loop_cond(pred) else "cond"
                 return base | frozenset([Literal(pred, port == 1, kind)])
@@ -353,9 +319,9 @@ class GraphModel(object):
             for control in node.controls:
                 base |= result.get(control, empty)
             data = [(s, p) for s, p in node.inputs if s in self.nodes]
-            if node.type in _MERGE_TYPES:
+            if node.type in graph_walk.MERGE_TYPES:
                 live = [of_output(s, p) for s, p in data
-                        if self.nodes[s].type not in _NEXT_ITERATION_TYPES]
+                        if self.nodes[s].type not in graph_walk.NEXT_ITERATION_TYPES]
                 if live:
                     common = set(live[0])
                     for other in live[1:]:
@@ -364,9 +330,9 @@ class GraphModel(object):
             else:
                 for source, port in data:
                     base |= of_output(source, port)
-                if node.type in _EXIT_TYPES and data:
+                if node.type in graph_walk.EXIT_TYPES and data:
                     switch = self.nodes[data[0][0]]
-                    if switch.type in _SWITCH_TYPES and len(switch.inputs) > 1:
+                    if switch.type in graph_walk.SWITCH_TYPES and len(switch.inputs) > 1:
                         pred = self.canonical(switch.inputs[1])
                         base = set(l for l in base if l.pred != pred)
             result[name] = frozenset(base)
@@ -503,11 +469,11 @@ def load(graph):
     if graph is None:
         graph = tf.get_default_graph()
     if isinstance(graph, tf.Graph):
-        return GraphModel(graph.as_graph_def(), _graph_collections(graph))
+        return GraphModel(graph.as_graph_def(), _collections.of_graph(graph))
     if isinstance(graph, tf.MetaGraphDef):
-        return GraphModel(graph.graph_def, _meta_collections(graph))
+        return GraphModel(graph.graph_def, _collections.of_meta_graph(graph))
     if isinstance(graph, tf.GraphDef):
-        return GraphModel(graph, Collections())
+        return GraphModel(graph, _collections.Collections())
     raise TypeError(
         "graph must be a tf.Graph, GraphDef or MetaGraphDef, got %r (%s). Pass "
         "sess.graph, graph.as_graph_def(), or tf.train.export_meta_graph()."

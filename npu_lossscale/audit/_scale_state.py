@@ -8,6 +8,7 @@ from __future__ import absolute_import, division, print_function
 import collections
 import itertools
 
+from npu_lossscale import graph_walk
 from npu_lossscale.audit import _facts
 from npu_lossscale.audit import _graph
 from npu_lossscale.audit._findings import Finding, _some, _sorted
@@ -225,16 +226,10 @@ def _step_ops(context, writes):
     of a variable (a manager reading its state back), sorted."""
     model = context.model
     consumers = _consumers(context)
-    seen, stack, sinks = set(), list(writes), set()
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        after = consumers.get(name, ())
-        if not after and not _reads_a_variable(model, name):
+    sinks = set()
+    for name in graph_walk.depth_first(writes, lambda name: consumers.get(name, ())):
+        if not consumers.get(name) and not _reads_a_variable(model, name):
             sinks.add(_outermost(model, name))
-        stack.extend(after)
     return tuple(sorted(sinks))
 
 
@@ -245,17 +240,14 @@ def _reads_a_variable(model, name):
         and model.nodes[node.inputs[0][0]].type in _graph.VARIABLE_TYPES)
 
 
-_READ_TYPES = frozenset(["ReadVariableOp", "Identity", "RefIdentity", "Snapshot"])
+_READ_TYPES = graph_walk.IDENTITY_TYPES | frozenset(["ReadVariableOp"])
 
 
 def _consumers(context):
     """dict node -> the nodes that wait for it (all edges), built once."""
     cached = getattr(context, "_consumer_map", None)
     if cached is None:
-        cached = {}
-        for name in context.model.nodes:
-            for dep in context.model.all_deps(name):
-                cached.setdefault(dep, []).append(name)
+        cached = graph_walk.children(context.model.nodes, context.model.all_deps)
         context._consumer_map = cached  # pylint: disable=protected-access
     return cached
 

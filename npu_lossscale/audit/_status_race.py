@@ -29,7 +29,6 @@ def check_status_race(context):
     reads = sorted(n for n in ops if model.nodes[n].type in _facts.STATUS_READ_TYPES)
     clears = sorted(n for n in ops if model.nodes[n].type in _facts.STATUS_CLEAR_TYPES)
     racing = set()
-    order = model.topological(model.all_deps) if reads and clears else []
     before = dict((clear, model.ancestors([clear])) for clear in clears)
     for read in reads:
         followed = model.ancestors([read])
@@ -38,7 +37,7 @@ def check_status_race(context):
                 continue
             if read in before[clear]:
                 continue  # the clear comes after the read
-            if not _precedes_all(model, order, clear, followed):
+            if not _precedes_all(model, clear, followed):
                 racing |= set([read, clear])
     if not racing:
         return []
@@ -55,14 +54,13 @@ def check_status_race(context):
         _sorted(racing))]
 
 
-def _precedes_all(model, order, clear, followed):
+def _precedes_all(model, clear, followed):
     """Whether ``clear`` runs before every op in ``followed`` (a read's
     ancestors) that computes: all but graph inputs (nodes without inputs,
     placeholders with a default, status buffers). An op that runs before
     the clear (its ancestors) is not exempt: the clear wipes its overflow.
     A function body node starts when its call node does, so it also counts
-    as after the clear when the call node's own inputs are. ``order``:
-    every node, topologically."""
+    as after the clear when the call node's own inputs are."""
 
     def deps(name):
         call = model.nodes[name].call
@@ -72,17 +70,12 @@ def _precedes_all(model, order, clear, followed):
         return model.all_deps(name) + [source for source, _ in outer.inputs] + list(
             outer.controls)
 
-    after = set([clear])
     # A stand-in's own nodes (the CPU shim's) are named under the op's name.
-    pending = [name for name in order if name in followed and name != clear
+    pending = [name for name in followed if name != clear
                and not name.startswith(clear + "/")]
-    changed = True
-    while changed:  # a second pass settles v1 loop back edges
-        changed = False
-        for name in pending:
-            if name not in after and any(dep in after for dep in deps(name)):
-                after.add(name)
-                changed = True
+    # After the clear: what waits for it through ops of ``pending``.
+    waiting = graph_walk.children(pending, deps)
+    after = graph_walk.reachable([clear], lambda name: waiting.get(name, ()))
     return all(name in after or not model.all_deps(name)
                or model.nodes[name].type in _facts.STATUS_ALLOC_TYPES
                or model.nodes[name].type in graph_walk.FEEDABLE_TYPES for name in pending)

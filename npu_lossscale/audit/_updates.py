@@ -176,7 +176,7 @@ def _walk_kind(context):
         node_type = nodes[name].type
         kind = graph_walk.kind_of_type(node_type)
         if (kind != graph_walk.UPDATE and name in facts.decision
-                and node_type not in ("Switch", "RefSwitch")):
+                and node_type not in graph_walk.SWITCH_TYPES):
             return graph_walk.STOP
         return kind
     return classify
