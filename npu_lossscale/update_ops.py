@@ -89,21 +89,23 @@ def _function_writes(op):
       op: a functional control-flow op or a function call.
     """
     get = getattr(op.graph, "_get_function", lambda name: None)
-    pending, seen = _called_functions(op.node_def), set()
-    while pending:
-        name = pending.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        definition = getattr(get(name), "definition", None)
-        if definition is None:
-            return True
-        for node in definition.node_def:
-            if _graph_walk.is_update(node.op):
-                return True
-            pending.extend(_called_functions(node))
+
+    def definition(name):
+        return getattr(get(name), "definition", None)
+
+    def called(name):
+        """The functions that function ``name`` calls."""
+        names = []
+        for node in definition(name).node_def:
+            names.extend(_called_functions(node))
             if get(node.op) is not None:  # a function called by its name
-                pending.append(node.op)
+                names.append(node.op)
+        return names
+
+    for name in _graph_walk.depth_first(_called_functions(op.node_def), called):
+        if definition(name) is None or any(
+                _graph_walk.is_update(node.op) for node in definition(name).node_def):
+            return True
     return False
 
 

@@ -7,7 +7,7 @@ import collections
 import warnings
 
 from npu_lossscale import graph_state as _graph_state
-from npu_lossscale.graph_walk import FEEDABLE_TYPES
+from npu_lossscale import graph_walk
 
 
 class Reader(collections.namedtuple("Reader", ["owner", "what"])):
@@ -38,29 +38,30 @@ def order_after_clear(clear, tensors):
     """
     state = _graph_state.of(clear.graph)
     passes = {}  # op -> whether it passes graph inputs on (_passes_on_input)
-    seen, stack = set([clear]), [getattr(t, "op", t) for t in tensors]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        parents = [tensor.op for tensor in op.inputs] + list(op.control_inputs)
+
+    def parents_of(op):
+        return [tensor.op for tensor in op.inputs] + list(op.control_inputs)
+
+    roots = [getattr(t, "op", t) for t in tensors]
+    for op in graph_walk.depth_first(
+            [op for op in roots if op is not clear],
+            lambda op: [parent for parent in parents_of(op) if parent is not clear]):
+        parents = parents_of(op)
         # Not on a feedable op itself: grappler's dependency optimizer drops
         # a consumer's edge from the clear as implied by the feedable op's,
         # and feeding the op then cuts both out of the run. Not into a v1
         # loop's frame but at its Enter ops: every op in the loop follows
         # them, and an edge from outside into the frame is invalid.
-        if (op.type not in FEEDABLE_TYPES and clear not in parents
+        if (op.type not in graph_walk.FEEDABLE_TYPES and clear not in parents
                 and not _inside_loop(op)
                 and any(_is_graph_input(parent) or _passes_on_input(parent, passes)
                         for parent in parents)):
             _graph_state.add_control_input(op, clear)
             state.register_ordered.append(op)
-        stack.extend(parent for parent in parents if parent not in seen)
 
 
 def _is_graph_input(op):
-    return op.type in FEEDABLE_TYPES or (
+    return op.type in graph_walk.FEEDABLE_TYPES or (
         len(op.inputs) == 0 and len(op.control_inputs) == 0)
 
 
@@ -72,7 +73,9 @@ def _passes_on_input(op, memo):
     inputs, so the consumers of every op of the chain are ordered too.
 
     Iterative, and each op decided once per walk (``memo``), so long chains
-    and ops that read the same input twice cost linear time.
+    and ops that read the same input twice cost linear time. Not one of
+    ``graph_walk``'s reachability walks: an op's answer is folded from its
+    parents' answers (post order), and the memo is shared across calls.
     """
     stack, visiting = [op], set()
     while stack:
@@ -104,7 +107,7 @@ def _inside_loop(op):
     loop = context.GetWhileContext() if context is not None else None
     if loop is None:
         return False
-    if op.type in ("Enter", "RefEnter"):
+    if op.type in graph_walk.ENTER_TYPES:
         outer = loop.outer_context
         return outer is not None and outer.GetWhileContext() is not None
     return True
@@ -114,10 +117,9 @@ def _inside_loop(op):
 #: IsValueAndOrderAndShapePreserving / IsValueAndOrderPreserving /
 #: IsValuePreserving). Not Enter: its consumers are in a loop's frame, which
 #: a control edge from outside may not enter.
-_VALUE_PRESERVING_TYPES = frozenset([
-    "Identity", "RefIdentity", "Snapshot", "CheckNumerics", "PreventGradient",
-    "StopGradient", "Print", "DebugGradientIdentity", "DeepCopy", "ExpandDims",
-    "Reshape", "Squeeze", "Transpose"])
+_VALUE_PRESERVING_TYPES = graph_walk.IDENTITY_TYPES | frozenset([
+    "CheckNumerics", "PreventGradient", "StopGradient", "Print", "DebugGradientIdentity",
+    "DeepCopy", "ExpandDims", "Reshape", "Squeeze", "Transpose"])
 
 
 def claim_register(owner, what):
