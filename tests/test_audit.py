@@ -698,7 +698,10 @@ def test_cli_in_process_exit_status(tmp_path, capsys):
     assert main([str(path)] + fetches) == 1
     assert "NLS010-double-update error" in capsys.readouterr().out
     assert main([str(path), "--fetch", "missing"]) == 2
+    assert "name no node of the graph. Pass the names" in capsys.readouterr().err
     assert main([str(tmp_path / "none.meta")]) == 2
+    assert "cannot read %s (No such file or directory). Pass the path" % (
+        tmp_path / "none.meta") in capsys.readouterr().err
 
 
 def test_cli_on_the_example_dcgan(tmp_path):

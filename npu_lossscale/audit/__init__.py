@@ -73,8 +73,7 @@ def audit(graph=None, fetches=None):
         if missing:
             raise ValueError(
                 "fetches %r name no node of the graph. Pass the names of the ops or "
-                "tensors you run (e.g. 'train_op' or 'loss:0'), as in the graph "
-                "the audit reads." % (missing,))
+                "tensors you run, e.g. 'train_op' or 'loss:0'." % (missing,))
         for fetch in requested:
             _check_output(model, fetch)
         run, fetched = model.ancestors([f.node for f in requested]), True
@@ -173,9 +172,9 @@ def load_meta_graph(path):
         data = handle.read()
     if not data.strip():
         raise ValueError(
-            "%s is empty (%d bytes), so there is no graph to audit. Pass the .meta "
-            "file written by tf.train.Saver.save or tf.train.export_meta_graph "
-            "(re-export it if the write was cut short)." % (path, len(data)))
+            "%s is empty (%d bytes). Pass a .meta file written by "
+            "tf.train.export_meta_graph or a Saver's save (re-export it if the write "
+            "was cut short)." % (path, len(data)))
     meta = tf.MetaGraphDef()
     try:
         meta.ParseFromString(data)
@@ -189,15 +188,12 @@ def load_meta_graph(path):
         text_format.Merge(data.decode("utf-8"), meta)
     except Exception as error:  # pylint: disable=broad-except
         raise ValueError(
-            "%s holds no MetaGraphDef (neither binary nor text): %s. Pass the "
-            ".meta file written by tf.train.Saver.save or "
-            "tf.train.export_meta_graph." % (path, error))
+            "%s holds no MetaGraphDef, binary or text (%s). Pass a .meta file written "
+            "by tf.train.export_meta_graph or a Saver's save." % (path, error))
     if not meta.graph_def.node:
         raise ValueError(
-            "%s holds a MetaGraphDef whose graph has no nodes, so there is nothing "
-            "to audit. Export the training graph after building it "
-            "(tf.train.export_meta_graph, or a Saver's save) and pass that file."
-            % (path,))
+            "%s holds a MetaGraphDef whose graph has no nodes. Export the graph after "
+            "building it (tf.train.export_meta_graph or a Saver's save)." % (path,))
     return meta
 
 
@@ -229,7 +225,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         findings = audit(load_meta_graph(args.meta), fetches=args.fetch)
-    except (ValueError, TypeError, IOError, OSError) as error:
+    except (IOError, OSError) as error:
+        sys.stderr.write("npu_lossscale.audit: cannot read %s (%s). Pass the path of a "
+                         ".meta file.\n" % (args.meta, error.strerror or error))
+        return 2
+    except (ValueError, TypeError) as error:
         sys.stderr.write("npu_lossscale.audit: %s\n" % (error,))
         return 2
     if args.json:
