@@ -115,7 +115,8 @@ class Float32View(object):
     def __init__(self, losses):
         self._graph = tf.get_default_graph()
         self._mapped = {}  # original tensor name -> float32 tensor
-        self._activations = {}  # loss name -> copies of its float16 tensors
+        # loss name -> (its _Copy, (float16 tensor, copy) pairs)
+        self._copies = {}
         for loss in losses:
             self._float32(loss)
 
@@ -133,7 +134,8 @@ class Float32View(object):
         Returns:
           A ``ViewBackprop``.
         """
-        activations = _downstream(self._activations[loss.name], var_list)
+        copy, activations = self._copies[loss.name]
+        activations = _downstream(activations, copy.ancestors, var_list)
         grads = tf.gradients(self.loss(loss), list(var_list) + activations)
         held = [tf.reduce_max(tf.abs(_values(grad))) for grad in grads[len(var_list):]
                 if grad is not None]
@@ -142,13 +144,13 @@ class Float32View(object):
 
     def _float32(self, loss):
         """Copies every op that ``loss`` needs in float32, in graph order."""
-        ops = _ops_to_copy(loss)
+        copy = _ops_to_copy(loss)
         with tf.name_scope("float32_view"):
-            for op in ops:
+            for op in copy.ops:
                 self._copy(op)
-        self._activations[loss.name] = [
-            (tensor, self._mapped[tensor.name]) for op in ops for tensor in op.outputs
-            if _is_float16(tensor)]
+        self._copies[loss.name] = (copy, [
+            (tensor, self._mapped[tensor.name]) for op in copy.ops for tensor in op.outputs
+            if _is_float16(tensor)])
 
     def _input(self, tensor):
         """What a copied op takes for ``tensor``: its copy, or the tensor
@@ -181,39 +183,34 @@ class Float32View(object):
             self._mapped[original.name] = copy
 
 
-def _downstream(activations, var_list):
+def _data_inputs(op):
+    """The producers of ``op``'s data inputs."""
+    return [tensor.op for tensor in op.inputs]
+
+
+def _consumers(op):
+    """The ops that take an output of ``op``."""
+    return [consumer for tensor in op.outputs for consumer in tensor.consumers()]
+
+
+def _downstream(activations, ancestors, var_list):
     """The copies of the float16 tensors that depend on a variable of
     ``var_list``: the tensors the float16 backprop of those variables holds.
 
     Args:
-      activations: (original tensor, copy) pairs, in graph order.
+      activations: (original tensor, copy) pairs.
+      ancestors: the set of ops the loss depends on.
       var_list: the variables.
     """
     sources = set()
     for var in var_list:
-        sources.add(var.op.name)
+        sources.add(var.op)
         handle = getattr(var, "handle", None)
         if handle is not None:
-            sources.add(handle.op.name)
-    reaches = {}  # op name -> whether it depends on a source
-
-    def depends(op):
-        stack, order = [op], []
-        while stack:
-            top = stack.pop()
-            if top.name in reaches or top.name in sources:
-                continue
-            order.append(top)
-            stack.extend(tensor.op for tensor in top.inputs)
-        # Creation order is a topological order (no loops: _ops_to_copy).
-        for item in sorted(order, key=lambda item: item._id):  # pylint: disable=protected-access
-            if item.name not in reaches:
-                reaches[item.name] = any(
-                    tensor.op.name in sources or reaches.get(tensor.op.name, False)
-                    for tensor in item.inputs)
-        return op.name in sources or reaches[op.name]
-
-    return [copy for original, copy in activations if depends(original.op)]
+            sources.add(handle.op)
+    descendants = _graph_walk.reachable(sources, _consumers,
+                                        stop=lambda op: op not in ancestors)
+    return [copy for original, copy in activations if original.op in descendants]
 
 
 class ViewBackprop(collections.namedtuple("ViewBackprop", ["grads", "activations_max_abs"])):
@@ -260,9 +257,14 @@ def _is_float16(tensor):
     return tensor.dtype.base_dtype == tf.float16
 
 
+class _Copy(collections.namedtuple("_Copy", ["ops", "ancestors"])):
+    """What the float32 view of a loss copies: ``ops``, in topological
+    order, out of ``ancestors``, the set of ops the loss depends on."""
+
+
 def _ops_to_copy(loss):
-    """The ops of ``loss``'s forward graph the float32 view copies, in
-    creation order (a topological order of a graph without loops).
+    """The ops of ``loss``'s forward graph the float32 view copies
+    (``_Copy``).
 
     An op is copied when it computes something float16 (a float16 input or
     output) or takes a copied op's output, unless it is an input of the step
@@ -273,19 +275,13 @@ def _ops_to_copy(loss):
       ValueError: for a stateful op, control flow or a function call that
         would need copying (its float inputs change).
     """
-    ancestors = {}  # op name -> op, every op loss's value depends on
-    stack = [loss.op]
-    while stack:
-        op = stack.pop()
-        if op.name in ancestors:
-            continue
-        ancestors[op.name] = op
-        if op.type not in _INPUT_TYPES:
-            stack.extend(tensor.op for tensor in op.inputs)
+    ancestors = _graph_walk.reachable([loss.op], _data_inputs,
+                                      stop=lambda op: op.type in _INPUT_TYPES)
     copied = set()
     ordered = []
-    for op in sorted(ancestors.values(), key=lambda op: op._id):  # pylint: disable=protected-access
-        if op.type in _INPUT_TYPES:
+    for op in _graph_walk.topological(sorted(ancestors, key=lambda op: op.name),
+                                      _data_inputs):
+        if op not in ancestors or op.type in _INPUT_TYPES:
             continue
         changed = [tensor for tensor in op.inputs
                    if tensor.op.name in copied or _is_float16(tensor)]
@@ -302,7 +298,7 @@ def _ops_to_copy(loss):
         if needed:
             copied.add(op.name)
             ordered.append(op)
-    return ordered
+    return _Copy(ordered, ancestors)
 
 
 def _stateful(op):
