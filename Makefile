@@ -26,7 +26,7 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_managers.py tests/test_manager_api.py tests/test_manager_state.py \
             tests/test_manager_npu_bridge.py tests/test_manager_checkpoints.py \
             tests/test_manager_misuse.py tests/test_managers_extension.py \
-            tests/test_managers_hysteresis.py tests/test_bfloat16.py \
+            tests/test_managers_hysteresis.py tests/test_bfloat16.py tests/test_graph_rewrite.py \
             tests/test_npu_backend.py tests/test_backend_extension.py \
             tests/test_shim_adapter.py tests/test_monitoring.py tests/test_bad_input.py \
             tests/test_misuse.py tests/test_underflow.py tests/test_managers_listening.py \
@@ -42,6 +42,7 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
                tests/test_audit.py::test_horovod_allreduce_inside_cond \
                tests/test_checkpoint.py tests/test_manager_checkpoints.py \
                tests/test_optimizer.py tests/test_managers.py tests/test_shim.py \
+               tests/test_graph_rewrite.py \
                tests/test_shim_adapter.py tests/test_shim_npu_init.py \
                tests/test_npu_backend.py tests/test_gate.py tests/test_graph_walk.py \
                tests/test_docs_claims.py tests/test_public_api.py tests/test_bad_input.py \

@@ -172,6 +172,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         ``loss`` may be a callable taking no argument, as there. Pairs whose
         gradient is None are kept, as the base class does.
         """
+        _checks.check_not_wrapped(self, "LossScaleOptimizer.compute_gradients")
         _checks.require_graph_mode("LossScaleOptimizer.compute_gradients",
                                    eager_functions=True)
         _managers.check_manager_graph(self._manager)
@@ -205,6 +206,9 @@ class LossScaleOptimizer(tf.train.Optimizer):
           ValueError: before any op is made: if no gradient is given, inside
             a ``tf.cond``/``tf.while_loop`` body or a graph-mode
             ``tf.function``, or for a manager of another graph.
+          TypeError: when another loss-scale wrapper calls it (TF's, from
+            ``enable_mixed_precision_graph_rewrite``; ``compute_gradients``
+            refuses it too).
 
         Several calls (several ``minimize`` ops, or optimizers sharing one
         manager) are fine when each ``session.run`` fetches one of them, as
@@ -212,6 +216,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         that fetches two step ops updating one manager fails with an
         InvalidArgumentError before the second one writes anything.
         """
+        _checks.check_not_wrapped(self, "LossScaleOptimizer.apply_gradients")
         _checks.require_graph_mode("LossScaleOptimizer.apply_gradients",
                                    eager_functions=True)
         _checks.check_global_step(global_step)

@@ -34,9 +34,32 @@ Controls (process-wide, not thread-local)
   status read in INF/NaN mode logs a warning.
 * checked dtypes: which floating dtypes feed the emulated status register.
   Default ``(tf.float16,)``.  ``tf.bfloat16`` / ``tf.float32`` can be added.
+* precision mode: GE's ``precision_mode`` session option, which the real
+  stack reads from the ``NpuOptimizer`` custom optimizer of the session
+  config (``custom_op.parameter_map["precision_mode"]``) or from
+  ``NPURunConfig(precision_mode=...)``, and applies when it compiles the
+  graph.  ``"must_keep_origin_dtype"`` (default): ops run in the dtype the
+  graph was written in, as the shim always did.  ``"allow_mix_precision"``:
+  GE computes the matrix ops of a float32 graph in float16; the shim rounds
+  the float32 result of every op in ``MIXED_PRECISION_OPS`` (MatMul, the
+  batch matmuls, the convolutions and their gradients) to float16 and back
+  when the op is built.  The float16 copy is an ordinary float16 result:
+  in saturation mode it is checked (register, +-65504 clip) like any other,
+  in INF/NaN mode an overflow is inf.  Gradients pass through float16 too:
+  the gradient of the cast back is a float16 cast (checked in saturation
+  mode), and the gradient matmuls are rounded in turn.  Default from the
+  shim-only env var ``NPU_SHIM_PRECISION_MODE``; the shim cannot see the
+  session, so a test that writes the real config passes it to
+  ``apply_session_config(config)`` before building the model.  Limits:
+  GE rounds the inputs of such an op to float16 and computes in float16;
+  the shim computes in float32 and rounds the result only (so an input
+  below float16's range that a float32 product brings back into it is not
+  lost); which ops GE converts follows its own lists, here only the ones
+  named.
 
-  Setters: ``set_op_set``, ``set_overflow_mode``, ``set_checked_dtypes``;
-  context managers: ``op_set``, ``overflow_mode``, ``checked_dtypes``;
+  Setters: ``set_op_set``, ``set_overflow_mode``, ``set_checked_dtypes``,
+  ``set_precision_mode``, ``apply_session_config``; context managers:
+  ``op_set``, ``overflow_mode``, ``checked_dtypes``, ``precision_mode``;
   ``reset()`` restores the env-derived defaults.
 
 The float-status register
@@ -166,6 +189,26 @@ MODE_ENV_VAR = "NPU_SHIM_OVERFLOW_MODE"
 #: shim-only env var selecting the default op set ("v1" or "v2")
 OP_SET_ENV_VAR = "NPU_SHIM_OP_SET"
 
+#: GE's precision modes the shim emulates (the real option has more:
+#: force_fp16, force_fp32, allow_fp32_to_fp16, ... which it refuses).
+PRECISION_KEEP_DTYPE = "must_keep_origin_dtype"
+PRECISION_MIX = "allow_mix_precision"
+PRECISION_MODES = (PRECISION_KEEP_DTYPE, PRECISION_MIX)
+#: shim-only env var selecting the default precision mode
+PRECISION_MODE_ENV_VAR = "NPU_SHIM_PRECISION_MODE"
+#: the custom graph optimizer whose parameter_map holds GE's session options
+NPU_OPTIMIZER_NAME = "NpuOptimizer"
+#: float32 op types whose results "allow_mix_precision" rounds to float16:
+#: the matrix (cube unit) ops of GE's mixed-precision allow list, forward
+#: and backward.
+MIXED_PRECISION_OPS = frozenset([
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
+    "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2",
+    "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+    "DepthwiseConv2dNativeBackpropFilter",
+])
+
 #: node attribute naming the real adapter op type an emulated op stands for
 SHIM_OP_TYPE_ATTR = "_npu_shim_op_type"
 #: graph collection holding the register's resource handle (root graph)
@@ -223,12 +266,22 @@ def _env_op_set():
     return val
 
 
+def _env_precision_mode():
+    val = os.environ.get(PRECISION_MODE_ENV_VAR, "").strip() or PRECISION_KEEP_DTYPE
+    if val not in PRECISION_MODES:
+        raise ValueError("%s must be one of %s, got %r"
+                         % (PRECISION_MODE_ENV_VAR, PRECISION_MODES, val))
+    return val
+
+
 def reset():
-    """Restore op set, overflow mode and checked dtypes to their defaults."""
+    """Restore op set, overflow mode, checked dtypes and precision mode to
+    their defaults."""
     with _lock:
         _state["op_set"] = _env_op_set()
         _state["mode"] = _env_mode()
         _state["dtypes"] = (tf.float16,)
+        _state["precision"] = _env_precision_mode()
 
 
 reset()
@@ -300,6 +353,46 @@ def checked_dtypes(dtypes):
         yield
     finally:
         set_checked_dtypes(old)
+
+
+def get_precision_mode():
+    return _state["precision"]
+
+
+def set_precision_mode(mode):
+    """GE's precision mode for ops built afterwards: "must_keep_origin_dtype"
+    or "allow_mix_precision" (see the module docstring)."""
+    if mode not in PRECISION_MODES:
+        raise ValueError("precision mode must be one of %s (the ones the shim emulates), "
+                         "got %r" % (PRECISION_MODES, mode))
+    with _lock:
+        _state["precision"] = mode
+
+
+@contextlib.contextmanager
+def precision_mode(mode):
+    """Context manager: temporarily use a precision mode."""
+    old = get_precision_mode()
+    set_precision_mode(mode)
+    try:
+        yield
+    finally:
+        set_precision_mode(old)
+
+
+def apply_session_config(config):
+    """Takes the precision mode from a session ConfigProto written the real
+    way (the ``NpuOptimizer`` custom optimizer's
+    ``parameter_map["precision_mode"]``); without that entry the mode is
+    "must_keep_origin_dtype".  GE reads it when the session compiles the
+    graph; the shim converts ops as they are built, so call this before
+    building the model.  Returns the mode set."""
+    mode = PRECISION_KEEP_DTYPE
+    for custom in config.graph_options.rewrite_options.custom_optimizers:
+        if custom.name == NPU_OPTIMIZER_NAME and "precision_mode" in custom.parameter_map:
+            mode = custom.parameter_map["precision_mode"].s.decode("utf-8")
+    set_precision_mode(mode)
+    return mode
 
 
 _MAX_FINITE = {
@@ -468,6 +561,26 @@ def _build_check(graph, outputs, indices):
     return new
 
 
+def _mixed_precision(graph, op_type, outputs):
+    """Under "allow_mix_precision", the float32 results of an op of
+    ``MIXED_PRECISION_OPS`` rounded to float16 (checked in saturation mode)
+    and cast back; None for any other op or mode."""
+    if (_state["precision"] != PRECISION_MIX or op_type not in MIXED_PRECISION_OPS
+            or not _graph_is_instrumentable(graph)):
+        return None
+    indices = [i for i, t in enumerate(outputs) if t.dtype == tf.float32]
+    if not indices:
+        return None
+    new = list(outputs)
+    with graph.name_scope(INTERNAL_SCOPE):
+        for i in indices:
+            half = _math_ops.cast(outputs[i], tf.float16, name="to_float16")
+            if _state["mode"] == MODE_SATURATION and tf.float16 in _state["dtypes"]:
+                half = _build_check(graph, [half], [0])[0]
+            new[i] = _math_ops.cast(half, tf.float32, name="from_float16")
+    return new
+
+
 def check_collective_output(out):
     """In saturation mode, a float16 collective's result saturates and sets
     the register, as a real HCCL reduction does.
@@ -520,7 +633,13 @@ def _op_callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):  # 
         # npu_bridge was unloaded from sys.modules without uninstall(): the
         # shim is gone, so this left-over callback does nothing.
         return None
-    if _state["mode"] != MODE_SATURATION or getattr(_BUILDING_CHECK, "value", False):
+    if getattr(_BUILDING_CHECK, "value", False):
+        return None
+    converted = _mixed_precision(graph, op_type, outputs)
+    if converted is not None:
+        # Called inside the op's own name scope ("<op_name>/").
+        return converted
+    if _state["mode"] != MODE_SATURATION:
         # INF/NaN mode: IEEE results, the status register is never set.
         return None
     indices = _eligible_indices(op_type, len(inputs), outputs)
