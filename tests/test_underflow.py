@@ -243,3 +243,40 @@ def test_no_float32_view_is_refused_before_any_op():
         assert len(graph.get_operations()) == ops
         with pytest.raises(TypeError, match="measure_underflow"):
             scaler.build(measure_underflow=1)
+
+
+@pytest.fixture(params=["inf_nan", "saturation"])
+def overflow_mode(request, npu_shim):
+    """Each of the device's overflow modes, set the real way
+    (tf_adapter npu_bridge/estimator/npu/npu_plugin.py set_device_sat_mode)."""
+    from npu_bridge.estimator.npu import npu_plugin
+    npu_plugin.set_device_sat_mode(1 if request.param == "inf_nan" else 0)
+    return request.param
+
+
+@pytest.mark.parametrize("scale", [1024.0, 2.0 ** 15])
+def test_measurement_on_the_npu_backend(overflow_mode, scale):
+    """In INF/NaN mode an overflowing float16 value is inf (npu_bridge then
+    checks with is_finite); in saturation mode it is 65504 and sets the
+    float-status register (the shim emulates both): the measurement reads
+    65504 there, and the float32 view still shows how far beyond it went."""
+    with tf.Graph().as_default():
+        loss, w = _two_weight_net()
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(scale), backend="npu")
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="g")
+        train = scaler.build(measure_underflow=True)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            _, finite, measured = sess.run([train.update_op, train.is_finite,
+                                            train.underflow["g"]])
+    np.testing.assert_allclose(measured.float32_max_abs, 3.0)
+    if scale == 1024.0:  # 3 * 1024 fits float16
+        assert finite and measured.max_abs == 3072.0
+        np.testing.assert_allclose(measured.headroom, np.log2(FLOAT16_MAX / 3072.0),
+                                   rtol=1e-6)
+    elif overflow_mode == "inf_nan":
+        assert not finite and measured.max_abs == np.inf and measured.headroom == -np.inf
+    else:  # saturated: 65504 read, 3 * 2**15 = 98304 by the float32 view
+        assert not finite and measured.max_abs == FLOAT16_MAX
+        np.testing.assert_allclose(measured.headroom, np.log2(FLOAT16_MAX / 98304.0),
+                                   rtol=1e-6)
