@@ -30,7 +30,7 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_npu_backend.py tests/test_backend_extension.py \
             tests/test_shim_adapter.py tests/test_monitoring.py tests/test_bad_input.py \
             tests/test_misuse.py tests/test_underflow.py tests/test_managers_listening.py \
-            tests/test_audit.py \
+            tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
             tests/test_recipes.py tests/test_peer_suites.py
 # TF215_TESTS run again on TF 2.15.1: what needs it (tf.estimator; Horovod,
 # built against it: test_distributed.py and the audit's Horovod test), and
@@ -40,6 +40,7 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
 # layers (Keras 3 on TF 2.21), and the public API on an older TF.
 TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
                tests/test_audit.py::test_horovod_allreduce_inside_cond \
+               tests/test_cluster_checks.py::test_horovod_distributed_optimizer_under_horovodrun_env_builds \
                tests/test_checkpoint.py tests/test_manager_checkpoints.py \
                tests/test_optimizer.py tests/test_managers.py tests/test_shim.py \
                tests/test_graph_rewrite.py \

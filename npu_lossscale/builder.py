@@ -30,8 +30,17 @@ from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import managers as _managers
 from npu_lossscale import plan as _plan
 from npu_lossscale import step as _step
+from npu_lossscale import sync_replicas as _sync_replicas
 from npu_lossscale import underflow as _underflow
 from npu_lossscale import update_ops as _update_ops
+
+#: What makes a cluster's workers decide alike, per ``distributed.Cluster.kind``.
+_CLUSTER_ROUTES = {
+    "ascend": "Pass distributed='hccl' to sum the overflow decision across devices",
+    "horovod": "Pass distributed='horovod' to sum the overflow decision across ranks",
+    "tf_config": "Wrap the group's optimizer in tf.train.SyncReplicasOptimizer, whose "
+                 "chief decides on the aggregated gradients",
+}
 
 # The clip_norm values for which clip_by_global_norm stays exact: clip_norm
 # and 1 / clip_norm are both normal float32 numbers.
@@ -59,13 +68,17 @@ class TrainOps(collections.namedtuple(
       is_finite: bool scalar, this run's overflow decision (all groups). With
         accumulation and an engine it is the window's decision, across all
         workers; fetch it with ``update_op`` only (fetched with
-        ``accumulate_op`` it would run the collectives too).
+        ``accumulate_op`` it would run the collectives too). With a
+        SyncReplicasOptimizer group: this worker's own check, which it
+        pushes to the chief.
       loss_scale: float32 scalar, the builder manager's scale used for this
         run (before the manager's update).
       grads_and_vars: dict from group name to the list of unscaled
         ``(gradient, variable)`` pairs of that group, for this run.
       applied: bool scalar, True when this run changed the weights (with
-        ``skip_policy="per_group"``: when any group applied).
+        ``skip_policy="per_group"``: when any group applied). None with a
+        SyncReplicasOptimizer group: the chief's queue runner applies, or
+        skips, the aggregate (``skipped_steps`` counts its skips).
       window_end: bool scalar, True when this run closed an accumulation
         window (always True without accumulation).
       group_is_finite: dict from group name to that group's bool decision for
@@ -146,7 +159,14 @@ class MultiOptimizerLossScale(object):
         the apply gate (zero means finite everywhere), and no collective is
         ever placed inside a cond or the gate. With
         ``hvd.broadcast_global_variables(0)`` (or the engine's equivalent) at
-        start, weights and loss scales stay equal on every worker.
+        start, weights and loss scales stay equal on every worker. None: one
+        worker; ``build()`` refuses it when the environment names several
+        (RANK_SIZE, a Horovod/MPI launcher, a TF_CONFIG cluster), unless a
+        SyncReplicasOptimizer group's chief decides, or every checked
+        group's optimizer averages its gradients before the check
+        (``hvd.DistributedOptimizer``; not on the float-status register).
+        False: the workers are independent (asynchronous parameter-server
+        workers), each skipping on its own overflows.
       allreduce_gradients: with ``distributed``, average the gradients across
         workers (outside the gate). Pass False when the optimizers already do
         it (``hvd.DistributedOptimizer``) or for worker-local gradients such
@@ -166,8 +186,8 @@ class MultiOptimizerLossScale(object):
       TypeError: if the manager lacks the protocol, a flag is not a bool, or
         backend is neither a name nor a ``Backend`` instance.
       ValueError: for an unknown backend name, skip policy or engine, "npu"
-        without npu_bridge, an engine that is missing or not initialised, or
-        eager mode.
+        without npu_bridge, an engine that is missing or not initialised,
+        eager mode, or a ``tf.distribute`` strategy with several replicas.
     """
 
     def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
@@ -185,9 +205,8 @@ class MultiOptimizerLossScale(object):
         _backends.resolve_backend(backend, warn=False)  # refuses a bad backend now
         self._skip_policy = skip_policy
         self._engine = _distributed.resolve_engine(distributed)
-        if distributed is None:
-            _distributed.check_single_worker("MultiOptimizerLossScale", "distributed='hccl'",
-                                             "distributed=False")
+        self._independent = distributed is False
+        _distributed.check_no_strategy("MultiOptimizerLossScale")
         self._allreduce_gradients = allreduce_gradients
         self._groups = []
         self._built = False
@@ -346,10 +365,15 @@ class MultiOptimizerLossScale(object):
             hold (``update_ops.check_update_ops``), or for groups sharing a loss under
             ``skip_policy="per_group"`` on the npu backend, or on the
             float-status register inside a ``tf.cond``/``tf.while_loop`` body
-            or a ``tf.function``. Every check runs before the first op is
-            made; a build that fails later (inside TF, or a custom manager)
-            leaves the builder and the graph's variables as they were, so it
-            can be called again.
+            or a ``tf.function``; for a multi-worker environment without
+            ``distributed`` (see there), a ``tf.distribute`` strategy with
+            several replicas, or a SyncReplicasOptimizer group that cannot
+            work (``sync_replicas.check_plan``: beside other groups, with
+            accumulation, ``update_ops``, ``per_group_ops`` or an engine,
+            without ``global_step`` or ``count_skipped_steps=True``). Every
+            check runs before the first op is made; a build that fails later
+            (inside TF, or a custom manager) leaves the builder and the
+            graph's variables as they were, so it can be called again.
           TypeError: for a global_step that is not an integer variable, a
             non-int ``accumulation_steps``, a non-bool
             ``count_skipped_steps``, a non-bool ``measure_underflow``, or
@@ -362,6 +386,7 @@ class MultiOptimizerLossScale(object):
         second one writes anything.
         """
         _checks.require_graph_mode("MultiOptimizerLossScale.build")
+        _distributed.check_no_strategy("MultiOptimizerLossScale.build")
         if self._built:
             raise ValueError(
                 "build() was already called on this MultiOptimizerLossScale. It "
@@ -382,6 +407,11 @@ class MultiOptimizerLossScale(object):
                                "MultiOptimizerLossScale.build")
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
         _underflow.check_measurable(plan, measure_underflow)
+        _sync_replicas.check_builder_options(plan, update_ops, per_group_ops)
+        if self._engine is None and not self._independent:
+            _distributed.check_cluster(
+                "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
+                aggregated=_sync_replicas.through_sync_replicas(plan))
         # A failed build leaves the graph's variables, the control inputs of
         # the user's ops (the pivot gate's, the register clear's), the
         # optimizers' slots and the library's records as they were.
@@ -426,7 +456,8 @@ class MultiOptimizerLossScale(object):
                         counters).update_op
         return TrainOps(
             update_op=joint.update_op, is_finite=joint.is_finite, loss_scale=joint.loss_scale,
-            grads_and_vars=joint.grads_and_vars, applied=joint.applied,
+            grads_and_vars=joint.grads_and_vars,
+            applied=None if _sync_replicas.through_sync_replicas(plan) else joint.applied,
             window_end=joint.window_end, group_is_finite=joint.group_is_finite,
             loss_scales=joint.loss_scales, accumulate_op=joint.accumulate_op,
             per_group=per_group, skipped_steps=skipped_steps.before, clear_status=clear_status,

@@ -24,6 +24,7 @@ holding a collective would deadlock, tensorflow/tensorflow#46863):
 from __future__ import absolute_import, division, print_function
 
 import collections
+import json
 import os
 
 import tensorflow.compat.v1 as tf
@@ -206,29 +207,118 @@ def rank_size_from_environment(environ=None):
     return count
 
 
-def check_single_worker(what, reduce_with, opt_out):
-    """Raises ValueError when Ascend's launcher started several devices but
-    nothing would reduce the skip decision across them.
+#: Launchers' variables holding the number of processes of a Horovod or MPI
+#: job: horovodrun's own (Gloo and MPI), Open MPI's, MPICH's and Intel MPI's
+#: (PMI), MVAPICH2's.
+HOROVOD_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                          "MV2_COMM_WORLD_SIZE")
+#: TF_CONFIG's task types that train (parameter servers and evaluators do not).
+_TRAINING_TASKS = ("chief", "master", "worker")
 
-    Each device would then skip on its own overflows alone, and the replicas
-    would drift apart silently.
+
+class Cluster(collections.namedtuple("Cluster", ["kind", "workers", "source"])):
+    """A multi-worker launch, as this process's environment names it.
+
+    Attributes:
+      kind: "ascend" (RANK_SIZE), "horovod" (a Horovod or MPI launcher) or
+        "tf_config" (a TF_CONFIG cluster: parameter servers, or TF's
+        multi-worker strategies).
+      workers: the number of training processes, > 1.
+      source: the environment variable that says so, for messages.
+    """
+
+
+def cluster_from_environment(environ=None):
+    """The multi-worker launch the environment names, or None for one worker.
+
+    Args:
+      environ: a mapping to read instead of ``os.environ`` (for tests).
+
+    Returns:
+      A ``Cluster``, or None.
+
+    Raises:
+      ValueError: for a bad RANK_SIZE/CM_WORKER_SIZE
+        (``rank_size_from_environment``), or a TF_CONFIG that is not JSON
+        with a "cluster" dict.
+    """
+    environ = os.environ if environ is None else environ
+    ranks = rank_size_from_environment(environ)
+    if ranks > 1:
+        return Cluster("ascend", ranks, "RANK_SIZE/CM_WORKER_SIZE")
+    for name in HOROVOD_SIZE_VARIABLES:
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > 1:
+            return Cluster("horovod", int(value), name)
+    if environ.get("TF_CONFIG"):
+        try:
+            cluster = json.loads(environ["TF_CONFIG"]).get("cluster") or {}
+            workers = sum(len(cluster.get(kind) or ()) for kind in _TRAINING_TASKS)
+        except (ValueError, AttributeError, TypeError):
+            raise ValueError(
+                "TF_CONFIG must be JSON with a 'cluster' dict, as tf.distribute reads it, "
+                "got %r. Fix it, or unset it on one worker." % (environ["TF_CONFIG"],))
+        if workers > 1:
+            return Cluster("tf_config", workers, "TF_CONFIG")
+    return None
+
+
+def check_cluster(what, plan, reduce_with, opt_out, aggregated=False):
+    """Raises ValueError when this process is one of several workers whose
+    skip decisions nothing makes equal.
+
+    Each worker would then skip on its own overflows alone, and the
+    replicas would drift apart silently. Accepted without an engine: a
+    step whose decision a SyncReplicasOptimizer's chief takes on the
+    aggregate (``aggregated``), and one whose checked groups' optimizers
+    average their gradients across workers before the check
+    (``hvd.DistributedOptimizer``, npu_bridge's distributed wrappers), with
+    a backend that reads those gradients (not the float-status register,
+    which sees only this device's overflows).
 
     Args:
       what: the API being built, for the message.
-      reduce_with: the argument that turns the reduction on.
-      opt_out: the argument that declares the devices independent.
+      plan: the step's ``plan.Plan``.
+      reduce_with: dict from ``Cluster.kind`` to the route that makes the
+        workers decide alike, for the message.
+      opt_out: the argument that declares the workers independent.
+      aggregated: whether a SyncReplicasOptimizer's chief decides.
 
     Raises:
-      ValueError: if the environment names more than one device.
+      ValueError: if the environment names several workers and none of the
+        above holds.
     """
-    ranks = rank_size_from_environment()
-    if ranks > 1:
+    cluster = cluster_from_environment()
+    if cluster is None or aggregated:
+        return
+    checked = [group for group in plan.groups if group.checked]
+    if not plan.backend.reads_register and all(
+            reduces_gradients(group.optimizer) for group in checked):
+        return
+    raise ValueError(
+        "%s: this process is one of %d workers (%s), but their skip decisions are not "
+        "reduced, so the replicas would drift apart. %s, or pass %s if each worker "
+        "trains alone." % (what, cluster.workers, cluster.source, reduce_with[cluster.kind],
+                           opt_out))
+
+
+def check_no_strategy(what):
+    """Raises ValueError under a ``tf.distribute`` strategy with several
+    replicas in one graph (``MirroredStrategy``...), which the step, one
+    graph per worker, does not support.
+
+    Args:
+      what: the API being built, for the message.
+    """
+    if not tf.distribute.has_strategy():
+        return
+    strategy = tf.distribute.get_strategy()
+    if strategy.num_replicas_in_sync > 1:
         raise ValueError(
-            "%s: the environment names %d devices (RANK_SIZE/CM_WORKER_SIZE), but no "
-            "cross-device reduction was asked for, so each device would skip on its "
-            "own overflows and the replicas would drift apart. Pass %s to sum the "
-            "overflow decision across devices, or %s if each device really trains "
-            "alone." % (what, ranks, reduce_with, opt_out))
+            "%s: built under %s with %d replicas in one graph, which this library does "
+            "not support. Run one process per device with distributed='horovod' (or "
+            "'hccl'), or tf.train.SyncReplicasOptimizer on parameter servers."
+            % (what, type(strategy).__name__, strategy.num_replicas_in_sync))
 
 
 def reduces_gradients(optimizer):

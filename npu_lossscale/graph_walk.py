@@ -28,7 +28,8 @@ from __future__ import absolute_import, division, print_function
 import collections
 import re
 
-__all__ = ["BARRIER", "CASE_TYPES", "CONTROL", "CONTROL_FLOW_TYPES", "DATA_INPUT_TYPES",
+__all__ = ["ACCUMULATOR_TAKE_TYPES", "BARRIER", "CASE_TYPES", "CONTROL",
+           "CONTROL_FLOW_TYPES", "DATA_INPUT_TYPES",
            "ENTER_TYPES", "EXIT_TYPES", "FEEDABLE_TYPES", "FUNCTIONAL_CONTROL_FLOW_TYPES",
            "FUNCTION_CALL_TYPES", "IDENTITY_TYPES", "IF_TYPES", "MERGE_TYPES",
            "NEXT_ITERATION_TYPES", "STOP", "SWITCH_TYPES", "THROUGH", "UPDATE", "WHILE_TYPES",
@@ -104,6 +105,12 @@ DATA_INPUT_TYPES = frozenset([
 #: The register's clear orders their consumers instead
 #: (``backends.register_order``); the audit reads them the same way.
 FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
+#: A ``ConditionalAccumulator``'s take (ref, resource and sparse): the mean of
+#: the gradients workers pushed, as ``SyncReplicasOptimizer`` applies it on
+#: its chief.
+ACCUMULATOR_TAKE_TYPES = frozenset([
+    "AccumulatorTakeGradient", "ResourceAccumulatorTakeGradient",
+    "SparseAccumulatorTakeGradient"])
 
 # What ``classify`` says of a node.
 #: A variable update: recorded; the walk does not go past it.

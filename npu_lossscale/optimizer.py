@@ -19,12 +19,22 @@ from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import managers as _managers
 from npu_lossscale import plan as _plan
 from npu_lossscale import step as _step
+from npu_lossscale import sync_replicas as _sync_replicas
 
 
 #: The child the release before commit c050077 tracked the wrapped optimizer
 #: as, in ``tf.train.Checkpoint(optimizer=LossScaleOptimizer(...))``; its
 #: checkpoints still restore (``LossScaleOptimizer._lookup_dependency``).
 _PREVIOUS_RELEASE_CHILD = "base_optimizer"
+
+#: What makes a cluster's workers decide alike, per ``distributed.Cluster.kind``.
+_CLUSTER_ROUTES = {
+    "ascend": "Pass is_distributed=True to sum the overflow decision across devices",
+    "horovod": "Wrap opt in hvd.DistributedOptimizer, whose averaged gradients every "
+               "rank checks alike",
+    "tf_config": "Wrap it in tf.train.SyncReplicasOptimizer (count_skipped_steps=True), "
+                 "whose chief decides on the aggregated gradients",
+}
 
 
 class LossScaleOptimizer(tf.train.Optimizer):
@@ -56,10 +66,22 @@ class LossScaleOptimizer(tf.train.Optimizer):
         npu_bridge's ``NPULossScaleOptimizer`` does.
       is_distributed: True sums the overflow decision across Ascend devices
         with HCCL (npu_bridge's ``is_distributed``; gradients are averaged by
-        ``NPUDistributedOptimizer`` as usual). False: each device decides
-        alone. None (default): an error when RANK_SIZE/CM_WORKER_SIZE names
-        more than one device, since the replicas would drift apart.
+        ``NPUDistributedOptimizer`` as usual). False: each worker decides
+        alone (asynchronous parameter-server workers). None (default):
+        ``apply_gradients`` refuses it when the environment names several
+        workers (RANK_SIZE, a Horovod/MPI launcher, a TF_CONFIG cluster),
+        since the replicas would drift apart, unless a
+        SyncReplicasOptimizer's chief decides or ``opt`` averages its
+        gradients across workers (``hvd.DistributedOptimizer``,
+        ``NPUDistributedOptimizer``; not on the float-status register).
       gate: "auto", "cond" or "pivot", as for ``MultiOptimizerLossScale``.
+      count_skipped_steps: if True, ``apply_gradients`` advances
+        ``global_step`` on every step, applied or skipped, as the builder's
+        ``build(count_skipped_steps=True)``; if False (default), only on
+        applied steps. ``tf.train.SyncReplicasOptimizer`` needs True, on
+        either side of this wrapper (it hands out its tokens by
+        ``global_step``; without it a skipped step would leave every worker
+        waiting): ``apply_gradients`` refuses False there.
 
     Raises:
       TypeError: for a non-TF1 or already-wrapped optimizer, a manager
@@ -68,8 +90,11 @@ class LossScaleOptimizer(tf.train.Optimizer):
     """
 
     def __init__(self, opt, loss_scale_manager, backend="auto", is_distributed=None,
-                 gate="auto"):
+                 gate="auto", count_skipped_steps=False):
         _checks.check_optimizer(opt, argument="opt")
+        _checks.check_bool("count_skipped_steps", count_skipped_steps,
+                           "Pass True to advance global_step on skipped steps too.")
+        self._count_skipped_steps = count_skipped_steps
         _managers.check_manager(loss_scale_manager)
         if is_distributed is not None:
             _checks.check_bool(
@@ -83,13 +108,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         self._requested_backend = backend
         _backends.resolve_backend(backend, warn=False)  # rejects a bad name now
         self._is_distributed = is_distributed
-        if is_distributed:
-            self._engine = _distributed.resolve_engine("hccl")
-        else:
-            self._engine = None
-            if is_distributed is None:
-                _distributed.check_single_worker("LossScaleOptimizer", "is_distributed=True",
-                                                 "is_distributed=False")
+        self._engine = _distributed.resolve_engine("hccl") if is_distributed else None
         super(LossScaleOptimizer, self).__init__(
             use_locking=False, name="LossScale%s" % opt.get_name())
         # In tf.train.Checkpoint(optimizer=this, ...) this object stands for
@@ -175,6 +194,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         _checks.check_not_wrapped(self, "LossScaleOptimizer.compute_gradients")
         _checks.require_graph_mode("LossScaleOptimizer.compute_gradients",
                                    eager_functions=True)
+        _distributed.check_no_strategy("LossScaleOptimizer.compute_gradients")
         _managers.check_manager_graph(self._manager)
         if callable(loss) and not isinstance(loss, tf.Tensor):
             loss = loss()
@@ -196,16 +216,23 @@ class LossScaleOptimizer(tf.train.Optimizer):
         Args:
           grads_and_vars: (gradient, variable) pairs, as from
             ``compute_gradients``; None gradients are left out.
-          global_step: advanced by one only when the gradients are applied.
+          global_step: advanced by one when the gradients are applied (on
+            every step with ``count_skipped_steps=True``).
           name: name for the wrapped optimizer's apply op.
 
         Returns:
-          An op that applies (or skips) and updates the loss scale.
+          An op that applies (or skips) and updates the loss scale. When the
+          wrapped optimizer is a ``tf.train.SyncReplicasOptimizer``: the
+          worker's op, which pushes its gradients and overflow flag and
+          waits for its token; the chief's queue runner decides on the
+          aggregate, applies, advances ``global_step`` and updates the scale.
 
         Raises:
           ValueError: before any op is made: if no gradient is given, inside
             a ``tf.cond``/``tf.while_loop`` body or a graph-mode
-            ``tf.function``, or for a manager of another graph.
+            ``tf.function``, for a manager of another graph, or with
+            ``tf.train.SyncReplicasOptimizer`` on either side without
+            ``count_skipped_steps=True`` (or without ``global_step``).
           TypeError: when another loss-scale wrapper calls it (TF's, from
             ``enable_mixed_precision_graph_rewrite``; ``compute_gradients``
             refuses it too).
@@ -219,6 +246,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         _checks.check_not_wrapped(self, "LossScaleOptimizer.apply_gradients")
         _checks.require_graph_mode("LossScaleOptimizer.apply_gradients",
                                    eager_functions=True)
+        _distributed.check_no_strategy("LossScaleOptimizer.apply_gradients")
         _checks.check_global_step(global_step)
         grads_and_vars = list(grads_and_vars)
         present = [(g, v) for g, v in grads_and_vars if g is not None]
@@ -244,10 +272,22 @@ class LossScaleOptimizer(tf.train.Optimizer):
                 checked=_managers.overflow_check_enabled(self._manager), own_backprop=False)
             # The backend and the gate are decided here, at apply_gradients,
             # as npu_bridge's NPULossScaleOptimizer decides.
-            plan = _step.plan_step([group], self._manager, _step.Options(
+            options = _step.Options(
                 backend=self._requested_backend, gate=self._gate, skip_policy="all",
                 engine=self._engine, allreduce_gradients=False, accumulation_steps=1,
-                count_skipped_steps=False), global_step, "LossScaleOptimizer.apply_gradients")
+                count_skipped_steps=self._count_skipped_steps)
+            plan = _step.plan_step([group], self._manager, options, global_step,
+                                   "LossScaleOptimizer.apply_gradients")
+            aggregated = _sync_replicas.aggregated([grad for grad, _ in present])
+            if aggregated:
+                # SyncReplicasOptimizer(LossScaleOptimizer(...)): this is its chief.
+                _sync_replicas.check_chief_apply(plan, options,
+                                                 "LossScaleOptimizer.apply_gradients")
+            if self._is_distributed is None:
+                _distributed.check_cluster(
+                    "LossScaleOptimizer.apply_gradients", plan, _CLUSTER_ROUTES,
+                    "is_distributed=False",
+                    aggregated=aggregated or _sync_replicas.through_sync_replicas(plan))
             if plan.backend.reads_register and plan.checks:
                 _backends.claim_register(self, "LossScaleOptimizer %r" % self.get_name())
             return _step.build_step(

@@ -36,6 +36,7 @@ from npu_lossscale import graph_walk as _graph_walk
 from npu_lossscale import managers as _managers
 from npu_lossscale import overflow as _overflow
 from npu_lossscale import plan as _plan
+from npu_lossscale import sync_replicas as _sync_replicas
 from npu_lossscale import underflow as _underflow
 from npu_lossscale import window as _window
 
@@ -89,7 +90,8 @@ def plan_step(groups, manager, options, global_step, api):
     Raises:
       ValueError: for a register read outside the top level, ref variables
         under a functional ``If``, a loss that reaches none of its
-        variables, or a plan rule.
+        variables, a plan rule, or a SyncReplicasOptimizer step that
+        cannot work (``sync_replicas.check_plan``).
     """
     backend = _backends.resolve_backend(options.backend)
     if backend.reads_register and any(group.checked for group in groups):
@@ -102,6 +104,7 @@ def plan_step(groups, manager, options, global_step, api):
         allreduce_gradients=options.allreduce_gradients,
         accumulation_steps=options.accumulation_steps,
         count_skipped_steps=options.count_skipped_steps, gate_kind=gate_kind)
+    _sync_replicas.check_plan(plan, options, global_step, api)
     # Applies inside a functional If (the cond gate, or the accumulation
     # window's cond) cannot assign ref variables.
     if cf_v2 and (gate_kind == "cond" or plan.window.steps > 1):
@@ -152,8 +155,11 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
     accumulate_op = None
     entry_ops = None  # None: the decisions are the ops every write follows
     if plan.window.steps == 1:
-        closed = _close.close(plan, _close.Closing(flags, grads, after, 1), global_step,
-                              skipped_steps, update_ops)
+        # Through a SyncReplicasOptimizer the worker pushes; its chief closes.
+        close = (_sync_replicas.close if _sync_replicas.through_sync_replicas(plan)
+                 else _close.close)
+        closed = close(plan, _close.Closing(flags, grads, after, 1), global_step,
+                       skipped_steps, update_ops)
         applied, decisions, reported = closed.applied, closed.decisions, closed.grads
     else:
         opened = _window.open_window(plan, grads, flags)
@@ -187,7 +193,8 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
                                                 list(computed.scaled), after=flags.values()))
     step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op,
                    underflow)
-    states = _moved_state(plan, counters)
+    # A SyncReplicasOptimizer's workers move nothing: its chief's sync op does.
+    states = [] if _sync_replicas.through_sync_replicas(plan) else _moved_state(plan, counters)
     _claims.claim(states, description,
                   (decisions.ops if entry_ops is None else entry_ops) + listening.entry_ops)
     if accumulate_op is not None:

@@ -50,6 +50,9 @@ CODES = collections.OrderedDict([
                                     "state updated by more than one update op in "
                                     "one step (info: by several step ops of the "
                                     "graph, which must not be fetched together)")),
+    ("NLS012-sync-token-stall", ("error", "a SyncReplicasOptimizer whose global "
+                                 "step, its workers' token, advances only on "
+                                 "applied steps: a skip hangs every worker")),
 ])
 
 

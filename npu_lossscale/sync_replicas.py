@@ -1,0 +1,308 @@
+"""Parameter servers with ``tf.train.SyncReplicasOptimizer``: the workers
+push, the chief decides.
+
+``SyncReplicasOptimizer`` is TF1's synchronous parameter-server route. Each
+worker's step pushes its gradients into one ``ConditionalAccumulator`` per
+variable and waits for a token; the chief's queue runner takes the mean of
+``replicas_to_aggregate`` pushes, applies it through the wrapped optimizer
+with ``global_step``, and enqueues tokens holding the new ``global_step``.
+Each take advances the accumulators' own step by one, and a push whose
+token is older than that is dropped as stale. So ``global_step`` must
+advance on *every* aggregated step: if a skipped step left it where it was,
+the tokens would stay one step behind the accumulators, every later push
+would be dropped, and every worker would wait forever (TF's own
+``MixedPrecisionLossScaleOptimizer`` hangs this way).
+
+Three ways in, one rule (``count_skipped_steps=True``):
+
+* ``SyncReplicasOptimizer(LossScaleOptimizer(opt, manager,
+  count_skipped_steps=True))``: the wrapper's ``apply_gradients`` runs on
+  the chief with the aggregated gradients (``aggregated``) and checks them
+  with the gradients' own check (``check_chief_apply``);
+* ``LossScaleOptimizer(SyncReplicasOptimizer(opt), manager,
+  count_skipped_steps=True)`` and a builder group whose optimizer is a
+  ``SyncReplicasOptimizer`` (``build(count_skipped_steps=True)``): the
+  worker's step is ``close`` below. It pushes its unscaled gradients and
+  its own overflow flag, ungated; the chief decides on the mean flag (any
+  worker's overflow, the float-status register's included) and on the
+  aggregated gradients, applies the wrapped optimizer behind the gate,
+  advances ``global_step`` and updates the manager, all in the chief's sync
+  op. A worker's push is never gated: a worker that skipped its push would
+  leave the chief waiting for it.
+
+The manager must live with the model on the parameter servers (made inside
+the ``replica_device_setter`` scope): the workers read its scale, the chief
+updates it.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+import contextlib
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import backends as _backends
+from npu_lossscale import checks as _checks
+from npu_lossscale import close as _close
+from npu_lossscale import gradients as _gradients
+from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale import managers as _managers
+from npu_lossscale import overflow as _overflow
+from npu_lossscale import plan as _plan
+
+#: The count a step with a SyncReplicasOptimizer needs, in the messages.
+_ROUTE = "count_skipped_steps=True"
+
+
+def is_sync_replicas(optimizer):
+    """Whether ``optimizer`` is a ``tf.train.SyncReplicasOptimizer``."""
+    return isinstance(optimizer, tf.train.SyncReplicasOptimizer)
+
+
+def through_sync_replicas(plan):
+    """Whether the plan's step pushes to a SyncReplicasOptimizer's chief
+    (its group's optimizer is one; ``check_plan`` allows no other group)."""
+    return any(is_sync_replicas(group.optimizer) for group in plan.groups)
+
+
+def aggregated(grads):
+    """Whether any of ``grads`` is taken from a ``ConditionalAccumulator``:
+    a ``SyncReplicasOptimizer``'s aggregate, applied on its chief.
+
+    Args:
+      grads: tensors or ``tf.IndexedSlices``.
+
+    Returns:
+      A bool.
+    """
+    for grad in grads:
+        op = _gradients.dense_values(grad).op
+        while op.type == "Identity":
+            op = op.inputs[0].op
+        if op.type in _graph_walk.ACCUMULATOR_TAKE_TYPES:
+            return True
+    return False
+
+
+def check_plan(plan, options, global_step, api):
+    """Refuses a step with a SyncReplicasOptimizer group that cannot work.
+
+    Args:
+      plan: the ``plan.Plan``.
+      options: the step's ``step.Options``.
+      global_step: an integer variable, or None.
+      api: the public name being built, for messages.
+
+    Raises:
+      ValueError: for such a group beside others, with accumulation, with a
+        ``distributed`` engine, without ``global_step``, without
+        ``count_skipped_steps=True``, or with a manager whose state is not
+        beside ``global_step`` (the parameter servers).
+      TypeError: when the SyncReplicasOptimizer wraps a loss-scale wrapper.
+    """
+    if not through_sync_replicas(plan):
+        return
+    group = [g for g in plan.groups if is_sync_replicas(g.optimizer)][0]
+    if len(plan.groups) > 1:
+        raise ValueError(
+            "%s: group %r's SyncReplicasOptimizer must be the only group, got %d groups: "
+            "its chief decides for its own variables alone, and TF supports one "
+            "SyncReplicasOptimizer per graph (tensorflow#11071). Use distributed='horovod' "
+            "or 'hccl' for several optimizers." % (api, group.name, len(plan.groups)))
+    if options.accumulation_steps > 1:
+        raise ValueError(
+            "%s: accumulation_steps=%r with a SyncReplicasOptimizer; it aggregates "
+            "replicas_to_aggregate pushes itself. Pass accumulation_steps=1."
+            % (api, options.accumulation_steps))
+    if options.engine is not None:
+        raise ValueError(
+            "%s: distributed=%r with a SyncReplicasOptimizer, which aggregates on the "
+            "parameter servers already. Leave distributed unset." % (api, options.engine.name))
+    if global_step is None:
+        raise ValueError(
+            "%s: a SyncReplicasOptimizer needs global_step, got None. Pass "
+            "global_step=tf.train.get_or_create_global_step()." % (api,))
+    if not options.count_skipped_steps:
+        raise ValueError(
+            "%s: count_skipped_steps=False with a SyncReplicasOptimizer, whose tokens "
+            "follow global_step: a skipped step would leave every worker waiting "
+            "forever. Pass %s." % (api, _ROUTE))
+    _checks.check_optimizer(group.optimizer._opt,  # pylint: disable=protected-access
+                            argument="the optimizer the SyncReplicasOptimizer wraps")
+    _check_beside(group.manager, global_step, api)
+
+
+def check_chief_apply(plan, options, api):
+    """Refuses a chief apply of aggregated gradients that cannot work
+    (``SyncReplicasOptimizer(LossScaleOptimizer(...))``).
+
+    Raises:
+      ValueError: without ``count_skipped_steps=True``, or with a backend
+        that reads the float-status register, which on the chief does not
+        see the workers' overflows.
+    """
+    if not options.count_skipped_steps:
+        raise ValueError(
+            "%s got a SyncReplicasOptimizer's aggregated gradients with "
+            "count_skipped_steps=False: a skipped step would not advance global_step, "
+            "whose tokens every worker waits for. Pass %s." % (api, _ROUTE))
+    if plan.backend.reads_register and plan.checks:
+        raise ValueError(
+            "%s got a SyncReplicasOptimizer's aggregated gradients with backend %r, "
+            "whose float-status register on the chief cannot see the workers' overflows. "
+            "Wrap the other way round, LossScaleOptimizer(SyncReplicasOptimizer(opt)), "
+            "which pushes each worker's check." % (api, plan.backend.name))
+
+
+def _check_beside(manager, global_step, api):
+    """Refuses manager state on another job than ``global_step``'s."""
+    job = tf.DeviceSpec.from_string(global_step.device or "").job
+    if not job:
+        return
+    for variable in _managers.manager_variables(manager):
+        if tf.DeviceSpec.from_string(variable.device or "").job != job:
+            raise ValueError(
+                "%s: the manager's variable %r is on %r, not on job %r beside "
+                "global_step: the chief would update a scale the workers do not read. "
+                "Create the manager inside the model's replica_device_setter scope."
+                % (api, variable.op.name, variable.device, job))
+
+
+class _FlagSlot(collections.namedtuple("_FlagSlot", ["name", "device", "shape"])):
+    """What SyncReplicasOptimizer reads of a variable to make an accumulator
+    (its name, device and shape), for the pushed overflow flag, which
+    updates no variable."""
+
+    def get_shape(self):
+        return self.shape
+
+
+class _AggregateCheck(_backends.Backend):
+    """The chief's check: the aggregated gradients, and the mean of the
+    flags the workers pushed (0 only when every push was finite)."""
+
+    name = "is_finite"
+
+    def __init__(self, pushed):
+        self._pushed = pushed
+
+    def overflow_flag(self, tensors, after=()):
+        flag = _backends.IsFiniteBackend().overflow_flag(tensors, after)
+        if self._pushed is None:
+            return flag
+        return flag + tf.reshape(tf.cast(self._pushed, tf.float32), [])
+
+
+class _ChiefApply(object):
+    """Stands in for the SyncReplicasOptimizer's optimizer while it builds
+    the chief's apply: the aggregate goes through the step's close, gated."""
+
+    def __init__(self, plan, group, slot, skipped_steps, scope):
+        """``group`` is the step's group with the optimizer it applies
+        through: the one the SyncReplicasOptimizer wraps."""
+        self._plan = plan
+        self._group = group
+        self._slot = slot
+        self._skipped_steps = skipped_steps
+        self._scope = scope
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """The chief's sync op: decide on the aggregate, apply, count, update."""
+        del name
+        pairs = list(grads_and_vars)
+        pushed = [grad for grad, var in pairs if var is self._slot]
+        pairs = [(grad, var) for grad, var in pairs
+                 if var is not self._slot and grad is not None]
+        group = self._group._replace(loss=None, own_backprop=False,
+                                     var_list=tuple(var for _, var in pairs))
+        chief = _plan.make_plan(
+            [group], group.manager, _AggregateCheck(pushed[0] if pushed else None),
+            count_skipped_steps=True, gate_kind=self._plan.gate_kind)
+        grads = collections.OrderedDict([(group.name, pairs)])
+        with tf.name_scope(self._scope):
+            flags = _overflow.flags(chief, grads, _gradients.Packing([]), after=())
+            closed = _close.close(chief, _close.Closing(flags, grads, [], 1), global_step,
+                                  self._skipped_steps)
+        return closed.applied.op
+
+
+@contextlib.contextmanager
+def _optimizer_replaced(sync, stand_in):
+    """``sync`` applies its aggregate through ``stand_in`` while inside.
+
+    ``SyncReplicasOptimizer.apply_gradients`` builds the chief's apply by
+    calling its wrapped optimizer's ``apply_gradients`` (``_opt``, in TF 1.15
+    as in 2.x); nothing else reads it then. It is put back on exit.
+    """
+    wrapped = sync._opt  # pylint: disable=protected-access
+    sync._opt = stand_in  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        sync._opt = wrapped  # pylint: disable=protected-access
+
+
+def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
+    """The close of a worker's step through a SyncReplicasOptimizer.
+
+    The worker pushes its gradients and its summed overflow flag, ungated,
+    and waits for its token; the chief's apply (built here too, run by the
+    chief's queue runner) decides on the aggregate (``_ChiefApply``).
+
+    Args:
+      plan: the ``plan.Plan`` (one group, ``check_plan``).
+      closing: the ``close.Closing`` of this worker's run.
+      global_step: the integer variable SyncReplicasOptimizer needs.
+      skipped_steps: the ``commit.SkippedSteps`` counter (the chief counts
+        skipped aggregated steps), or None.
+      update_ops: must be empty (the builder refuses them here).
+
+    Returns:
+      A ``close.Closed`` whose ``applied`` is this worker's own decision,
+      after its push and its token.
+    """
+    del update_ops  # refused by check_builder_options
+    group = plan.groups[0]
+    pairs = list(closing.grads[group.name])
+    graph = tf.get_default_graph()
+    scope = graph.get_name_scope()
+    pushes = list(pairs)
+    slot = None
+    if closing.flags:
+        flag = tf.add_n(list(closing.flags.values()), name="pushed_overflow_flag")
+        slot = _FlagSlot(graph.unique_name((scope + "/" if scope else "") + "overflow_flag",
+                                           mark_as_used=True) + ":0",
+                         global_step.device, tf.TensorShape([]))
+        pushes.append((flag, slot))
+    wrapped = group.optimizer._opt  # pylint: disable=protected-access
+    chief = _ChiefApply(plan, group._replace(optimizer=wrapped), slot, skipped_steps,
+                        (scope + "/" if scope else "") + "sync_chief")
+    with _optimizer_replaced(group.optimizer, chief):
+        pushed = group.optimizer.apply_gradients(pushes, global_step=global_step)
+    decisions = _close.Decisions(closing.flags, [g for g, _ in pairs])
+    with tf.control_dependencies([pushed]):
+        applied = tf.identity(decisions.all_of([item.name for item in plan.checks]),
+                              name="pushed")
+    grads = collections.OrderedDict([(group.name, pairs)])
+    return _close.Closed(applied, decisions, grads)
+
+
+def check_builder_options(plan, update_ops, per_group_ops):
+    """Refuses the builder's options a SyncReplicasOptimizer group cannot honour.
+
+    Raises:
+      ValueError: for ``update_ops`` (the skip is decided on the chief, after
+        this worker's run) or ``per_group_ops``.
+    """
+    if not through_sync_replicas(plan):
+        return
+    if any(update_ops.values()):
+        raise ValueError(
+            "build: update_ops with a SyncReplicasOptimizer group cannot be gated, since "
+            "the chief decides the skip after the workers' runs. Run them yourself, or "
+            "use distributed='horovod'.")
+    if per_group_ops:
+        raise ValueError(
+            "build: per_group_ops=True with a SyncReplicasOptimizer group, which is the "
+            "only group. Pass per_group_ops=False.")
