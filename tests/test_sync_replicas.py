@@ -300,6 +300,33 @@ def test_the_workers_step_pushes_ungated_and_the_chief_gates(graph):
                or op.type in ("If", "StatelessIf") for op in chief)
 
 
+# -- LossScaleOptimizer's count_skipped_steps, without SyncReplicas -------------
+
+@pytest.mark.parametrize("count, steps", [(False, [1, 1, 2]), (True, [1, 2, 3])])
+def test_loss_scale_optimizer_counts_skipped_steps_when_asked(graph, count, steps):
+    """An inf at the second of three steps: global_step skips it unless
+    count_skipped_steps=True; w is skipped either way."""
+    gs, x, w, loss = _model()
+    opt = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
+                                nl.DynamicLossScaleManager(initial_scale=1024),
+                                count_skipped_steps=count)
+    train = opt.minimize(loss, global_step=gs, var_list=[w])
+    seen = []
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for step in range(3):
+            sess.run(train, {x: [np.inf, 0.5] if step == 1 else [0.25, 0.5]})
+            seen.append(sess.run(gs))
+        assert sess.run(w).tolist() == [0.5, 1.0]
+    assert seen == steps
+
+
+def test_count_skipped_steps_must_be_a_bool():
+    with pytest.raises(TypeError, match="count_skipped_steps"):
+        nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
+                              nl.FixedLossScaleManager(8), count_skipped_steps="yes")
+
+
 # -- a localhost cluster: one parameter server, two workers ---------------------
 
 def _free_ports(count):
