@@ -44,6 +44,15 @@ FLOAT16_MAX = _manager_base.FLOAT16_MAX
 #: float16's smallest normal value, 2**-14: below it a float16 value is
 #: subnormal and keeps fewer than its 11 significant bits.
 FLOAT16_MIN_NORMAL = 2.0 ** -14
+#: ``Underflow.underflow_by_raise`` predicts the underflow share at the
+#: scale times 2**k for k = 0 .. RAISE_BITS (the scale range's 2**-126 to
+#: 2**126 is 252 bits wide; 64 is as far as a raise ever needs to look).
+RAISE_BITS = 64
+# The float32 view's non-zero elements are counted by binary exponent: bin
+# i holds the |g| in [2**(i - 160), 2**(i - 159)), from below float32's
+# smallest subnormal (2**-149) to 2**31 and beyond in the last bin.
+_EXPONENT_OFFSET = 160
+_EXPONENT_BINS = 192
 
 #: Ops the float32 view never copies: they are inputs of the step (their
 #: values are fed or delivered), taken as they are.
@@ -56,7 +65,8 @@ _UNCOPYABLE_TYPES = _graph_walk.CONTROL_FLOW_TYPES.union(_graph_walk.FUNCTION_CA
 class Underflow(collections.namedtuple(
         "Underflow", ["flushed_share", "subnormal_share", "headroom", "zero_share",
                       "float32_zero_share", "max_abs", "float32_max_abs", "scale",
-                      "elements", "zeros", "float32_zeros", "flushed", "subnormal"])):
+                      "elements", "zeros", "float32_zeros", "flushed", "subnormal",
+                      "underflow_by_raise"])):
     """One group's underflow measurement, for one run (float32 scalars).
 
     Fetch it every N steps, with ``update_op`` (the run's own gradients) or
@@ -94,6 +104,12 @@ class Underflow(collections.namedtuple(
         its rows).
       zeros, float32_zeros, flushed, subnormal: the counts behind the
         shares (float32: exact up to 2**24 each).
+      underflow_by_raise: float32[RAISE_BITS + 1]; element k is the share of
+        the float32 view's non-zero elements that would be below 2**-14
+        (flushed or subnormal) at ``scale * 2**k``, by their binary
+        exponents. Element 0 estimates ``flushed_share + subnormal_share``
+        from the float32 side alone (the float16 backprop may flush more on
+        its way); the first element at most 1 % says how far to raise.
     """
 
 
@@ -398,8 +414,10 @@ def _distinct(tensors):
 
 class _Counts(collections.namedtuple(
         "_Counts", ["elements", "zeros", "float32_zeros", "flushed", "subnormal", "max_abs",
-                    "overflowed", "float32_max_abs"])):
-    """One gradient's counts (float32 scalars; ``overflowed`` bool)."""
+                    "overflowed", "float32_max_abs", "exponents"])):
+    """One gradient's counts (float32 scalars; ``overflowed`` bool;
+    ``exponents`` float32[_EXPONENT_BINS], its float32 view's non-zero
+    elements by binary exponent)."""
 
 
 def _dense_pair(grad, wide):
@@ -434,7 +452,36 @@ def _counts(grad, wide):
         max_abs=tf.reduce_max(magnitude),
         # NaN compares false: overflowed unless every value is at most 65504.
         overflowed=tf.logical_not(tf.reduce_all(tf.less_equal(magnitude, FLOAT16_MAX))),
-        float32_max_abs=tf.reduce_max(tf.abs(high)))
+        float32_max_abs=tf.reduce_max(tf.abs(high)),
+        exponents=_exponents(tf.abs(high)))
+
+
+def _exponents(magnitude):
+    """float32[_EXPONENT_BINS]: the non-zero elements of ``magnitude`` by
+    binary exponent (see ``_EXPONENT_OFFSET``)."""
+    # 0 (and NaN) -> -inf -> the first bin, emptied below.
+    finite = tf.less_equal(magnitude, np.finfo(np.float32).max)
+    exponent = tf.where(tf.logical_and(finite, tf.greater(magnitude, 0.0)),
+                        tf.floor(_log2(tf.maximum(magnitude, np.finfo(np.float32).tiny))),
+                        tf.fill(tf.shape(magnitude), -np.inf))
+    # The bins' centres, so each exponent falls inside its bin.
+    counts = tf.histogram_fixed_width(
+        tf.reshape(exponent, [-1]) + 0.5,
+        [-float(_EXPONENT_OFFSET), float(_EXPONENT_BINS - _EXPONENT_OFFSET)],
+        nbins=_EXPONENT_BINS)
+    return tf.concat([tf.zeros([1]), tf.cast(counts[1:], tf.float32)], 0)
+
+
+def _by_raise(exponents, scale):
+    """float32[RAISE_BITS + 1]: the share of the counted elements below
+    2**-14 at ``scale * 2**k``, k = 0 .. RAISE_BITS."""
+    bins = tf.range(_EXPONENT_BINS, dtype=tf.float32) - float(_EXPONENT_OFFSET)
+    raised = _log2(scale) + tf.range(RAISE_BITS + 1, dtype=tf.float32)
+    # An element in [2**e, 2**(e + 1)) is below 2**-14 at scale 2**r, all of
+    # it, when e + 1 + r <= -14.
+    below = tf.cast(tf.less_equal(tf.expand_dims(raised, 1) + tf.expand_dims(bins, 0) + 1.0,
+                                  -14.0), tf.float32)
+    return _share(tf.reduce_sum(below * exponents, 1), tf.reduce_sum(exponents))
 
 
 def _record(counts, scale, activations_max_abs, seed=None):
@@ -451,16 +498,17 @@ def _record(counts, scale, activations_max_abs, seed=None):
         [item.float32_max_abs for item in counts] + [activations_max_abs]))
     return _from_counts(scale, total("elements"), total("zeros"), total("float32_zeros"),
                         total("flushed"), total("subnormal"), tf.reduce_max(tf.stack(maxima)),
-                        tf.reduce_any(tf.stack(overflows)), float32_max_abs)
+                        tf.reduce_any(tf.stack(overflows)), float32_max_abs,
+                        _by_raise(total("exponents"), scale))
 
 
 def _share(part, whole):
-    """part / whole, 0 when whole is 0."""
-    return tf.where(tf.greater(whole, 0.0), part / tf.maximum(whole, 1.0), tf.zeros([]))
+    """part / whole for counts (0 when whole, and so part, is 0)."""
+    return part / tf.maximum(whole, 1.0)
 
 
 def _from_counts(scale, elements, zeros, float32_zeros, flushed, subnormal, max_abs,
-                 overflowed, float32_max_abs):
+                 overflowed, float32_max_abs, underflow_by_raise):
     # The larger of what the step read and what the float32 view predicts
     # the float16 backprop holds at this scale.
     largest = tf.maximum(max_abs, scale * float32_max_abs)
@@ -472,7 +520,8 @@ def _from_counts(scale, elements, zeros, float32_zeros, flushed, subnormal, max_
         zero_share=_share(zeros, elements), float32_zero_share=_share(float32_zeros, elements),
         max_abs=tf.where(overflowed, tf.constant(np.inf, tf.float32), max_abs),
         float32_max_abs=float32_max_abs, scale=scale, elements=elements, zeros=zeros,
-        float32_zeros=float32_zeros, flushed=flushed, subnormal=subnormal)
+        float32_zeros=float32_zeros, flushed=flushed, subnormal=subnormal,
+        underflow_by_raise=underflow_by_raise)
 
 
 def _log2(x):
@@ -497,11 +546,15 @@ def combine(records):
         return tf.add_n([getattr(item, field) for item in records])
 
     max_abs = tf.reduce_max(tf.stack([item.max_abs for item in records]))
+    # Each record's predictions are shares of its non-zero elements.
+    nonzero = [item.elements - item.float32_zeros for item in records]
+    by_raise = _share(tf.add_n([item.underflow_by_raise * count
+                                for item, count in zip(records, nonzero)]), tf.add_n(nonzero))
     return _from_counts(
         records[0].scale, total("elements"), total("zeros"), total("float32_zeros"),
         total("flushed"), total("subnormal"), max_abs,
         tf.logical_not(tf.less_equal(max_abs, FLOAT16_MAX)),
-        tf.reduce_max(tf.stack([item.float32_max_abs for item in records])))
+        tf.reduce_max(tf.stack([item.float32_max_abs for item in records])), by_raise)
 
 
 class Listening(collections.namedtuple("Listening", ["ops", "entry_ops"])):

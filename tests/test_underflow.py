@@ -118,6 +118,16 @@ def test_measurement_on_the_seed_net_flushes_all_at_scale_1_and_none_at_2_15():
     np.testing.assert_allclose(at_15.headroom, np.log2(FLOAT16_MAX / 2.0 ** 15), rtol=1e-6)
     np.testing.assert_allclose(at_15.float32_max_abs, 1.0)  # d loss / d loss
     assert at_15.scale == 2.0 ** 15
+    # The prediction from the float32 view's binary exponents, by hand: an
+    # element in [2**e, 2**(e + 1)) is below 2**-14 at scale 2**(15 + k)
+    # when e + 1 + 15 + k <= -14.
+    exponents = np.floor(np.log2(np.abs(ref[ref != 0])))
+    for k in (0, 1, 2, 5):
+        np.testing.assert_allclose(at_15.underflow_by_raise[k],
+                                   np.mean(exponents + 16 + k <= -14), rtol=1e-6)
+    np.testing.assert_allclose(at_15.underflow_by_raise[0],
+                               at_15.flushed_share + at_15.subnormal_share, rtol=1e-6)
+    np.testing.assert_allclose(at_1.underflow_by_raise[15:], at_15.underflow_by_raise[:50])
 
 
 def _two_weight_net():

@@ -25,11 +25,13 @@ _DEFAULT_RAISE_ABOVE_UNDERFLOW_SHARE = 0.01
 # and the weights, which the measurement does not read, may be larger.
 _DEFAULT_HEADROOM_MARGIN_BITS = 2.0
 
-# Positions in the ``heard`` vector: the update count modulo the period, the
-# last finite measurement's unscaled maximum |g| (-1: none yet) and
-# underflow share, and whether that measurement came this run (1) or not (0).
-_RUNS, _MAX, _UNDERFLOW, _FRESH = 0, 1, 2, 3
-_HEARD_SIZE = 4
+# Positions in the ``heard`` vector: the update count modulo the period; of
+# the last finite measurement, the unscaled maximum |g| (-1: none yet), the
+# underflow share and log2 of the scale at which the float32 view predicts
+# at most raise_above of it; whether that measurement came this run (1) or
+# not (0).
+_RUNS, _MAX, _UNDERFLOW, _NEEDED, _FRESH = 0, 1, 2, 3, 4
+_HEARD_SIZE = 5
 
 
 class ListeningLossScaleManager(DynamicLossScaleManager):
@@ -41,14 +43,22 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
     the float32 view keeps non-zero, those float16 flushed to zero or keeps
     subnormal at the scale in use. With ``m``, the measured largest |g|
     unscaled (the larger of the float16 side's maximum over the scale and
-    the float32 view's maximum over its whole backprop), the update is the
-    dynamic rule, then::
+    the float32 view's maximum over its whole backprop), and ``needed``, the
+    smallest scale ``scale_measured * 2**j`` at which the float32 view's
+    magnitudes predict an underflow share of at most ``raise_above``
+    (``Underflow.underflow_by_raise``), the update is the dynamic rule,
+    then::
 
       if the dynamic rule grew the scale and scale * m > 65504:
         scale = the scale before (a growth the measurement says overflows)
       if finite and measured this run and underflow share >= raise_above:
-        k = floor((log2(65504 / (scale * m)) - margin_bits) / log2(multiplier))
+        room = floor((log2(65504 / (scale * m)) - margin_bits) / log2(multiplier))
+        need = max(ceil(log2(needed / scale) / log2(multiplier)), 1)
+        k = min(need, room)
         if k >= 1: scale = min(scale * multiplier ** k, cap); good = 0
+
+    So a raise goes as far as the float32 view says the underflow needs, and
+    never closer to 65504 than the margin.
 
     Without a finite measurement yet (before the first one, or when every
     measurement so far overflowed) it is exactly ``DynamicLossScaleManager``.
@@ -69,7 +79,7 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
 
     The state is ``dynamic_loss_scale/state`` (as the dynamic manager's) and
     ``listening_loss_scale/heard``: ``[update count mod N, m (-1: none),
-    underflow share, measured this run]``.
+    underflow share, log2(needed), measured this run]``.
 
     Args:
       initial_scale, growth_steps, multiplier, min_loss_scale,
@@ -112,7 +122,7 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
             min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
             floor_warning_after=floor_warning_after)
         with tf.name_scope(None, default_name="listening_loss_scale"):
-            self._heard = tf.Variable([0.0, -1.0, 0.0, 0.0], dtype=tf.float32,
+            self._heard = tf.Variable([0.0, -1.0, 0.0, 0.0, 0.0], dtype=tf.float32,
                                       trainable=False, name="heard")
 
     @property
@@ -122,8 +132,8 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
 
     @property
     def heard(self):
-        """The float32[4] variable ``[update count mod N, m (-1: none),
-        underflow share, measured this run]``."""
+        """The float32[5] variable ``[update count mod N, m (-1: none),
+        underflow share, log2(needed), measured this run]``."""
         return self._heard
 
     @property
@@ -165,8 +175,17 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
             unscaled = tf.maximum(measurement.max_abs / measurement.scale,
                                   measurement.float32_max_abs)
             share = measurement.flushed_share + measurement.subnormal_share
-            new = tf.where(finite, tf.stack([heard[_RUNS], unscaled, share, 1.0]),
-                           tf.stack([heard[_RUNS], heard[_MAX], heard[_UNDERFLOW], 0.0]))
+            # The first raise (in powers of two) at which the float32 view
+            # predicts at most raise_above underflowing; all of them if none.
+            by_raise = measurement.underflow_by_raise
+            bits = tf.range(tf.size(by_raise), dtype=tf.float32)
+            enough = tf.reduce_min(tf.where(tf.less_equal(by_raise, self._raise_above), bits,
+                                            tf.fill(tf.shape(bits), 1.0 * tf.cast(
+                                                tf.size(by_raise), tf.float32))))
+            needed = tf.math.log(measurement.scale) / math.log(2.0) + enough
+            new = tf.where(finite, tf.stack([heard[_RUNS], unscaled, share, needed, 1.0]),
+                           tf.stack([heard[_RUNS], heard[_MAX], heard[_UNDERFLOW],
+                                     heard[_NEEDED], 0.0]))
             with tf.control_dependencies([new]):
                 return tf.assign(self._heard, new, name="assign_heard").op
 
@@ -202,10 +221,14 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
                 tf.logical_and(known, tf.greater(scale, scale_before)),
                 tf.greater(scale * unscaled_max, FLOAT16_MAX))
             scale = tf.where(overflowing_growth, scale_before, scale)
-            # An early raise, by whole multiplier steps within the headroom.
-            bits = (tf.math.log(FLOAT16_MAX / (scale * tf.maximum(unscaled_max, 1e-30)))
-                    / math.log(2.0) - self._margin_bits)
-            steps = tf.floor(bits / math.log(self.multiplier, 2.0))
+            # An early raise, by whole multiplier steps: as far as the
+            # underflow needs, within the headroom less the margin.
+            step_bits = math.log(self.multiplier, 2.0)
+            log2_scale = tf.math.log(scale) / math.log(2.0)
+            room = tf.floor((tf.math.log(FLOAT16_MAX / (scale * tf.maximum(unscaled_max, 1e-30)))
+                             / math.log(2.0) - self._margin_bits) / step_bits)
+            need = tf.maximum(tf.math.ceil((heard[_NEEDED] - log2_scale) / step_bits), 1.0)
+            steps = tf.minimum(need, room)
             raising = tf.logical_and(
                 tf.logical_and(finite, tf.greater(heard[_FRESH], 0.0)),
                 tf.logical_and(tf.logical_and(known, tf.greater_equal(steps, 1.0)),
@@ -216,7 +239,7 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
             new_good = tf.where(raising, tf.zeros([]), after[_GOOD])
             new_state = tf.concat([tf.stack([new_scale, new_good]), after[_GOOD + 1:]], 0)
             new_heard = tf.stack([tf.floormod(heard[_RUNS] + 1.0, float(self._every)),
-                                  heard[_MAX], heard[_UNDERFLOW], 0.0])
+                                  heard[_MAX], heard[_UNDERFLOW], heard[_NEEDED], 0.0])
             with tf.control_dependencies([new_state, new_heard]):
                 return tf.group(tf.assign(self.state, new_state, name="assign_state"),
                                 tf.assign(self._heard, new_heard, name="assign_heard"))
