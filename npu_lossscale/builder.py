@@ -25,6 +25,7 @@ from npu_lossscale import backends as _backends
 from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
+from npu_lossscale import context as _context
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import managers as _managers
@@ -192,7 +193,7 @@ class MultiOptimizerLossScale(object):
 
     def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
                  distributed=None, allreduce_gradients=True, gate="auto"):
-        _checks.require_graph_mode("MultiOptimizerLossScale")
+        _context.require_graph_mode("MultiOptimizerLossScale")
         _managers.check_manager(loss_scale_manager)
         _checks.check_bool(
             "allreduce_gradients", allreduce_gradients,
@@ -260,9 +261,8 @@ class MultiOptimizerLossScale(object):
             after ``build()``.
         """
         if self._built:
-            raise ValueError(
-                "add() was called after build(), for loss %r. Register every "
-                "group with add() first, then call build() once." % (loss,))
+            raise ValueError("add() came after build(), for loss %r. Add every group "
+                             "first, then build() once." % (loss,))
         if callable(loss) and not isinstance(loss, tf.Tensor):
             loss = loss()  # as tf.train.Optimizer.minimize accepts
         loss = _checks.check_loss(loss)
@@ -272,10 +272,8 @@ class MultiOptimizerLossScale(object):
         name = _checks.check_group_name(name, [group.name for group in self._groups])
         for group in self._groups:
             if group.optimizer is optimizer:
-                raise ValueError(
-                    "optimizer %r is already used by group %r. Each group needs its "
-                    "own optimizer instance (its slots belong to its variables); "
-                    "create a second one." % (optimizer, group.name))
+                raise ValueError("optimizer %r is already group %r's. Give each group its "
+                                 "own optimizer." % (optimizer, group.name))
         var_list = _checks.check_var_list(var_list, name, self._groups)
         if self._engine is not None:
             _distributed.check_not_already_reducing(optimizer, name, self._allreduce_gradients)
@@ -385,13 +383,11 @@ class MultiOptimizerLossScale(object):
         updating one manager fails with an InvalidArgumentError before the
         second one writes anything.
         """
-        _checks.require_graph_mode("MultiOptimizerLossScale.build")
+        _context.require_graph_mode("MultiOptimizerLossScale.build")
         _distributed.check_no_strategy("MultiOptimizerLossScale.build")
         if self._built:
-            raise ValueError(
-                "build() was already called on this MultiOptimizerLossScale. It "
-                "returns the one update op for all groups; reuse the TrainOps it "
-                "returned instead of building again.")
+            raise ValueError("build() was already called on this MultiOptimizerLossScale. "
+                             "Reuse the TrainOps it returned.")
         accumulation_steps = _checks.check_count(
             "accumulation_steps", accumulation_steps,
             "Pass the micro-batches per applied step, e.g. 4 (1: no accumulation).")

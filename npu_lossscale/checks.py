@@ -44,19 +44,15 @@ def check_optimizer(optimizer, argument="optimizer"):
     """Raises TypeError unless ``optimizer`` is a plain TF1 optimizer."""
     if not isinstance(optimizer, tf.train.Optimizer):
         raise TypeError(
-            "%s must be a tf.compat.v1.train.Optimizer, got %r (%s). Keras "
-            "optimizers are not supported in TF1 graph mode; use e.g. "
-            "tf.compat.v1.train.AdamOptimizer." % (
-                argument, optimizer, type(optimizer).__name__))
+            "%s must be a tf.compat.v1.train.Optimizer (not a Keras one), got %r. Pass "
+            "e.g. tf.compat.v1.train.AdamOptimizer()." % (argument, optimizer))
     if type(optimizer).__name__ == "NPUOptimizer" and getattr(optimizer, "_is_loss_scale",
                                                               False):
         # tf_adapter npu_bridge/estimator/npu/npu_optimizer.py: NPUOptimizer
         # scales the loss and reads the float status itself when asked.
         raise TypeError(
-            "%s is an NPUOptimizer with is_loss_scale=True, got %r: it scales the "
-            "loss and checks overflow itself, so loss scaling would be applied "
-            "twice. Build it with is_loss_scale=False, or pass the optimizer it "
-            "wraps." % (argument, optimizer))
+            "%s scales the loss itself (an NPUOptimizer with is_loss_scale=True), got "
+            "%r. Build it with is_loss_scale=False." % (argument, optimizer))
     wrappers = [cls.__name__ for cls in type(optimizer).__mro__
                 if cls.__name__ in _LOSS_SCALE_WRAPPERS]
     if _GRAPH_REWRITE_WRAPPER in wrappers:
@@ -66,9 +62,8 @@ def check_optimizer(optimizer, argument="optimizer"):
             % (argument, _GRAPH_REWRITE_WRAPPER, optimizer, _GRAPH_REWRITE_DOC))
     if wrappers:
         raise TypeError(
-            "%s is already a loss-scale wrapper (%s), got %r. Loss scaling would "
-            "be applied twice; pass the wrapped optimizer itself." % (
-                argument, wrappers[0], optimizer))
+            "%s is already a loss-scale wrapper (%s), got %r. Pass the optimizer it "
+            "wraps." % (argument, wrappers[0], optimizer))
 
 
 def check_not_wrapped(optimizer, what):
@@ -128,10 +123,9 @@ def check_global_step(global_step):
             "tf.train.get_or_create_global_step()." % (global_step,))
     if _of_another_graph(global_step):
         raise ValueError(
-            "global_step %r belongs to another graph than the default one, in which "
-            "this step is built (made before tf.reset_default_graph() or in another "
-            "tf.Graph). Call tf.train.get_or_create_global_step() in the graph you "
-            "train in." % (global_step,))
+            "global_step %r belongs to another graph. Call "
+            "tf.train.get_or_create_global_step() in the graph you train in."
+            % (global_step,))
 
 
 def is_variable(value):
@@ -180,118 +174,6 @@ def _of_another_graph(value):
         graph is other for other in _graph_and_outer_graphs(tf.get_default_graph()))
 
 
-#: Function graphs that tf.cond and tf.while_loop make under control flow v2,
-#: by class name (tensorflow/python/ops/control_flow_v2_func_graphs.py).
-_CONTROL_FLOW_GRAPHS = {"CondBranchFuncGraph": "a tf.cond branch",
-                        "WhileCondFuncGraph": "a tf.while_loop condition",
-                        "WhileBodyFuncGraph": "a tf.while_loop body"}
-
-
-def _inside(graph):
-    """Where ops made now land, for messages; None at the top level.
-
-    Args:
-      graph: the default graph.
-
-    Returns:
-      None at the top level of a ``tf.Graph``, else e.g. "a tf.cond branch
-      (function graph 'cond_true_3')".
-    """
-    if graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
-        return "a tf.cond branch or tf.while_loop body (v1 control flow)"
-    if not graph.building_function:
-        return None
-    kind = _CONTROL_FLOW_GRAPHS.get(type(graph).__name__, "a tf.function")
-    return "%s (function graph %r)" % (kind, graph.name)
-
-
-def _traced_from_eager(graph):
-    """True for the graph of a ``tf.function`` called by an eager program.
-
-    Its variables are eager ones that the function captures, and it runs
-    once per call: as a top-level graph is once per ``session.run``.
-    """
-    if (not graph.building_function or type(graph).__name__ in _CONTROL_FLOW_GRAPHS
-            or getattr(graph.outer_graph, "building_function", False)):
-        return False
-    with tf.init_scope():
-        return tf.executing_eagerly()
-
-
-def require_graph_mode(what, eager_functions=False):
-    """Raises ValueError unless ops are being made at the top level of a graph.
-
-    Refused, for every backend: eager execution, and a ``tf.cond`` branch or
-    ``tf.while_loop`` body (v1 or v2) or a ``tf.function`` of a graph-mode
-    program, since the apply gate, the ``global_step`` and the manager update
-    are made for one run of the graph.
-
-    Args:
-      what: the name of the API being used, for the message.
-      eager_functions: True where ``what`` also works at the top level of a
-        ``tf.function`` that an eager program calls (it makes no variable of
-        its own, so the function's retracing cannot make a second one).
-
-    Raises:
-      ValueError: before any op is made, for eager execution, inside a
-        control-flow body or a graph-mode function, and (unless
-        ``eager_functions``) inside an eager program's function.
-    """
-    if tf.executing_eagerly():
-        raise ValueError(
-            "%s builds a TF1 graph and cannot run eagerly. Call "
-            "tf.compat.v1.disable_eager_execution() (or disable_v2_behavior()) "
-            "at program start, or build inside `with tf.Graph().as_default():`."
-            % what)
-    graph = tf.get_default_graph()
-    inside = _inside(graph)
-    if inside is None:
-        return
-    if _traced_from_eager(graph) and graph._get_control_flow_context() is None:  # pylint: disable=protected-access
-        if eager_functions:
-            return
-        raise ValueError(
-            "%s cannot be built inside a tf.function of an eager program, got %s: "
-            "it makes TF1 variables, and tf.function traces the function more than "
-            "once. Call tf.compat.v1.disable_eager_execution() at program start and "
-            "build at the top level of the graph; in an eager program, "
-            "LossScaleOptimizer(opt, manager).minimize works inside a tf.function "
-            "whose manager (FixedLossScaleManager, or npu_bridge's) is made outside "
-            "it." % (what, inside))
-    raise ValueError(
-        "%s must be built at the top level of the graph, got a call inside %s. "
-        "Build the train op at the top level of the graph (compute the losses "
-        "there too), then fetch it with session.run, or run it under your own "
-        "control flow in Python (an if or a loop around session.run). This holds "
-        "for every backend, is_finite included: the step's apply gate, "
-        "global_step and loss-scale update are made for one run of the graph."
-        % (what, inside))
-
-
-def require_top_level(what):
-    """Raises ValueError inside a function or control-flow body.
-
-    A float-status step orders the graph's one register clear before the
-    ops its read follows; that needs the read at the top level of a
-    ``tf.Graph``, not in a ``tf.cond``/``tf.while_loop`` body or a
-    ``tf.function`` (eager programs' included).
-
-    Args:
-      what: the name of the API being used, for the message.
-
-    Raises:
-      ValueError: inside a function graph or a v1 control-flow context.
-    """
-    inside = _inside(tf.get_default_graph())
-    if inside is None:
-        return
-    raise ValueError(
-        "%s reads Ascend's float-status register and must be built at the top "
-        "level of the graph, got %s. Build it outside tf.cond, tf.while_loop "
-        "and tf.function (compute the losses there if you need to), or pass "
-        "backend='is_finite'." % (what, inside))
-
-
 def check_loss(loss):
     """Raises unless ``loss`` is a floating scalar tensor of the default graph.
 
@@ -306,21 +188,17 @@ def check_loss(loss):
       ValueError: for a non-scalar loss or one of another graph.
     """
     if not isinstance(loss, tf.Tensor):
-        raise TypeError(
-            "loss must be a tf.Tensor, got %r (%s). Pass the scalar loss "
-            "tensor of the graph." % (loss, type(loss).__name__))
+        raise TypeError("loss must be a tf.Tensor, got %r. Pass the scalar loss tensor."
+                        % (loss,))
     if not loss.dtype.base_dtype.is_floating:
-        raise TypeError(
-            "loss must be a floating-point tensor, got %r with dtype %s. Cast "
-            "it with tf.cast(loss, tf.float32)." % (loss, loss.dtype.name))
+        raise TypeError("loss must be a floating-point tensor, got %r. Cast it: "
+                        "tf.cast(loss, tf.float32)." % (loss,))
     if loss.shape.ndims is not None and loss.shape.ndims != 0:
-        raise ValueError(
-            "loss must be a scalar, got %r with shape %s. Reduce it first, "
-            "e.g. tf.reduce_mean(loss)." % (loss, loss.shape))
+        raise ValueError("loss must be a scalar, got %r. Reduce it first, e.g. "
+                         "tf.reduce_mean(loss)." % (loss,))
     if loss.graph is not tf.get_default_graph():
-        raise ValueError(
-            "loss %r belongs to another graph than the default one. Call "
-            "add() inside the graph's `with graph.as_default():` block." % (loss,))
+        raise ValueError("loss %r belongs to another graph. Call add() inside that "
+                         "graph's `with graph.as_default():` block." % (loss,))
     return loss
 
 
@@ -341,12 +219,10 @@ def check_gradients(grads, argument="grads"):
         are not float tensors.
       ValueError: for gradients of another graph, or when every entry is None.
     """
-    fix = ("Pass the gradients as a list, e.g. [g for g, _ in grads_and_vars] "
-           "from compute_gradients().")
+    fix = "Pass a list, e.g. [g for g, _ in grads_and_vars]."
     if isinstance(grads, (tf.Tensor, tf.IndexedSlices)) or is_variable(grads):
-        raise TypeError(
-            "%s must be a list of gradients, got one tensor or variable, %r. "
-            "Wrap it in a list, e.g. all_finite([grad])." % (argument, grads))
+        raise TypeError("%s must be a list of gradients, got the single %r. Pass "
+                        "[grad]." % (argument, grads))
     if not isinstance(grads, (list, tuple)):
         raise TypeError("%s must be a list of gradients, got %r (%s). %s"
                         % (argument, grads, type(grads).__name__, fix))
@@ -356,29 +232,21 @@ def check_gradients(grads, argument="grads"):
             continue
         if (isinstance(grad, (list, tuple)) and len(grad) == 2
                 and (is_variable(grad[1]) or isinstance(grad[1], tf.Tensor))):
-            raise TypeError(
-                "%s[%d] is a (gradient, variable) pair %r: %s takes the "
-                "gradients alone. %s" % (argument, index, grad, argument, fix))
+            raise TypeError("%s[%d] must be a gradient, got the pair %r. %s"
+                            % (argument, index, grad, fix))
         if not isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
-            raise TypeError(
-                "%s[%d] must be a gradient tensor (tf.Tensor or tf.IndexedSlices) "
-                "or None, got %r (%s). %s" % (argument, index, grad,
-                                              type(grad).__name__, fix))
+            raise TypeError("%s[%d] must be a tf.Tensor, tf.IndexedSlices or None, got "
+                            "%r. %s" % (argument, index, grad, fix))
         if not grad.dtype.base_dtype.is_floating:
-            raise TypeError(
-                "%s[%d] must be a floating-point gradient, got %r with dtype %s. "
-                "Only float gradients can overflow; leave this one out."
-                % (argument, index, grad, grad.dtype.name))
+            raise TypeError("%s[%d] must be a floating-point gradient, got %r. Leave it "
+                            "out: only floats overflow." % (argument, index, grad))
         if _of_another_graph(grad):
-            raise ValueError(
-                "%s[%d] %r belongs to another graph than the default one. Call "
-                "all_finite() inside the graph's `with graph.as_default():` block."
-                % (argument, index, grad))
+            raise ValueError("%s[%d] %r belongs to another graph. Call all_finite() in "
+                             "that graph." % (argument, index, grad))
         present.append(grad)
     if not present:
-        raise ValueError(
-            "%s holds no gradient (got %r; None entries are left out). Pass the "
-            "gradients of the step." % (argument, grads))
+        raise ValueError("%s holds no gradient (None entries are left out), got %r. "
+                         "Pass the step's gradients." % (argument, grads))
     return present
 
 
@@ -393,13 +261,11 @@ def check_group_name(name, taken):
       The name.
     """
     if not isinstance(name, str) or not _GROUP_NAME.match(name):
-        raise ValueError(
-            "name must be a string usable as a TF name scope (letters, digits, "
-            "'_', '.', '-'), got %r. Pass e.g. name='generator'." % (name,))
+        raise ValueError("name must be a valid TF name scope (letters, digits, '_', '.', "
+                         "'-'), got %r. Pass e.g. name='generator'." % (name,))
     if name in taken:
-        raise ValueError(
-            "name %r is already used by another group. Give each group a "
-            "unique name." % (name,))
+        raise ValueError("name %r is already another group's. Give each group its own "
+                         "name." % (name,))
     return name
 
 
@@ -429,39 +295,27 @@ def check_var_list(var_list, name, other_groups):
     if var_list is None:
         var_list = default_var_list()
     elif is_variable(var_list) or isinstance(var_list, (tf.Tensor, str, bytes)):
-        raise TypeError(
-            "var_list must be a list of variables, got the single %r. Pass the "
-            "variables themselves in a list: var_list=[v] (or "
-            "tf.trainable_variables('scope') for a scope's variables)." % (var_list,))
+        raise TypeError("var_list must be a list of variables, got the single %r. Pass "
+                        "var_list=[v]." % (var_list,))
     var_list = tuple(var_list)
     if not var_list:
-        raise ValueError(
-            "var_list for group %r is empty, got %r. Pass the variables this "
-            "optimizer trains (e.g. tf.trainable_variables('generator'))."
-            % (name, list(var_list)))
+        raise ValueError("var_list for group %r is empty. Pass the variables it trains, "
+                         "e.g. tf.trainable_variables('generator')." % (name,))
     for index, var in enumerate(var_list):
         if not is_variable(var):
-            raise TypeError(
-                "var_list for group %r must hold tf.Variable objects, got %r. "
-                "Pass variables, not tensors read from them." % (name, var))
+            raise TypeError("var_list for group %r must hold variables, got %r. Pass the "
+                            "variables, not tensors read from them." % (name, var))
         if _of_another_graph(var):
-            raise ValueError(
-                "var_list for group %r holds variable %r of another graph than the "
-                "default one (made before tf.reset_default_graph() or in another "
-                "tf.Graph), which no loss of this graph can train. Pass the "
-                "variables of the graph you train in: make the model and the "
-                "builder inside the same `with graph.as_default():` block."
-                % (name, var.name))
+            raise ValueError("var_list for group %r holds %r of another graph. Make the "
+                             "model and the builder in one graph." % (name, var.name))
         if any(var is other for other in var_list[:index]):
-            raise ValueError(
-                "var_list for group %r lists variable %r twice. Pass each "
-                "variable once." % (name, var.name))
+            raise ValueError("var_list for group %r lists %r twice. List it once."
+                             % (name, var.name))
         for group in other_groups:
             if any(other is var for other in group.var_list):
-                raise ValueError(
-                    "variable %r is in group %r and again in group %r. A "
-                    "variable can be updated by one optimizer only; split "
-                    "the var_lists." % (var.name, group.name, name))
+                raise ValueError("variable %r is in group %r and in group %r; one optimizer "
+                                 "updates it. Split the var_lists."
+                                 % (var.name, group.name, name))
     return var_list
 
 
@@ -478,12 +332,9 @@ def check_resource_variables(var_list, name):
     for var in var_list:
         if not resource_variable_ops.is_resource_variable(var):
             raise ValueError(
-                "group %r: variable %r is a ref variable, but the apply gate is a "
-                "functional If (control flow v2 is on, with gate='cond', the npu "
-                "backend or ENABLE_FORCE_V2_CONTROL=1), whose branch cannot assign "
-                "ref variables. Call tf.enable_resource_variables() at program "
-                "start (as Huawei's docs do with control flow v2), or "
-                "tf.disable_control_flow_v2() to get a v1 cond." % (name, var.name))
+                "group %r: %r is a ref variable, which the apply gate's functional If "
+                "cannot assign. Call tf.enable_resource_variables() at program start, or "
+                "tf.disable_control_flow_v2()." % (name, var.name))
 
 
 def check_no_ref_inputs(ops):
@@ -492,10 +343,9 @@ def check_no_ref_inputs(ops):
     for op in ops:
         if any(tensor.dtype._is_ref_dtype for tensor in op.inputs):  # pylint: disable=protected-access
             raise ValueError(
-                "update op %r writes a ref variable, but the apply gate is a functional "
-                "If (control flow v2 with gate='cond', the npu backend or "
-                "ENABLE_FORCE_V2_CONTROL=1), whose branch cannot assign ref variables. "
-                "Call tf.enable_resource_variables() at program start." % (op.name,))
+                "update op %r writes a ref variable, which the apply gate's functional If "
+                "cannot do. Call tf.enable_resource_variables() at program start."
+                % (op.name,))
 
 
 def check_number(name, value, minimum=None, maximum=None, min_open=False,
@@ -596,15 +446,12 @@ def check_skip_policy(skip_policy):
     """Raises ValueError unless ``skip_policy`` is a known policy."""
     if skip_policy not in SKIP_POLICIES:
         raise ValueError(
-            "skip_policy must be one of %r, got %r. Use 'all' to skip every "
-            "group on any overflow, or 'per_group' to skip only the group "
-            "that overflowed." % (SKIP_POLICIES, skip_policy))
+            "skip_policy must be one of %r, got %r. Pass 'all' (any overflow skips "
+            "every group) or 'per_group'." % (SKIP_POLICIES, skip_policy))
 
 
 def check_gate(gate):
     """Raises ValueError unless ``gate`` is a known gate kind."""
     if gate not in GATES:
-        raise ValueError(
-            "gate must be one of %r, got %r. Use 'auto' (a functional cond where "
-            "Ascend needs one, else the cheaper pivot), 'cond' to force tf.cond "
-            "(no raw Switch/Merge), or 'pivot'." % (GATES, gate))
+        raise ValueError("gate must be one of %r, got %r. Pass 'auto' unless Ascend "
+                         "needs 'cond'." % (GATES, gate))

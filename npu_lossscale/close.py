@@ -163,10 +163,9 @@ def update_op(manager, update):
     if op is not None:
         return op
     raise TypeError(
-        "%s.update_loss_scale(finite_grads) returned %r (%s), not an op. It must "
-        "return the op that moves the scale: return the assign op (e.g. "
-        "tf.assign(self._scale, new_scale)), or tf.no_op() for a scale that "
-        "never moves." % (type(manager).__name__, update, type(update).__name__))
+        "%s.update_loss_scale(finite_grads) returned %r, not an op. Return the assign "
+        "op, or tf.no_op() for a scale that never moves."
+        % (type(manager).__name__, update))
 
 
 def update_managers(plan, decisions, after):

@@ -74,19 +74,16 @@ def scale_snapshot(manager):
     raw = manager.get_loss_scale()
     if raw is None:
         raise TypeError(
-            "the loss-scale manager %r returned None from get_loss_scale(). It must "
-            "return the scale as a scalar tensor (or number); return e.g. "
-            "self._scale.read_value() or tf.constant(1024.0)." % (manager,))
+            "%s.get_loss_scale() returned None. Return the scale as a scalar tensor, e.g. "
+            "self._scale.read_value()." % type(manager).__name__)
     scale = tf.convert_to_tensor(raw)
     if not (scale.dtype.base_dtype.is_floating or scale.dtype.base_dtype.is_integer):
-        raise TypeError(
-            "the loss-scale manager %r returned %r from get_loss_scale(), which is "
-            "not a number. Return a float32 scalar tensor." % (manager, raw))
+        raise TypeError("%s.get_loss_scale() returned %r, not a number. Return a float32 "
+                        "scalar tensor." % (type(manager).__name__, raw))
     if scale.shape.ndims is not None and scale.shape.ndims != 0:
-        raise ValueError(
-            "the loss-scale manager %r returned a scale of shape %s from "
-            "get_loss_scale(); one step uses one scalar scale. Return a scalar, "
-            "e.g. tf.reshape(scale, [])." % (manager, scale.shape))
+        raise ValueError("%s.get_loss_scale() returned shape %s, not a scalar. Return one "
+                         "scale, e.g. tf.reshape(scale, [])."
+                         % (type(manager).__name__, scale.shape))
     own = _managers.declares_scale_in_range(manager)
     if own:
         _prevent_feeding(scale)
@@ -265,9 +262,8 @@ def scaled_gradients(plan, scales, names, after=()):
         if not pairs:
             group = plan.group(name)
             raise ValueError(
-                "group %r: its loss %r reaches none of its %d variables (every "
-                "gradient is None). Check var_list, or that the loss depends on "
-                "those variables." % (name, group.loss, len(group.var_list)))
+                "group %r: its optimizer's compute_gradients returned no gradient for its "
+                "%d variables. Check its var_list." % (name, len(group.var_list)))
         result[name] = pairs
     return result
 

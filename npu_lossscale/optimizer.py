@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
 from npu_lossscale import checks as _checks
+from npu_lossscale import context as _context
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_state as _graph_state
@@ -192,7 +193,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
         gradient is None are kept, as the base class does.
         """
         _checks.check_not_wrapped(self, "LossScaleOptimizer.compute_gradients")
-        _checks.require_graph_mode("LossScaleOptimizer.compute_gradients",
+        _context.require_graph_mode("LossScaleOptimizer.compute_gradients",
                                    eager_functions=True)
         _distributed.check_no_strategy("LossScaleOptimizer.compute_gradients")
         _managers.check_manager_graph(self._manager)
@@ -244,17 +245,16 @@ class LossScaleOptimizer(tf.train.Optimizer):
         InvalidArgumentError before the second one writes anything.
         """
         _checks.check_not_wrapped(self, "LossScaleOptimizer.apply_gradients")
-        _checks.require_graph_mode("LossScaleOptimizer.apply_gradients",
+        _context.require_graph_mode("LossScaleOptimizer.apply_gradients",
                                    eager_functions=True)
         _distributed.check_no_strategy("LossScaleOptimizer.apply_gradients")
         _checks.check_global_step(global_step)
         grads_and_vars = list(grads_and_vars)
         present = [(g, v) for g, v in grads_and_vars if g is not None]
         if not present:
-            raise ValueError(
-                "apply_gradients() got no gradients (all None) for variables %r. "
-                "Check that the loss depends on the variables."
-                % ([v.name for _, v in grads_and_vars],))
+            raise ValueError("apply_gradients() got only None gradients, for %r. Check "
+                             "that the loss depends on these variables."
+                             % ([v.name for _, v in grads_and_vars],))
         _managers.check_manager_graph(self._manager)
         # A failed call leaves the graph, the optimizer's slots and the
         # library's records as they were, so it can be retried.

@@ -229,9 +229,8 @@ def make_plan(groups, manager, backend, skip_policy="all", engine=None,
     """
     groups = tuple(groups)
     if not groups:
-        raise ValueError(
-            "build() was called with no groups. Call add(loss, optimizer, "
-            "var_list) for each optimizer first.")
+        raise ValueError("build() got no groups. Call add(loss, optimizer, var_list) "
+                         "for each optimizer first.")
     reads_register = backend.reads_register
     serial_reads = skip_policy == "per_group" and reads_register and len(groups) > 1
     if serial_reads:
@@ -257,10 +256,9 @@ def _check_no_shared_loss(groups):
         for other in groups[:index]:
             if other.loss is group.loss:
                 raise ValueError(
-                    "groups %r and %r share one loss tensor, whose overflows a "
-                    "register-reading backend cannot tell apart, so "
-                    "skip_policy='per_group' cannot be honoured; use "
-                    "skip_policy='all' or backend='is_finite'." % (other.name, group.name))
+                    "groups %r and %r share one loss, which one status register cannot "
+                    "check apart. Pass skip_policy='all' or backend='is_finite'."
+                    % (other.name, group.name))
 
 
 def _backprops(groups):
@@ -296,9 +294,8 @@ def _managers(groups, manager, checks):
     for group in groups:
         if group.name == "shared" and group.manager is not manager:
             raise ValueError(
-                "group name 'shared' names the builder's manager scope, and this "
-                "group brings its own loss_scale_manager, so the two scales would "
-                "share one name. Give the group another name, e.g. name='shared_net'.")
+                "name 'shared' is the builder's scale scope, so a group with its own "
+                "manager cannot take it. Pass another name, e.g. name='shared_net'.")
     result = []
     for candidate, scope in [(manager, "shared")] + [(g.manager, g.name) for g in groups]:
         if any(use.manager is candidate for use in result):

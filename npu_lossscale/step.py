@@ -31,6 +31,7 @@ from npu_lossscale import backends as _backends
 from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import close as _close
+from npu_lossscale import context as _context
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_walk as _graph_walk
 from npu_lossscale import managers as _managers
@@ -95,7 +96,7 @@ def plan_step(groups, manager, options, global_step, api):
     """
     backend = _backends.resolve_backend(options.backend)
     if backend.reads_register and any(group.checked for group in groups):
-        _checks.require_top_level(api)
+        _context.require_top_level(api)
     cf_v2 = tf.control_flow_v2_enabled()
     gate_kind = _plan.choose_gate(options.gate, backend.on_npu,
                                   os.environ.get("ENABLE_FORCE_V2_CONTROL") == "1", cf_v2)
@@ -116,9 +117,8 @@ def plan_step(groups, manager, options, global_step, api):
         if group.loss is not None and _graph_walk.first_reached(
                 [group.loss.op], _differentiable_parents, _variable_ops(group.var_list)) is None:
             raise ValueError(
-                "group %r: its loss %r reaches none of its %d variables, so every "
-                "gradient would be None. Check var_list, or that the loss depends on "
-                "those variables." % (group.name, group.loss, len(group.var_list)))
+                "group %r: its loss %r depends on none of its %d variables. Check its "
+                "var_list." % (group.name, group.loss, len(group.var_list)))
     return plan
 
 

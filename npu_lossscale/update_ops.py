@@ -18,34 +18,29 @@ def check_argument(update_ops, plan, per_group_ops):
     check_not_a_name(update_ops)
     if plan.window.steps > 1 and (update_ops or per_group_ops):
         raise ValueError(
-            "update_ops and per_group_ops apply to steps without accumulation, "
-            "got accumulation_steps=%d. Run the batch-norm updates with "
-            "accumulate_op yourself, or accumulate without them."
-            % plan.window.steps)
+            "update_ops and per_group_ops need accumulation_steps=1, got %d. Run the "
+            "batch-norm updates with accumulate_op yourself." % plan.window.steps)
     if update_ops is None:
         return {}
     if isinstance(update_ops, dict):
         unknown = sorted(set(update_ops) - set(plan.group_names))
         if unknown:
-            raise ValueError(
-                "update_ops names groups %r that do not exist; the groups are %r."
-                % (unknown, list(plan.group_names)))
+            raise ValueError("update_ops names no group %r; the groups are %r."
+                             % (unknown, list(plan.group_names)))
         checked = dict((name, check_update_ops(ops))
                        for name, ops in update_ops.items())
     else:
         if per_group_ops:
             raise ValueError(
-                "update_ops is a list, but per_group_ops=True runs each group in its "
-                "own session.run, so each group's update ops must be named. Pass a "
-                "dict, e.g. update_ops={'d': tf.get_collection("
-                "tf.GraphKeys.UPDATE_OPS, 'discriminator'), 'g': ...}.")
+                "update_ops must be a dict from group name to ops with "
+                "per_group_ops=True, got a list. Pass e.g. update_ops={'d': d_updates, "
+                "'g': g_updates}.")
         checked = {"": check_update_ops(update_ops)}
     everything = [op for ops in checked.values() for op in ops]
     for index, op in enumerate(everything):
         if op in everything[:index]:
-            raise ValueError(
-                "update op %r is listed for two groups; each update op belongs to "
-                "one group's step. List it once." % (op.name,))
+            raise ValueError("update op %r is listed for two groups. List it for one."
+                             % (op.name,))
     check_update_ops_off_the_losses(everything, plan.losses)
     if plan.gate_kind == "cond" and tf.control_flow_v2_enabled():
         _checks.check_no_ref_inputs(everything)
@@ -152,9 +147,8 @@ def check_not_a_name(value):
     """
     if isinstance(value, (str, bytes)):
         raise TypeError(
-            "update_ops must hold ops or tensors, got the string %r. Pass the op, "
-            "tf.get_default_graph().get_operation_by_name(%r), or the collection, "
-            "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (value, value))
+            "update_ops must hold ops, not names, got the string %r. Pass "
+            "tf.get_default_graph().get_operation_by_name(%r)." % (value, value))
 
 
 def updates_of(op):
@@ -177,32 +171,26 @@ def updates_of(op):
     for barrier in walk.barriers:
         if _is_gate(barrier.node):
             raise ValueError(
-                "update_ops entry %r is (or runs) another training step's update op "
-                "(gate %r of a MultiOptimizerLossScale or LossScaleOptimizer), not an "
-                "update to gate. Run that step in its own session.run and pass the "
-                "model's update ops, e.g. tf.get_collection(tf.GraphKeys.UPDATE_OPS)."
-                % (op.name, barrier.node.name))
+                "update_ops entry %r runs another training step (gate %r), not an "
+                "update. Run that step in its own session.run and pass the model's "
+                "update ops." % (op.name, barrier.node.name))
     inside = [barrier.node for barrier in walk.barriers]
     inside += [reached.via for reached in walk.updates if reached.via is not None]
     if inside:
         raise ValueError(
-            "update_ops entry %r leads to variable updates through control flow (op %r, "
-            "type %s: a tf.cond or tf.while_loop), which the apply gate cannot hold. "
-            "Pass the update ops themselves, made at the top level of the graph "
-            "(tf.get_collection(tf.GraphKeys.UPDATE_OPS)), without the cond."
-            % (op.name, inside[0].name, inside[0].type))
+            "update_ops entry %r reaches its updates through a tf.cond or tf.while_loop "
+            "(op %r), which the gate cannot hold. Pass the updates made at the top "
+            "level, without the cond." % (op.name, inside[0].name))
     updates = [reached.node for reached in walk.updates]
     if not updates:
         raise ValueError(
-            "update_ops entry %r (type %s) updates nothing: no variable update is "
-            "behind its inputs or control inputs. Pass the ops that update state, e.g. "
-            "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (op.name, op.type))
+            "update_ops entry %r (type %s) updates no variable. Pass the ops that update "
+            "state, e.g. tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (op.name, op.type))
     for update in updates:
         if update._control_flow_context is not None:  # pylint: disable=protected-access
             raise ValueError(
-                "update op %r sits inside a while loop or cond, so the apply gate "
-                "cannot hold it. Pass update ops made at the top level of the graph "
-                "(as batch normalization makes them)." % (update.name,))
+                "update op %r is inside a tf.cond or tf.while_loop, which the gate cannot "
+                "hold. Make the update at the top level of the graph." % (update.name,))
     return updates
 
 
@@ -238,13 +226,11 @@ def check_update_ops(update_ops):
         check_not_a_name(entry)
         op = _checks.op_of(entry)
         if op is None:
-            raise TypeError(
-                "update_ops must hold ops or tensors, got %r. Pass "
-                "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (entry,))
+            raise TypeError("update_ops must hold ops or tensors, got %r. Pass "
+                            "tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (entry,))
         if op.graph is not tf.get_default_graph():
-            raise ValueError(
-                "update op %r belongs to another graph than the default one. Pass the "
-                "update ops of the model's graph." % (op.name,))
+            raise ValueError("update op %r belongs to another graph. Pass the update ops "
+                             "of the model's graph." % (op.name,))
         for update in updates_of(op):
             if update not in ops:
                 ops.append(update)

@@ -100,7 +100,7 @@ def test_loss_not_a_tensor(graph):
 
 def test_empty_var_list(graph):
     model = two_group_gan()
-    with _raises(ValueError, "var_list", "[]", "empty"):
+    with _raises(ValueError, "var_list", "'group_0'", "empty", "tf.trainable_variables"):
         _scaler().add(model.g_loss, tf.train.AdamOptimizer(), var_list=[])
 
 
@@ -118,7 +118,7 @@ def test_same_optimizer_in_two_groups(graph):
     scaler = _scaler()
     opt = tf.train.AdamOptimizer()
     scaler.add(model.g_loss, opt, var_list=model.g_vars, name="g")
-    with _raises(ValueError, "optimizer", "already used by group 'g'"):
+    with _raises(ValueError, "optimizer", "already group 'g''s", "its own optimizer"):
         scaler.add(model.d_loss, opt, var_list=model.d_vars, name="d")
 
 
@@ -126,7 +126,7 @@ def test_duplicate_group_names(graph):
     model = two_group_gan()
     scaler = _scaler()
     scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars, name="net")
-    with _raises(ValueError, "name", "'net'", "unique"):
+    with _raises(ValueError, "name", "'net'", "its own name"):
         scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars, name="net")
 
 
@@ -142,7 +142,7 @@ def test_add_after_build(graph):
     scaler = _scaler()
     scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars)
     scaler.build()
-    with _raises(ValueError, "add() was called after build()"):
+    with _raises(ValueError, "add() came after build()", "then build() once"):
         scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars)
 
 
@@ -165,7 +165,7 @@ def test_group_with_no_gradients(graph):
     lonely = tf.get_variable("lonely", [2])
     scaler = _scaler()
     scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=[lonely], name="g")
-    with _raises(ValueError, "'g'", "reaches none of its 1 variables"):
+    with _raises(ValueError, "'g'", "depends on none of its 1 variables", "var_list"):
         scaler.build()
 
 
@@ -284,7 +284,7 @@ def test_manager_class_instead_of_instance(graph):
 
 def test_var_list_given_as_a_string(graph):
     model = two_group_gan()
-    with _raises(TypeError, "var_list", "'generator'", "trainable_variables('scope')"):
+    with _raises(TypeError, "var_list", "'generator'", "var_list=[v]"):
         _scaler().add(model.g_loss, tf.train.AdamOptimizer(), var_list="generator")
 
 
@@ -319,7 +319,7 @@ def test_rejected_build_makes_no_op_and_can_be_retried(graph):
     scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars, name="g")
     scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=[lonely], name="d")
     before = len(graph.get_operations())
-    with _raises(ValueError, "'d'", "reaches none"):
+    with _raises(ValueError, "'d'", "depends on none"):
         scaler.build(accumulation_steps=2)
     assert len(graph.get_operations()) == before  # nothing left behind
     with _raises(TypeError, "count_skipped_steps"):
@@ -369,7 +369,7 @@ def test_group_named_shared_with_its_own_manager(graph):
     scaler = _scaler()
     scaler.add(model.g_loss, tf.train.AdamOptimizer(), var_list=model.g_vars, name="shared",
                loss_scale_manager=nl.FixedLossScaleManager(1024))
-    with _raises(ValueError, "'shared'", "loss_scale_manager"):
+    with _raises(ValueError, "'shared'", "its own manager", "name='shared_net'"):
         scaler.build()
 
 
@@ -422,7 +422,8 @@ def test_building_inside_control_flow_or_a_function_is_refused(graph, where, api
         "build": lambda: scaler.build(global_step=gs),
     }
     message, made = _build_where(where, builds[api])
-    for fragment in ("top level of the graph", "session.run", "every backend"):
+    for fragment in ("top level of the graph", "tf.cond, tf.while_loop and tf.function",
+                     "session.run"):
         assert fragment in message, (fragment, message)
     assert made == 0
     # The same calls at the top level build and train.
@@ -482,8 +483,8 @@ _EAGER_FUNCTION = textwrap.dedent("""
     try:
         builder_step()
     except ValueError as error:
-        for fragment in ("MultiOptimizerLossScale", "tf.function of an eager program",
-                         "disable_eager_execution", "LossScaleOptimizer"):
+        for fragment in ("MultiOptimizerLossScale", "eager program's tf.function",
+                         "Disable eager execution", "LossScaleOptimizer"):
             assert fragment in str(error), (fragment, str(error))
     print("OK")
 """)
@@ -555,8 +556,7 @@ def test_variable_of_another_graph_in_var_list(graph):
     with tf.Graph().as_default():
         stranger = tf.get_variable("stranger", [4, 4])
     scaler = _scaler()
-    with _raises(ValueError, "var_list", "'stranger:0'", "another graph",
-                 "reset_default_graph", "as_default"):
+    with _raises(ValueError, "var_list", "'stranger:0'", "another graph", "one graph"):
         scaler.add(model.g_loss, tf.train.AdamOptimizer(),
                    var_list=model.g_vars + [stranger])
 

@@ -96,7 +96,7 @@ def test_update_returning_no_op_is_a_type_error_naming_the_class(graph, path, re
     with pytest.raises(TypeError) as error:
         _build(_ReturnsWhatItIsGiven(returned), path)
     _message_has(error, "_ReturnsWhatItIsGiven.update_loss_scale", repr(returned),
-                 "return the assign op", "tf.no_op()")
+                 "Return the assign op", "tf.no_op()")
 
 
 @pytest.mark.parametrize("path", ["builder", "optimizer"])

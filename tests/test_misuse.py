@@ -154,9 +154,9 @@ def test_update_ops_that_update_nothing_are_refused(graph):
     loss, _, moving, _ = _bn_net(True, lambda ops: ops)
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
     scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), name="net")
-    with pytest.raises(ValueError, match="updates nothing"):
+    with pytest.raises(ValueError, match="updates no variable"):
         scaler.build(update_ops=[tf.identity(moving[0])])
-    with pytest.raises(ValueError, match="updates nothing"):
+    with pytest.raises(ValueError, match="updates no variable"):
         scaler.build(update_ops=[tf.no_op()])
 
 
@@ -303,8 +303,8 @@ def test_updates_made_inside_a_cond_are_refused(graph):
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
     _sgd_step(scaler, loss, [w])
     before = len(graph.get_operations())
-    with pytest.raises(ValueError, match=r"through control flow \(op 'cond.*tf.cond or "
-                                         r"tf.while_loop.*without the cond"):
+    with pytest.raises(ValueError, match=r"through a tf.cond or tf.while_loop \(op 'cond.*"
+                                         r"without the cond"):
         scaler.build(update_ops=[entry])
     assert len(graph.get_operations()) == before
 
@@ -326,9 +326,8 @@ def test_another_steps_update_op_is_refused_as_such(graph):
                                             backend="is_finite")
         _sgd_step(scaler, loss_y, [y], name="y")
         before = len(graph.get_operations())
-        with pytest.raises(ValueError, match=r"update_ops entry %r is \(or runs\) another "
-                                             r"training step's update op.*in its own "
-                                             r"session.run" % other.name):
+        with pytest.raises(ValueError, match=r"update_ops entry %r runs another training "
+                                             r"step .*in its own session.run" % other.name):
             scaler.build(update_ops=[other])
         assert len(graph.get_operations()) == before
 
@@ -343,9 +342,9 @@ def test_update_ops_given_by_name_are_a_type_error(graph, form):
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
     _sgd_step(scaler, loss, [w])
     before = len(graph.get_operations())
-    with pytest.raises(TypeError, match=r"got the string %s\. Pass the op, "
+    with pytest.raises(TypeError, match=r"not names, got the string %s\. Pass "
                                         r"tf.get_default_graph\(\).get_operation_by_name"
-                                        r".*tf.GraphKeys.UPDATE_OPS" % re.escape(repr(name))):
+                                        % re.escape(repr(name))):
         scaler.build(update_ops=value)
     assert len(graph.get_operations()) == before
 

@@ -126,18 +126,18 @@ def _all_finite_misuses():
     with tf.Graph().as_default():
         foreign = tf.placeholder(tf.float32, [2], name="foreign")
     return {
-        "None": (None, TypeError, ["grads must be a list", "None", "compute_gradients"]),
-        "tensor": (g, TypeError, ["got one tensor", "'g:0'", "all_finite([grad])"]),
-        "pairs": ([(g, w)], TypeError, ["grads[0] is a (gradient, variable) pair",
+        "None": (None, TypeError, ["grads must be a list", "None", "grads_and_vars"]),
+        "tensor": (g, TypeError, ["got the single", "'g:0'", "[grad]"]),
+        "pairs": ([(g, w)], TypeError, ["grads[0] must be a gradient, got the pair",
                                         "[g for g, _ in grads_and_vars]"]),
         "float": (1.5, TypeError, ["grads must be a list", "1.5", "(float)"]),
         "str": ("g", TypeError, ["grads must be a list", "'g'", "(str)"]),
-        "float entry": ([g, 2.0], TypeError, ["grads[1] must be a gradient tensor",
-                                              "2.0", "(float)"]),
+        "float entry": ([g, 2.0], TypeError, ["grads[1] must be a tf.Tensor, tf.IndexedSlices or None",
+                                              "2.0", "grads_and_vars"]),
         "int tensor": ([step], TypeError, ["grads[0] must be a floating-point",
-                                           "int32", "leave this one out"]),
+                                           "int32", "Leave it out"]),
         "other graph": ([foreign], ValueError, ["grads[0]", "another graph",
-                                                "graph.as_default()"]),
+                                                "all_finite() in that graph"]),
         "empty": ([], ValueError, ["no gradient", "[]"]),
     }
 

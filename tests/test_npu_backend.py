@@ -254,7 +254,7 @@ def test_per_group_policy_with_a_shared_loss_cannot_be_honoured(graph, npu_shim,
     scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars[:1], name="a")
     scaler.add(model.d_loss, tf.train.AdamOptimizer(), var_list=model.d_vars[1:], name="b",
                loss_scale_manager=nl.DynamicLossScaleManager())
-    with pytest.raises(ValueError, match="share one loss tensor.*cannot be honoured"):
+    with pytest.raises(ValueError, match="share one loss.*skip_policy='all'"):
         scaler.build()
 
 
@@ -429,7 +429,7 @@ def test_a_float_status_step_inside_a_function_or_loop_body_is_refused(graph, np
 
         def branch():
             before = len(tf.get_default_graph().get_operations())
-            with pytest.raises(ValueError, match="top level of the graph.*is_finite"):
+            with pytest.raises(ValueError, match="top level of the graph.*tf.cond, tf.while_loop and tf.function"):
                 build()
             captured["made"] = len(tf.get_default_graph().get_operations()) - before
             return tf.constant(True)

@@ -7,7 +7,7 @@ import warnings
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import checks as _checks
+from npu_lossscale import context as _context
 from npu_lossscale import graph_state as _graph_state
 from npu_lossscale.backends.base import Backend
 from npu_lossscale.backends.register_order import order_after_clear
@@ -34,7 +34,7 @@ class NpuFloatStatusBackend(Backend):
     else the run fetches. What it can also see is an overflow of another
     step of the same run that landed before it, which makes it skip
     (conservative), never apply. Reads are built at the top level of the
-    graph only (``checks.require_top_level``).
+    graph only (``context.require_top_level``).
 
     Uses the v2 ops (``npu_get_float_status_v2``/``npu_clear_float_status_v2``)
     when the installed npu_bridge has them, else the v1 ops
@@ -72,7 +72,7 @@ class NpuFloatStatusBackend(Backend):
         Returns:
           A float32 scalar tensor.
         """
-        _checks.require_top_level("A float-status read")
+        _context.require_top_level("A float-status read (all_finite or a step)")
         gen = self._gen_ops
         deps = [dense_values(t) for t in list(tensors) + list(after)]
         order_after_clear(self.clear_status(), deps)

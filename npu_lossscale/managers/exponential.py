@@ -3,6 +3,7 @@
 from __future__ import absolute_import, division, print_function
 
 from npu_lossscale import checks as _checks
+from npu_lossscale import context as _context
 from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
                                          _DEFAULT_MIN_LOSS_SCALE, _check_initial_scale,
                                          _check_period, _check_ratio, _float32)
@@ -81,7 +82,7 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
                  min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
                  max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
                  floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER):
-        _checks.require_graph_mode("ExponentialUpdateLossScaleManager")
+        _context.require_graph_mode("ExponentialUpdateLossScaleManager")
         _check_initial_scale("init_loss_scale", init_loss_scale, min_loss_scale,
                              max_loss_scale, floor_warning_after)
         _check_period("incr_every_n_steps", incr_every_n_steps, 1000)
