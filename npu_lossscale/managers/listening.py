@@ -8,6 +8,7 @@ import math
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import checks as _checks
+from npu_lossscale import context as _context
 from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
                                          _DEFAULT_MIN_LOSS_SCALE, FLOAT16_MAX, _check_period)
 from npu_lossscale.managers.counting import _GOOD, _SCALE
@@ -108,7 +109,7 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
                  measure_every_n_steps=_DEFAULT_MEASURE_EVERY_N_STEPS,
                  raise_above_underflow_share=_DEFAULT_RAISE_ABOVE_UNDERFLOW_SHARE,
                  headroom_margin_bits=_DEFAULT_HEADROOM_MARGIN_BITS):
-        _checks.require_graph_mode("ListeningLossScaleManager")
+        _context.require_graph_mode("ListeningLossScaleManager")
         self._every = _check_period("measure_every_n_steps", measure_every_n_steps, 100)
         _checks.check_number("raise_above_underflow_share", raise_above_underflow_share,
                              minimum=0, maximum=1, min_open=True,
