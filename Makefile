@@ -56,6 +56,7 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
 # the README's quick start, the soak), and the benchmark smoke run (`make
 # bench` runs on TF 2.21 only; on TF 2.15's slow float16 it took 100 s).
 FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_syntax.py \
+                   tests/test_messages.py \
                    tests/test_legs.py tests/test_backends.py tests/test_examples.py \
                    tests/test_shim_distributed.py tests/test_porting.py \
                    tests/test_readme.py tests/test_soak.py tests/test_benchmarks_quick.py
