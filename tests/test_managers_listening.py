@@ -54,17 +54,18 @@ def test_raises_early_by_the_headroom_and_measures_every_n_updates(gate):
                 heard.append(list(sess.run(manager.heard)))
     # The first update is measured: at scale 1 every float16 gradient is 0
     # (underflow share 1). The float32 view's magnitudes (1e-10 to 1e-6)
-    # need 2**17 for at most 1 % below 2**-14; the largest gradient is the
+    # need 2**19 for at most 0.25 % (the raise's target, a quarter of 1 %)
+    # below 2**-14; the largest gradient is the
     # float16 loss's own, 1, so the headroom is log2(65504) = 15.9993 bits,
     # less the 2-bit margin 13 doublings: 2**13.
     assert used == [1.0] + [2.0 ** 13] * 6
     assert measured == [True, False, False, True, False, False, True]
     # [update count mod 3, m, underflow share, log2(needed), measured this
     # run]: m is 1 (scale-free).
-    assert heard[0] == [1.0, 1.0, 1.0, 17.0, 0.0]
+    assert heard[0] == [1.0, 1.0, 1.0, 19.0, 0.0]
     # At 2**13 some gradients are still subnormal (the share is above 1 %),
     # but 0.9993 bits of headroom less the margin leave no doubling: kept.
-    assert heard[3][:2] == [1.0, 1.0] and heard[3][3:] == [17.0, 0.0]
+    assert heard[3][:2] == [1.0, 1.0] and heard[3][3:] == [19.0, 0.0]
     assert 0.01 < heard[3][2] < 0.5
     assert [h[0] for h in heard] == [1.0, 2.0, 0.0, 1.0, 2.0, 0.0, 1.0]
 
@@ -105,14 +106,15 @@ def test_an_overflowed_measurement_keeps_the_last_finite_one():
             after = list(sess.run(manager.heard))
             state = sess.run(manager.state)
     # The first measurement: underflow share 1 at scale 4 (all flushed),
-    # which reaches the threshold 1.0; a share of at most 1.0 needs no raise
-    # (log2(needed) = 2), so the raise is the least one, a doubling.
-    assert first == [0.0, 1.0, 1.0, 2.0, 0.0]
-    assert not finite and scale == 8.0
+    # which reaches the threshold 1.0. The raise aims at a quarter of it:
+    # the float32 view has 24.7 % of its elements below 2**-14 at 2**12
+    # (tests/test_underflow.py's magnitudes), 36.7 % at 2**11: 10 doublings.
+    assert first == [0.0, 1.0, 1.0, 12.0, 0.0]
+    assert not finite and scale == 2.0 ** 12
     # The poisoned run measured inf: the last finite measurement stays,
     # marked as not of this run; the dynamic rule halved the scale.
-    assert after == [0.0, 1.0, 1.0, 2.0, 0.0]
-    assert state[0] == 4.0
+    assert after == [0.0, 1.0, 1.0, 12.0, 0.0]
+    assert state[0] == 2.0 ** 11
 
 
 def test_without_a_measurement_it_is_the_dynamic_manager():

@@ -21,6 +21,11 @@ _DEFAULT_MEASURE_EVERY_N_STEPS = 100
 # Raise when 1 % or more of the gradient elements that float32 keeps
 # non-zero underflow in float16 (flushed to zero, or subnormal).
 _DEFAULT_RAISE_ABOVE_UNDERFLOW_SHARE = 0.01
+# A raise aims at a quarter of raise_above_underflow_share, not at the
+# threshold itself: the gradients of a training run shrink, and a scale
+# raised just to the threshold would cross it again before the next
+# measurement.
+_RAISE_TARGET_FRACTION = 0.25
 # Keep 2 bits (a factor of 4) below 65504 when raising: the measured
 # maximum moves from step to step, and backprop tensors between the loss
 # and the weights, which the measurement does not read, may be larger.
@@ -29,7 +34,7 @@ _DEFAULT_HEADROOM_MARGIN_BITS = 2.0
 # Positions in the ``heard`` vector: the update count modulo the period; of
 # the last finite measurement, the unscaled maximum |g| (-1: none yet), the
 # underflow share and log2 of the scale at which the float32 view predicts
-# at most raise_above of it; whether that measurement came this run (1) or
+# the raise's target share; whether that measurement came this run (1) or
 # not (0).
 _RUNS, _MAX, _UNDERFLOW, _NEEDED, _FRESH = 0, 1, 2, 3, 4
 _HEARD_SIZE = 5
@@ -46,9 +51,10 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
     unscaled (the larger of the float16 side's maximum over the scale and
     the float32 view's maximum over its whole backprop), and ``needed``, the
     smallest scale ``scale_measured * 2**j`` at which the float32 view's
-    magnitudes predict an underflow share of at most ``raise_above``
-    (``Underflow.underflow_by_raise``), the update is the dynamic rule,
-    then::
+    magnitudes predict an underflow share of at most ``raise_above / 4``
+    (``Underflow.underflow_by_raise``; a quarter, so that the shrinking
+    gradients of a training run do not bring it back above ``raise_above``
+    before the next measurement), the update is the dynamic rule, then::
 
       if the dynamic rule grew the scale and scale * m > 65504:
         scale = the scale before (a growth the measurement says overflows)
@@ -177,10 +183,11 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
                                   measurement.float32_max_abs)
             share = measurement.flushed_share + measurement.subnormal_share
             # The first raise (in powers of two) at which the float32 view
-            # predicts at most raise_above underflowing; all of them if none.
+            # predicts at most the target underflowing; all of them if none.
             by_raise = measurement.underflow_by_raise
             bits = tf.range(tf.size(by_raise), dtype=tf.float32)
-            enough = tf.reduce_min(tf.where(tf.less_equal(by_raise, self._raise_above), bits,
+            target = self._raise_above * _RAISE_TARGET_FRACTION
+            enough = tf.reduce_min(tf.where(tf.less_equal(by_raise, target), bits,
                                             tf.fill(tf.shape(bits), 1.0 * tf.cast(
                                                 tf.size(by_raise), tf.float32))))
             needed = tf.math.log(measurement.scale) / math.log(2.0) + enough
