@@ -139,6 +139,54 @@ def test_joint_port_skips_both_networks(tmp_path, backend_setup):
     assert after[SKIPPED] == before[SKIPPED] + 1 == 1 and ref[SKIPPED] == 0
 
 
+@pytest.mark.parametrize("backend_setup", BACKENDS, indirect=True)
+def test_shared_manager_port_skips_g_and_moves_the_shared_scale_once_per_run(
+        tmp_path, backend_setup):
+    """The drop-in port: two LossScaleOptimizers on one manager, D and G in
+    separate runs (Huawei's GAN samples). G's poisoned run is skipped (its
+    weights and slots as before), D's run of that iteration applied, and the
+    one scale moved once per run: D's finite run counted a good step, G's
+    overflow a bad one (decr_every_n_nan_or_inf=2: no back-off yet). Batch
+    norm is still the TF1 idiom here, ungated, as in the original."""
+    before, after, ref = _runs(tmp_path, "lso_shared", backend_setup)
+    for name in _network(after, "generator"):
+        if "moving_" in name:
+            _applied(name, before, after, ref)
+        else:
+            _skipped(name, before, after, ref)
+    for name in _network(after, "discriminator"):
+        _applied(name, before, after, ref)
+    assert _beta_powers(before, after, ref) == {"applied": 2, "skipped": 2}
+    assert after["global_step"] == before["global_step"] + 1 == ref["global_step"]
+    # The manager's [scale, good_steps, bad_steps, streak], moved by two
+    # updates in the poisoned iteration: D's finite run (good + 1), then G's
+    # overflow (good reset, bad + 1); one overflow does not back off yet.
+    scale, good, bad, _ = after["exponential_loss_scale/state"]
+    assert scale == before["exponential_loss_scale/state"][0]
+    assert (good, bad) == (0.0, before["exponential_loss_scale/state"][2] + 1.0)
+
+
+def test_shared_manager_port_refuses_a_joint_fetch(graph):
+    """What a joint fetch of the two step ops does: the run fails, naming the
+    manager and both ops, before the second one writes."""
+    module = _example()
+    args = module.parse_args(["--style", "lso_shared"])
+    real, z, poison, d_loss, g_loss = module.build_model(8)
+    d_train, g_train, scales = module.shared_manager_train_ops(
+        args, d_loss, g_loss, tf.trainable_variables("discriminator"),
+        tf.trainable_variables("generator"), [], tf.train.get_or_create_global_step())
+    rng = np.random.RandomState(0)
+    feed = {real: rng.uniform(0, 1, [8, module.IMAGE]), z: rng.uniform(-1, 1, [8, module.Z_DIM])}
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(d_train, feed)
+        sess.run(g_train, feed)
+        with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+            sess.run([d_train, g_train], feed)
+    message = raised.value.message
+    assert "ExponentialUpdateLossScaleManager" in message and "Fetch one of them" in message
+
+
 def test_original_npu_bridge_script_skips_g_but_moves_its_batch_norm(tmp_path, npu_shim):
     """The unported script on the shim (saturation): alternating runs decide
     right (FAQ), but the TF1 idiom `control_dependencies(UPDATE_OPS)` runs the

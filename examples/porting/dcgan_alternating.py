@@ -1,4 +1,4 @@
-"""Porting an alternating TF1 DCGAN loop to npu_lossscale: one script, three styles.
+"""Porting an alternating TF1 DCGAN loop to npu_lossscale: one script, four styles.
 
 The training loop is the common TF1 GAN loop: each iteration runs the
 discriminator's step, then the generator's step, in two ``session.run`` calls
@@ -8,11 +8,15 @@ updates in ``tf.GraphKeys.UPDATE_OPS``; a schedule logs and checkpoints
 run on a CPU in seconds: MLPs on scikit-learn's 8x8 digits, float16 compute
 with float32 master weights.
 
-``--style`` picks how the loss scaling is done, so the three can be diffed:
+``--style`` picks how the loss scaling is done, so they can be diffed:
 
 * ``npu_bridge``: the original Ascend script, one ``NPULossScaleOptimizer``
   per network and ``minimize`` (needs npu_bridge: on a CPU, the emulation in
   ``shims/``, used automatically with ``--backend npu``);
+* ``lso_shared``: the drop-in port, npu_lossscale's ``LossScaleOptimizer`` in
+  place of each ``NPULossScaleOptimizer``, both sharing ONE manager (as
+  Huawei's GAN samples share one): each run moves the shared scale once; a
+  run that fetched both step ops would fail before the second one writes;
 * ``builder_alternating``: the port, one ``MultiOptimizerLossScale`` with
   ``build(per_group_ops=True, update_ops={...})``, running
   ``train.per_group["d"]`` then ``train.per_group["g"]``;
@@ -41,7 +45,7 @@ import npu_lossscale as nl
 
 SHIMS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "shims")
-STYLES = ("npu_bridge", "builder_alternating", "builder_joint")
+STYLES = ("npu_bridge", "lso_shared", "builder_alternating", "builder_joint")
 Z_DIM, HIDDEN, IMAGE = 16, 64, 64
 POISON = 1e30  # times the generator's loss: its float16 gradients overflow
 SEED_MAX = 2 ** 32 - 1  # numpy's RandomState takes seeds in [0, 2**32 - 1]
@@ -203,6 +207,22 @@ def original_train_ops(args, d_loss, g_loss, d_vars, g_vars, g_updates, global_s
     return d_train, g_train, scales
 
 
+def shared_manager_train_ops(args, d_loss, g_loss, d_vars, g_vars, g_updates, global_step):
+    """AFTER, the drop-in: npu_lossscale's LossScaleOptimizer per network, on
+    one manager shared by both. Fetched one per session.run, each run moves
+    the shared scale once; sess.run([d_train, g_train]) would fail with an
+    InvalidArgumentError naming the manager and both step ops."""
+    manager = nl.ExponentialUpdateLossScaleManager(**manager_args(args))
+    d_opt = nl.LossScaleOptimizer(adam(), manager, backend=args.backend)
+    g_opt = nl.LossScaleOptimizer(adam(), manager, backend=args.backend)
+    d_train = d_opt.minimize(d_loss, global_step=global_step, var_list=d_vars)
+    # Still the TF1 idiom: a LossScaleOptimizer cannot gate these, so they
+    # run on skipped steps as in the original; the builder styles gate them.
+    with tf.control_dependencies(g_updates):
+        g_train = g_opt.minimize(g_loss, var_list=g_vars)
+    return d_train, g_train, {"scale": manager.get_loss_scale()}
+
+
 def ported_train_ops(args, d_loss, g_loss, d_vars, g_vars, g_updates, global_step):
     """AFTER: one MultiOptimizerLossScale for both networks."""
     scaler = nl.MultiOptimizerLossScale(nl.ExponentialUpdateLossScaleManager(**manager_args(args)),
@@ -246,6 +266,9 @@ def main(argv=None):
         train, step_summaries = None, []
         if args.style == "npu_bridge":
             d_train, g_train, scales = original_train_ops(
+                args, d_loss, g_loss, d_vars, g_vars, g_updates, global_step)
+        elif args.style == "lso_shared":
+            d_train, g_train, scales = shared_manager_train_ops(
                 args, d_loss, g_loss, d_vars, g_vars, g_updates, global_step)
         else:
             train = ported_train_ops(args, d_loss, g_loss, d_vars, g_vars, g_updates,
