@@ -13,7 +13,10 @@ Public API::
   builder    MultiOptimizerLossScale, TrainOps
   optimizer  LossScaleOptimizer
   overflow   all_finite (the builder's own decision for a list of gradients)
-  monitoring summaries, LossScaleHook
+  monitoring summaries, LossScaleHook (logging and the collapse policy),
+             CollapseMonitor and LossScaleCollapse (the policy in a plain loop)
+  diagnostics  why a step skipped: REASONS, reason_name, read_last_skip
+             (TrainOps.skip_reason, groups_overflowed, last_skip)
   audit      audit, Finding (loss-scaling hazards in an existing TF1 graph;
              also ``python -m npu_lossscale.audit model.meta``)
 """
@@ -25,7 +28,8 @@ from npu_lossscale.managers import (DynamicLossScaleManager,
                                     FixedLossScaleManager, LossScaleManager,
                                     NoOpLossScaleManager)
 from npu_lossscale.managers.listening import ListeningLossScaleManager
-from npu_lossscale.monitoring import LossScaleHook, summaries
+from npu_lossscale.monitoring import (CollapseMonitor, LossScaleCollapse, LossScaleHook,
+                                      summaries)
 from npu_lossscale.optimizer import LossScaleOptimizer
 from npu_lossscale.overflow import all_finite
 from npu_lossscale.underflow import summaries as underflow_summaries
@@ -33,11 +37,13 @@ from npu_lossscale.underflow import summaries as underflow_summaries
 __version__ = "0.2.0"
 
 __all__ = [
+    "CollapseMonitor",
     "DynamicLossScaleManager",
     "ExponentialUpdateLossScaleManager",
     "Finding",
     "FixedLossScaleManager",
     "ListeningLossScaleManager",
+    "LossScaleCollapse",
     "LossScaleHook",
     "LossScaleManager",
     "LossScaleOptimizer",

@@ -26,6 +26,7 @@ from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import context as _context
+from npu_lossscale import diagnostics as _diagnostics
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import managers as _managers
@@ -52,7 +53,7 @@ class TrainOps(collections.namedtuple(
         "TrainOps", ["update_op", "is_finite", "loss_scale", "grads_and_vars",
                      "applied", "window_end", "group_is_finite", "loss_scales",
                      "accumulate_op", "per_group", "skipped_steps", "clear_status",
-                     "underflow"])):
+                     "underflow", "skip_reason", "groups_overflowed", "last_skip"])):
     """What ``MultiOptimizerLossScale.build`` returns.
 
     Fetch the tensors in the same ``session.run`` as ``update_op``.
@@ -115,6 +116,25 @@ class TrainOps(collections.namedtuple(
         float32 view of the same backprop), how much is subnormal, and the
         headroom below 65504. Ops that run only when fetched: fetch them
         every N steps, with ``update_op`` or alone. Empty otherwise.
+      skip_reason: int32 scalar, why this run skipped: 0 when it applied
+        (or did not close an accumulation window), else a code of
+        ``diagnostics.REASONS`` ("loss_not_finite", "gradients_overflowed",
+        "other_worker_overflowed", "register_outside_gradients"). It reads
+        ``last_skip`` after the run, so fetch it with ``update_op`` only
+        (alone it runs the step). Worked out in the skip branch of the
+        gate: applied steps do none of that work. None through a
+        ``SyncReplicasOptimizer`` (its chief decides).
+      groups_overflowed: dict from group name to a bool scalar, True when
+        this run skipped and that group's loss or gradients were not finite
+        on this worker (or saturated, on Ascend's register). Fetch it with
+        ``update_op``, as ``skip_reason``.
+      last_skip: a ``diagnostics.LastSkip``, reads of the record of the
+        last skipped step (of ``update_op`` or a ``per_group`` op): its
+        number, global step, reason, groups and variables (masks over
+        static name lists), and counts of skips by reason and by group.
+        Fetching it runs no step (``diagnostics.read_last_skip``). It reads
+        one variable, ``loss_scale/last_skip``, in no collection: not saved
+        with checkpoints, blank in each new session.
     """
 
 
@@ -433,10 +453,16 @@ class MultiOptimizerLossScale(object):
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
+            record = _diagnostics.Record(plan.groups)
             joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
                                      [op for ops in update_ops.values() for op in ops],
-                                     counters, measure_underflow=measure_underflow)
+                                     counters, measure_underflow=measure_underflow,
+                                     record=record)
             clear_status = plan.backend.clear_status()
+            applied = None if _sync_replicas.through_sync_replicas(plan) else joint.applied
+            skip_reason, groups_overflowed = (None, {}) if applied is None else record.report(
+                skipped_steps, applied)
+            last_skip = record.last_skip()
         per_group = {}
         if per_group_ops:
             for group in plan.groups:
@@ -449,12 +475,12 @@ class MultiOptimizerLossScale(object):
                     per_group[group.name] = _step.build_step(
                         alone, "per_group[%s] of %s" % (group.name, what), global_step,
                         skipped_steps, _commit.Copies(update_ops.get(group.name, ())),
-                        counters).update_op
+                        counters, record=record).update_op
         return TrainOps(
             update_op=joint.update_op, is_finite=joint.is_finite, loss_scale=joint.loss_scale,
-            grads_and_vars=joint.grads_and_vars,
-            applied=None if _sync_replicas.through_sync_replicas(plan) else joint.applied,
+            grads_and_vars=joint.grads_and_vars, applied=applied,
             window_end=joint.window_end, group_is_finite=joint.group_is_finite,
             loss_scales=joint.loss_scales, accumulate_op=joint.accumulate_op,
             per_group=per_group, skipped_steps=skipped_steps.before, clear_status=clear_status,
-            underflow=joint.underflow)
+            underflow=joint.underflow, skip_reason=skip_reason,
+            groups_overflowed=groups_overflowed, last_skip=last_skip)

@@ -19,7 +19,8 @@ from npu_lossscale import distributed as _distributed
 from npu_lossscale import gradients as _gradients
 
 
-class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over"])):
+class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over",
+                                                 "diagnosis"], defaults=(None,))):
     """What closing a step needs.
 
     Attributes:
@@ -32,6 +33,8 @@ class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mea
       mean_over: the number of micro-batches ``grads`` sum, 1 without
         accumulation: the applied gradients are their mean, taken after the
         reduction across workers, in each variable's dtype.
+      diagnosis: the ``diagnostics.Diagnosis`` whose skip branch the commit
+        builds, or None (the default) for no diagnosis.
     """
 
 
@@ -65,7 +68,11 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
     if closing.mean_over > 1:
         grads = _gradients.means(grads, closing.mean_over)
     decisions = Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
-    committed = _commit.commit(plan, grads, decisions, global_step, skipped_steps, update_ops)
+    on_skip = None
+    if closing.diagnosis is not None and flags:  # no flags: no check, no skip
+        on_skip = closing.diagnosis.skip_branch(plan, closing, flags, global_step)
+    committed = _commit.commit(plan, grads, decisions, global_step, skipped_steps, update_ops,
+                               on_skip=on_skip)
     updates = update_managers(plan, decisions, committed.ops + list(closing.after))
     with tf.control_dependencies(committed.ops + updates):
         applied = tf.identity(committed.applied, name="applied")

@@ -13,7 +13,7 @@ from npu_lossscale import graph_walk as _graph_walk
 from npu_lossscale.gradients import clip
 
 
-def run_if(pred, build, name, data=None, existing=()):
+def run_if(pred, build, name, data=None, existing=(), otherwise=None):
     """Runs the ops ``build`` makes only on steps where ``pred`` is True.
 
     Not a ``tf.cond``: a lowered cond puts a ``Switch`` on every tensor its
@@ -40,10 +40,16 @@ def run_if(pred, build, name, data=None, existing=()):
       data: the tensor switched and returned; ``pred`` if None.
       existing: ops made before (batch-norm updates) that must run only on
         True steps: the pivot becomes one of their control inputs.
+      otherwise: None, or ``build``'s mirror for False steps: called with
+        the name scope under the Switch's false output (``pivot_f``), whose
+        ops run only when ``pred`` is False (the skip branch). On True steps
+        they are dead, as ``build``'s are on False steps: nothing of them
+        runs.
 
     Returns:
       ``data``'s value, live on every step: on True steps it follows
-      everything ``build`` returned.
+      everything ``build`` returned, on False steps everything ``otherwise``
+      returned.
     """
     with tf.name_scope(name) as scope:
         pred = tf.convert_to_tensor(pred)
@@ -56,6 +62,13 @@ def run_if(pred, build, name, data=None, existing=()):
         done = list(build(scope.rstrip("/"))) + list(existing)
         with tf.control_dependencies(done), tf.name_scope(scope):
             ran = tf.identity(pivot, name="ran")
+    if otherwise is not None:
+        with tf.name_scope(scope):
+            pivot_f = tf.identity(when_false, name="pivot_f")
+        with tf.control_dependencies([pivot_f]):
+            skipped = list(otherwise(scope.rstrip("/")))
+            with tf.control_dependencies(skipped), tf.name_scope(scope):
+                when_false = tf.identity(pivot_f, name="skipped")
     with tf.name_scope(scope):
         return tf.raw_ops.Merge(inputs=[when_false, ran], name="merge")[0]
 
@@ -72,7 +85,7 @@ class Apply(collections.namedtuple("Apply", ["name", "optimizer", "grads_and_var
     """
 
 
-def cond_if(pred, build, name, existing=()):
+def cond_if(pred, build, name, existing=(), otherwise=None):
     """``run_if`` as a ``tf.cond``: no raw Switch/Merge of ours.
 
     Under control flow v2 this is one functional ``If`` op, which Ascend's
@@ -89,9 +102,12 @@ def cond_if(pred, build, name, existing=()):
       existing: ops made before (batch-norm updates) that must run only on
         True steps: each is copied into the true branch (same type, inputs
         and attributes), and only the copy runs.
+      otherwise: None, or ``build``'s mirror for the false branch (the skip
+        branch), called with that branch's name scope.
 
     Returns:
-      A bool scalar: ``pred``, after everything ``build`` returned when True.
+      A bool scalar: ``pred``, after everything ``build`` returned when True
+      (``otherwise`` when False).
     """
     def when_true():
         with tf.name_scope(name) as scope:
@@ -100,7 +116,12 @@ def cond_if(pred, build, name, existing=()):
             return tf.constant(True)
 
     def when_false():
-        return tf.constant(False)
+        if otherwise is None:
+            return tf.constant(False)
+        with tf.name_scope("skipped") as scope:
+            skipped = list(otherwise(scope.rstrip("/")))
+        with tf.control_dependencies(skipped):
+            return tf.constant(False)
 
     return tf.cond(pred, when_true, when_false, name=name)
 
@@ -114,23 +135,24 @@ def _copy_op(op):
         name=op.name.rsplit("/", 1)[-1], attrs=dict((key, node.attr[key]) for key in node.attr))
 
 
-def gate(kind, pred, build, name, existing=()):
+def gate(kind, pred, build, name, existing=(), otherwise=None):
     """``run_if`` for kind "pivot", ``cond_if`` for kind "cond".
 
     ``existing`` ops run only on True steps: under the pivot gate the
     originals get the pivot as a control input (so fetching them elsewhere
     is gated too), unless they are ``Copies``; under the cond gate, and for
     ``Copies``, copies made inside the gate run instead of the originals.
+    ``otherwise`` builds the ops of False steps (the skip branch), or None.
     The result's op is recorded as a step's gate (``check_update_ops``).
     """
     if kind == "cond":
-        applied = cond_if(pred, build, name, existing)
+        applied = cond_if(pred, build, name, existing, otherwise=otherwise)
     elif isinstance(existing, Copies):
         applied = run_if(pred,
                          lambda scope: list(build(scope)) + [_copy_op(op) for op in existing],
-                         name)
+                         name, otherwise=otherwise)
     else:
-        applied = run_if(pred, build, name, existing=existing)
+        applied = run_if(pred, build, name, existing=existing, otherwise=otherwise)
     _mark_gate(applied)
     return applied
 
@@ -151,7 +173,7 @@ def _mark_gate(applied):
 
 
 def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
-                  kind="pivot", update_ops=()):
+                  kind="pivot", update_ops=(), on_skip=None):
     """Applies every ``Apply``, or nothing at all when not finite (``run_if``).
 
     Args:
@@ -162,6 +184,8 @@ def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
       kind: "pivot" or "cond" (``gate``).
       update_ops: ops made before (batch-norm statistics) that run only
         when the gate applies.
+      on_skip: None, or the builder of the ops that run only when the gate
+        skips (the gate's ``otherwise``).
 
     Returns:
       A bool scalar tensor: True when this run applied the updates.
@@ -180,7 +204,7 @@ def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
                 updates = [_increment(global_step)]
         return updates
 
-    return gate(kind, is_finite, apply_all, name, existing=update_ops)
+    return gate(kind, is_finite, apply_all, name, existing=update_ops, otherwise=on_skip)
 
 
 class SkippedSteps(object):
@@ -213,7 +237,8 @@ class Committed(collections.namedtuple("Committed", ["applied", "ops"])):
     """
 
 
-def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=()):
+def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(),
+           on_skip=None):
     """The plan's gates, each applying its groups when its checks pass.
 
     This is the only place the step counters move: ``global_step`` by one
@@ -230,6 +255,12 @@ def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(
       skipped_steps: the ``SkippedSteps`` counter, or None.
       update_ops: ops (batch-norm statistics) that run only on steps where
         every group applies.
+      on_skip: None, or the builder of ops that run only on steps where
+        some group does not apply (``diagnostics.Diagnosis.skip_branch``):
+        the single gate's skip branch, or with several gates the skip branch
+        of the gate of ``update_ops`` (or of one of its own), so that an
+        applied step runs none of it. Any ``global_step`` increment follows
+        it.
 
     Returns:
       A ``Committed``.
@@ -242,20 +273,27 @@ def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(
     if len(plan.gates) == 1:
         item = plan.gates[0]
         applied = guarded_apply(decisions.all_of(item.checks), applies(item),
-                                counted_inside, item.name, plan.gate_kind, update_ops)
+                                counted_inside, item.name, plan.gate_kind, update_ops,
+                                on_skip=on_skip)
         ops, every_group = [applied], applied
     else:
         ops = [guarded_apply(decisions.all_of(item.checks), applies(item), name=item.name,
                              kind=plan.gate_kind)
                for item in plan.gates]
+        applied = tf.reduce_any(tf.stack(ops[:len(plan.gates)]))
+        every_group = tf.reduce_all(tf.stack(ops[:len(plan.gates)]))
         if update_ops:
             every = decisions.all_of([check.name for check in plan.checks], name="all_finite")
             ops.append(gate(plan.gate_kind, every, lambda scope: [], "update_ops_if_finite",
-                            existing=update_ops))
-        applied = tf.reduce_any(tf.stack(ops[:len(plan.gates)]))
-        every_group = tf.reduce_all(tf.stack(ops[:len(plan.gates)]))
+                            existing=update_ops, otherwise=on_skip))
+        elif on_skip is not None:
+            skip_gate = cond_if if plan.gate_kind == "cond" else run_if
+            ops.append(skip_gate(every_group, lambda scope: [], "diagnose_if_skipped",
+                                 otherwise=on_skip))
         if counted_inside is not None:
-            ops.append(_increment(counted_inside, by=applied))
+            # After the skip branch, which reads global_step.
+            with tf.control_dependencies(ops[len(plan.gates):]):
+                ops.append(_increment(counted_inside, by=applied))
     if plan.count_skipped_steps and global_step is not None:
         with tf.control_dependencies(ops):
             ops = ops + [_increment(global_step)]

@@ -1,8 +1,9 @@
 """What a user watches while training: TensorBoard summaries of the loss
-scale, the skip decision and the skipped-steps count, a SessionRunHook that
-logs them (for ``MonitoredTrainingSession`` and Estimator users), and the
-floor warning of a collapsing scale (``check_floor``, ``FloorWarningHook``),
-written on the managers' public properties."""
+scale, the skip decision, the skipped-steps count and the skips by reason
+and group, a SessionRunHook that logs them (for ``MonitoredTrainingSession``
+and Estimator users) and acts on a collapse (``CollapseMonitor`` for plain
+loops), and the floor warning of a collapsing scale (``check_floor``,
+``FloorWarningHook``), written on the managers' public properties."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -13,6 +14,7 @@ import weakref
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import checks as _checks
+from npu_lossscale import diagnostics as _diagnostics
 
 
 def summaries(train_ops, family="loss_scale", step_applied=False):
@@ -23,8 +25,12 @@ def summaries(train_ops, family="loss_scale", step_applied=False):
     ``update_op``, ``per_group[name]``, or alone. They are
     ``<family>/scale`` (the builder manager's scale, before this run's
     update), ``<family>/skipped_total`` (the skipped-steps count before this
-    run: it rises by one after each skipped step) and, when groups use scales
-    of their own, ``<family>/scale_<group>``. They are added to
+    run: it rises by one after each skipped step), the skips so far by
+    reason, ``<family>/skips_<reason>`` for each reason of
+    ``diagnostics.REASONS`` but "applied", and by group,
+    ``<family>/overflows_<group>`` (the skips in which that group's loss or
+    gradients overflowed), read from the last-skip record, and, when groups
+    use scales of their own, ``<family>/scale_<group>``. They are added to
     ``tf.GraphKeys.SUMMARIES``.
 
     Args:
@@ -51,6 +57,15 @@ def summaries(train_ops, family="loss_scale", step_applied=False):
             tf.summary.scalar("%s/scale" % family, train_ops.loss_scale),
             tf.summary.scalar("%s/skipped_total" % family, train_ops.skipped_steps),
         ]
+        record = train_ops.last_skip
+        result.extend(
+            tf.summary.scalar("%s/skips_%s" % (family, reason), record.reason_counts[code])
+            for code, reason in enumerate(_diagnostics.REASONS) if code != _diagnostics.APPLIED)
+        group_names = [_diagnostics.decoded(name)
+                       for name in tf.get_static_value(record.group_names)]
+        result.extend(
+            tf.summary.scalar("%s/overflows_%s" % (family, name), record.group_counts[index])
+            for index, name in enumerate(group_names))
         scales = train_ops.loss_scales
         if len(set(tensor.name for tensor in scales.values())) > 1:
             result.extend(tf.summary.scalar("%s/scale_%s" % (family, name), scale)
@@ -62,27 +77,54 @@ def summaries(train_ops, family="loss_scale", step_applied=False):
     return result
 
 
+#: What the collapse policy does (``CollapseMonitor``, ``LossScaleHook``).
+COLLAPSE_ACTIONS = ("warn", "stop", "raise")
+#: Consecutive skipped steps that make a collapse by default: the managers'
+#: own floor-warning count (``floor_warning_after``, managers/base.py).
+_DEFAULT_COLLAPSE_AFTER = 20
+
+
 class LossScaleHook(tf.train.SessionRunHook):
-    """Logs the loss scale and the skipped steps every N runs.
+    """Logs the loss scale and the skipped steps every N runs, and acts on
+    a collapse when asked.
 
     Example::
 
       train = scaler.build(global_step=tf.train.get_or_create_global_step())
-      hook = npu_lossscale.LossScaleHook(train, every_n_steps=100)
+      hook = npu_lossscale.LossScaleHook(train, every_n_steps=100,
+                                         on_collapse="stop", collapse_after=20)
       with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
           while not sess.should_stop():
               sess.run(train.update_op)
 
+    With ``on_collapse``, every run that fetches ``train_ops.update_op`` also
+    fetches its ``skip_reason`` and ``window_end`` (a few reads, after the
+    step) and hands them to a ``CollapseMonitor``; other runs (a per-group
+    op, an evaluation) are not watched and run nothing more. After
+    ``collapse_after`` consecutive skipped steps, or a manager of
+    ``managers`` at its floor after as many overflows, the monitor's message
+    (the reasons, groups, variables and fixes) is warned ("warn"), logged
+    and the session asked to stop ("stop": ``should_stop()`` is True after
+    that run), or raised as ``LossScaleCollapse`` from that run ("raise").
+
     Args:
       train_ops: the ``TrainOps`` of the step.
       every_n_steps: log once every this many runs of the session.
+      on_collapse: None (no collapse policy), "warn", "stop" or "raise".
+      collapse_after: the number of consecutive skipped steps (or
+        overflows at a manager's floor) that make a collapse.
+      managers: managers whose floor also counts (``check_floor``'s public
+        properties), read on skipped runs only; none by default.
 
     Raises:
-      TypeError: for a wrong ``train_ops`` or a non-int ``every_n_steps``.
-      ValueError: for ``every_n_steps`` < 1.
+      TypeError: for a wrong ``train_ops``, a non-int ``every_n_steps`` or
+        ``collapse_after``, or a manager without the floor properties.
+      ValueError: for ``every_n_steps`` or ``collapse_after`` < 1, or an
+        unknown ``on_collapse``.
     """
 
-    def __init__(self, train_ops, every_n_steps=100):
+    def __init__(self, train_ops, every_n_steps=100, on_collapse=None,
+                 collapse_after=_DEFAULT_COLLAPSE_AFTER, managers=()):
         _check_train_ops(train_ops)
         every_n_steps = _checks.check_count("every_n_steps", every_n_steps,
                                             "Pass how often to log, e.g. 100.")
@@ -90,21 +132,190 @@ class LossScaleHook(tf.train.SessionRunHook):
         self._every = every_n_steps
         self._runs = 0
         self.last = None  #: the last logged values, a dict (for tests and tools)
+        #: The ``CollapseMonitor`` of ``on_collapse``, or None.
+        self.monitor = None
+        if on_collapse is not None:
+            self.monitor = CollapseMonitor(train_ops, collapse_after=collapse_after,
+                                           on_collapse=on_collapse, managers=managers)
 
     def before_run(self, run_context):
-        del run_context
         self._runs += 1
-        if self._runs % self._every:
-            return None
-        return tf.train.SessionRunArgs({"scale": self._train.loss_scale,
-                                        "skipped_steps": self._train.skipped_steps})
+        fetches = {}
+        if not self._runs % self._every:
+            fetches.update(scale=self._train.loss_scale,
+                           skipped_steps=self._train.skipped_steps)
+        if self.monitor is not None and _fetches(run_context.original_args.fetches,
+                                                 self._train.update_op):
+            fetches.update(skip_reason=self._train.skip_reason,
+                           window_end=self._train.window_end)
+        return tf.train.SessionRunArgs(fetches) if fetches else None
 
     def after_run(self, run_context, run_values):
-        del run_context
-        if run_values.results:
-            self.last = dict(run_values.results)
+        results = run_values.results or {}
+        if "scale" in results:
+            self.last = {"scale": results["scale"], "skipped_steps": results["skipped_steps"]}
             tf.logging.info("loss scale %g, %d skipped steps before run %d",
                             self.last["scale"], self.last["skipped_steps"], self._runs)
+        if "skip_reason" in results:
+            collapse = self.monitor.observe(results["skip_reason"], run_context.session,
+                                            window_end=results["window_end"])
+            if collapse is not None and self.monitor.on_collapse == "stop":
+                run_context.request_stop()
+
+
+def _fetches(fetches, op):
+    """Whether a run's ``fetches`` (lists, tuples and dicts of ops, tensors
+    and names, as ``session.run`` takes them) hold ``op``."""
+    stack = [fetches]
+    while stack:
+        fetch = stack.pop()
+        if isinstance(fetch, dict):
+            stack.extend(fetch.values())
+        elif isinstance(fetch, (list, tuple)):
+            stack.extend(fetch)
+        elif fetch is op or getattr(fetch, "name", fetch) == op.name:
+            return True
+    return False
+
+
+class Collapse(collections.namedtuple(
+        "Collapse", ["skips", "reasons", "last_skip", "floors", "message"])):
+    """A collapse of the loss scale, as ``CollapseMonitor`` saw it.
+
+    Attributes:
+      skips: the number of consecutive skipped steps so far.
+      reasons: dict from reason name to the number of those skips it caused.
+      last_skip: the ``diagnostics.Skip`` of the last of them.
+      floors: tuple of the class names of the watched managers at their
+        floor after ``collapse_after`` overflows.
+      message: what the user is told: the counts, the last skip's reason,
+        groups and variables, and the fix for each reason seen.
+    """
+
+
+class LossScaleCollapse(RuntimeError):
+    """Raised by a collapse policy of "raise"; ``collapse`` is the ``Collapse``."""
+
+    def __init__(self, collapse):
+        super(LossScaleCollapse, self).__init__(collapse.message)
+        self.collapse = collapse
+
+
+class CollapseMonitor(object):
+    """Watches a plain training loop for a collapsing loss scale.
+
+    Feed it every run of ``update_op``: its ``skip_reason`` (and, with
+    accumulation, ``window_end``). After ``collapse_after`` consecutive
+    skipped steps, or a watched manager at its floor after as many
+    overflows, it reads the last skip's record and acts once: "warn"
+    (``warnings.warn``, RuntimeWarning, and ``tf.logging.warning``), "stop"
+    (``tf.logging.warning``; ``observe`` returns the ``Collapse`` for the
+    loop to stop on), or "raise" (``LossScaleCollapse``). An applied step
+    ends the collapse and re-arms it. Example::
+
+      monitor = npu_lossscale.CollapseMonitor(train, collapse_after=20,
+                                              on_collapse="stop")
+      for batch in batches:
+          _, reason = sess.run([train.update_op, train.skip_reason], feed(batch))
+          if monitor.observe(reason, sess):
+              break  # monitor.collapse.message says why
+
+    Args:
+      train_ops: the ``TrainOps`` of ``MultiOptimizerLossScale.build``.
+      collapse_after: consecutive skipped steps (or overflows at a floor)
+        that make a collapse, >= 1.
+      on_collapse: "warn", "stop" or "raise".
+      managers: managers whose floor also counts (the public properties of
+        ``check_floor``), read only after a skipped step.
+
+    Raises:
+      TypeError: for a wrong ``train_ops``, a non-int ``collapse_after`` or
+        a manager without the floor properties.
+      ValueError: for ``collapse_after`` < 1, an unknown ``on_collapse``, or
+        a step through a ``SyncReplicasOptimizer`` (no ``skip_reason``).
+    """
+
+    def __init__(self, train_ops, collapse_after=_DEFAULT_COLLAPSE_AFTER, on_collapse="warn",
+                 managers=()):
+        _check_train_ops(train_ops)
+        self._after = _checks.check_count("collapse_after", collapse_after,
+                                          "Pass the consecutive skips that make a "
+                                          "collapse, e.g. 20.")
+        if on_collapse not in COLLAPSE_ACTIONS:
+            raise ValueError("on_collapse must be one of %r, got %r. Pass 'warn', 'stop' "
+                             "or 'raise'." % (COLLAPSE_ACTIONS, on_collapse))
+        if train_ops.skip_reason is None:
+            raise ValueError("train_ops has no skip_reason: its step goes through a "
+                             "SyncReplicasOptimizer, whose chief decides the skips. Watch "
+                             "the chief's managers with FloorWarningHook instead.")
+        self.on_collapse = on_collapse
+        self._train = train_ops
+        self._floors = [_floor(manager) for manager in managers]
+        #: The consecutive skipped steps seen so far.
+        self.skips = 0
+        self._reasons = collections.Counter()
+        #: The current ``Collapse``, or None while the scale has not collapsed.
+        self.collapse = None
+
+    def observe(self, skip_reason, session, window_end=True):
+        """Counts one run of ``update_op`` and acts on a collapse.
+
+        Args:
+          skip_reason: the run's fetched ``TrainOps.skip_reason``.
+          session: the session of the step; read (a run of its own) at the
+            collapse, and after a skipped step when managers are watched.
+          window_end: the run's ``TrainOps.window_end``: a run inside an
+            accumulation window closes no step and is not counted.
+
+        Returns:
+          The ``Collapse`` while the scale is collapsed, else None.
+
+        Raises:
+          LossScaleCollapse: at the collapse, with ``on_collapse="raise"``.
+        """
+        if not window_end:
+            return self.collapse
+        name = _diagnostics.reason_name(int(skip_reason))
+        if name == "applied":
+            self.skips, self.collapse = 0, None
+            self._reasons.clear()
+            return None
+        self.skips += 1
+        self._reasons[name] += 1
+        if self.collapse is not None:
+            return self.collapse
+        floors = tuple(type(floor.manager).__name__ for floor, (scale, streak)
+                       in zip(self._floors,
+                              session.run([[f.scale, f.streak] for f in self._floors]))
+                       if floor.at_floor(scale, streak, self._after)) if self._floors else ()
+        if self.skips < self._after and not floors:
+            return None
+        self.collapse = self._collapse(_diagnostics.read_last_skip(session, self._train),
+                                       floors)
+        if self.on_collapse == "raise":
+            raise LossScaleCollapse(self.collapse)
+        tf.logging.warning(self.collapse.message)
+        if self.on_collapse == "warn":
+            warnings.warn(self.collapse.message, RuntimeWarning, stacklevel=2)
+        return self.collapse
+
+    def _collapse(self, last_skip, floors):
+        reasons = dict(self._reasons)
+        counts = ", ".join("%s %d" % (name, count) for name, count in
+                           sorted(reasons.items(), key=lambda item: (-item[1], item[0])))
+        message = ["npu_lossscale: the loss scale collapsed: %d consecutive skipped steps "
+                   "(%s)" % (self.skips, counts)]
+        if floors:
+            message[0] += ", %s at the floor" % ", ".join(floors)
+        message[0] += "."
+        if last_skip is not None:
+            message.append("Last %s" % _diagnostics.describe(last_skip))
+        seen = [] if last_skip is None else [last_skip.reason]
+        for name in sorted(reasons, key=lambda item: (-reasons[item], item)):
+            if name not in seen:
+                message.append("Fix for %s: %s" % (
+                    name, _diagnostics.FIXES[_diagnostics.REASONS.index(name)]))
+        return Collapse(self.skips, reasons, last_skip, floors, " ".join(message))
 
 
 # How often FloorWarningHook reads the managers: one small device-to-host
@@ -132,14 +343,19 @@ class _Floor(collections.namedtuple(
       after: its ``floor_warning_after``, an int, or None never to warn.
     """
 
+    def at_floor(self, scale, streak, after):
+        """Whether fetched values show the scale at its floor after at least
+        ``after`` consecutive overflows (never for ``after`` None)."""
+        return (after is not None and float(scale) <= self.min_loss_scale
+                and float(streak) >= after)
+
     def warn_if_due(self, scale, streak):
         """Warns, once per manager, when the fetched values show a collapse.
 
         Returns:
           Whether the warning is due.
         """
-        due = (self.after is not None and float(scale) <= self.min_loss_scale
-               and float(streak) >= self.after)
+        due = self.at_floor(scale, streak, self.after)
         if due and self.manager not in _WARNED:
             _WARNED.add(self.manager)
             message = (
@@ -258,7 +474,8 @@ class FloorWarningHook(tf.train.SessionRunHook):
 
 def _check_train_ops(train_ops):
     if not all(hasattr(train_ops, field) for field in ("loss_scale", "applied",
-                                                        "skipped_steps", "clear_status")):
+                                                        "skipped_steps", "clear_status",
+                                                        "skip_reason", "last_skip")):
         raise TypeError(
             "train_ops must be the TrainOps returned by MultiOptimizerLossScale.build(), "
             "got %r." % (train_ops,))

@@ -32,6 +32,7 @@ from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import close as _close
 from npu_lossscale import context as _context
+from npu_lossscale import diagnostics as _diagnostics
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_walk as _graph_walk
 from npu_lossscale import managers as _managers
@@ -123,7 +124,7 @@ def plan_step(groups, manager, options, global_step, api):
 
 
 def build_step(plan, description, global_step, skipped_steps=None, update_ops=(),
-               counters=None, given=None, measure_underflow=False):
+               counters=None, given=None, measure_underflow=False, record=None):
     """Builds one step op of ``plan``, phase after phase.
 
     Args:
@@ -141,6 +142,8 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
         pairs, checked and applied as they are (no scale, no backprop).
       measure_underflow: also build each group's ``underflow.Underflow``
         (``Step.underflow``), ops that run only when fetched.
+      record: the ``diagnostics.Record`` a skipped step writes (in its skip
+        branch only), or None.
 
     Returns:
       A ``Step``.
@@ -154,11 +157,15 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
     window_end = None
     accumulate_op = None
     entry_ops = None  # None: the decisions are the ops every write follows
+    # An accumulation window's close inspects the window's sums.
+    diagnosis = None if record is None else _diagnostics.Diagnosis(
+        record, _diagnostics.evidence_of(plan, computed.scaled)
+        if plan.window.steps == 1 and computed.scaled else None)
     if plan.window.steps == 1:
         # Through a SyncReplicasOptimizer the worker pushes; its chief closes.
         close = (_sync_replicas.close if _sync_replicas.through_sync_replicas(plan)
                  else _close.close)
-        closed = close(plan, _close.Closing(flags, grads, after, 1), global_step,
+        closed = close(plan, _close.Closing(flags, grads, after, 1, diagnosis), global_step,
                        skipped_steps, update_ops)
         applied, decisions, reported = closed.applied, closed.decisions, closed.grads
     else:
@@ -166,7 +173,8 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
         accumulate_op = opened.accumulate_op
         if plan.window.closed_by_update_op:
             sums, entry = _window.close_by_update_op(plan, opened, grads)
-            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps),
+            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps,
+                                                       diagnosis),
                                   global_step, skipped_steps, update_ops)
             applied = _window.finish(opened, closed)
             decisions, reported, entry_ops = closed.decisions, closed.grads, [entry]
@@ -176,7 +184,7 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
             def at_window_end():
                 sums = _window.sums_at_window_end(plan, opened, this_run, grads)
                 return _window.finish(opened, _close.close(
-                    plan, _close.Closing(sums.flags, sums.grads, [], sums.steps),
+                    plan, _close.Closing(sums.flags, sums.grads, [], sums.steps, diagnosis),
                     global_step, skipped_steps, update_ops))
 
             applied = tf.cond(this_run.window_end, at_window_end,

@@ -27,7 +27,9 @@ def _consumers(graph):
 def gate_pivots(graph):
     """The true pivots of the apply gates (``commit.run_if``), found by their
     shape, not their names: an ``Identity`` of output 1 of a ``Switch`` that
-    switches its predicate on itself, whose output 0 feeds a ``Merge``."""
+    switches its predicate on itself, whose output 0 feeds a ``Merge``
+    (directly, or through the skip branch's ``pivot_f`` and ``skipped``
+    identities)."""
     consumers = _consumers(graph)
     pivots = []
     for op in graph.get_operations():
@@ -38,17 +40,29 @@ def gate_pivots(graph):
         if (switch.type != "Switch" or switched.value_index != 1
                 or switch.inputs[0] is not switch.inputs[1]):
             continue
-        if any(c.type == "Merge" and switch.outputs[0] in list(c.inputs)
-               for c in consumers.get(switch, ())):
+        if _false_merge(switch, consumers) is not None:
             pivots.append(op)
     return pivots
 
 
+def _false_merge(switch, consumers):
+    """The ``Merge`` that takes a ``Switch``'s output 0, directly or through
+    a chain of identities (the skip branch of ``commit.run_if``), or None."""
+    tensor = switch.outputs[0]
+    while True:
+        users = [c for c in consumers.get(tensor.op, ()) if tensor in list(c.inputs)]
+        merges = [c for c in users if c.type == "Merge"]
+        if merges:
+            return merges[0]
+        identities = [c for c in users if c.type == "Identity"]
+        if len(identities) != 1:
+            return None
+        tensor = identities[0].outputs[0]
+
+
 def _gate_merge(pivot, consumers):
     """The ``Merge`` that ends a pivot's gate (it takes the Switch's output 0)."""
-    switch = pivot.inputs[0].op
-    return [c for c in consumers.get(switch, ())
-            if c.type == "Merge" and switch.outputs[0] in list(c.inputs)][0]
+    return _false_merge(pivot.inputs[0].op, consumers)
 
 
 def gated_ops(graph, pivots=None):

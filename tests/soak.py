@@ -22,6 +22,13 @@ The run checks, and reports as violations:
   is finite, every ``check_every`` steps and at the end;
 * ``global_step`` equals the number of applied steps (checked with the
   weights, and at the end), and ``applied`` equals ``is_finite`` each step;
+* each skipped step has a reason (``TrainOps.skip_reason``) and every
+  applied step none: a poisoned loss is "loss_not_finite" and names its
+  group, a predicted scale overflow "gradients_overflowed", a poisoned batch
+  one of the two;
+* the collapse policy (``CollapseMonitor``, after ``floor_warning_after``
+  consecutive skips) fires once in each burst and never elsewhere: no false
+  alarm;
 * after each burst the scale sits at its floor, no variable but the manager's
   moved during the burst, the manager's streak counter holds the number of
   consecutive overflows and its floor warning (``check_floor``) fired; during recovery every
@@ -85,6 +92,8 @@ from npu_lossscale import gradients as _gradients  # noqa: E402
 
 #: The builder's count of skipped steps (TrainOps.skipped_steps reads it).
 SKIPPED_STEPS = "loss_scale/skipped_steps"
+#: The builder's last-skip record (TrainOps.last_skip reads it).
+LAST_SKIP = "loss_scale/last_skip"
 from graph_mode import set_graph_mode  # noqa: E402
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
@@ -255,7 +264,7 @@ def overflows_float16(scale):
 SoakReport = collections.namedtuple(
     "SoakReport", ["config", "violations", "injected", "finite", "applied", "scale",
                    "scale_overflow", "grad_overflow", "global_step", "final_scale",
-                   "bursts", "probe", "weight_checks", "seconds"])
+                   "bursts", "probe", "weight_checks", "seconds", "reason", "alarms"])
 
 
 def run_soak(config, log=None):
@@ -272,7 +281,9 @@ def run_soak(config, log=None):
       ``grad_overflow`` (non-injected overflows below that, each verified as
       genuine), the final global step and scale,
       per-burst observations, the end probe, the number of periodic weight
-      checks, and ``violations`` (strings; empty when all checks pass).
+      checks, ``reason`` (each step's skip reason code), ``alarms`` (the
+      steps at which the collapse policy fired), and ``violations``
+      (strings; empty when all checks pass).
     """
     log = log or (lambda message: None)
     started = time.time()
@@ -313,7 +324,7 @@ def run_soak(config, log=None):
         state_name = manager.state.op.name
         # Library state that moves on a skipped step by design: the manager's,
         # and the builder's count of skipped steps.
-        manager_names = {v.op.name for v in manager.variables} | {SKIPPED_STEPS}
+        manager_names = {v.op.name for v in manager.variables} | {SKIPPED_STEPS, LAST_SKIP}
         init = tf.global_variables_initializer()
         graph.finalize()
 
@@ -325,8 +336,10 @@ def run_soak(config, log=None):
             # Per step: only the op and three scalars; weights are read every
             # check_every steps.
             step_fn = sess.make_callable(
-                [train.update_op, train.is_finite, train.loss_scale, train.applied],
-                feed_list=feeds)
+                [train.update_op, train.is_finite, train.loss_scale, train.applied,
+                 train.skip_reason, train.groups_overflowed], feed_list=feeds)
+            monitor = nl.CollapseMonitor(train, collapse_after=config.floor_warning_after,
+                                         on_collapse="stop")
 
             def gradients_finite(feed_values, fed_scale):
                 """Whether the gradients to apply are all finite at a fed scale
@@ -364,6 +377,8 @@ def run_soak(config, log=None):
             scale = np.zeros(config.steps, np.float32)
             scale_overflow = np.zeros(config.steps, bool)
             grad_overflow = np.zeros(config.steps, bool)
+            reason = np.zeros(config.steps, np.int32)
+            alarms = []
             applied_count = 0
             bursts = []
             burst_starts = {b: i for i, b in enumerate(config.bursts)}
@@ -442,8 +457,11 @@ def run_soak(config, log=None):
 
                 real, z = sample_batches(data_rng, config.batch)
                 feed_values = poisoned_feed(model, codes[step], real, z)
-                _, ok, used, did = step_fn(*feed_values)
-                finite[step], applied[step], scale[step] = ok, did, used
+                _, ok, used, did, why, groups = step_fn(*feed_values)
+                finite[step], applied[step], scale[step], reason[step] = ok, did, used, why
+                if monitor.observe(why, sess) is not None and monitor.skips == \
+                        config.floor_warning_after:
+                    alarms.append(step)
                 applied_count += int(did)
                 scale_overflow[step] = not injected[step] and overflows_float16(used)
                 if not (ok or injected[step] or scale_overflow[step]):
@@ -467,6 +485,10 @@ def run_soak(config, log=None):
                             % (step, ok, expected_ok, bool(injected[step]), used))
                 if did != ok:
                     violate("step %d: applied=%s but is_finite=%s" % (step, did, ok))
+                problem = _reason_problem(codes[step], scale_overflow[step] or grad_overflow[step],
+                                          ok, why, groups)
+                if problem:
+                    violate("step %d: %s" % (step, problem))
                 reference.update(ok)
                 if step and step % 10000 == 0:
                     log("step %d: %d applied, %d injected, %d+%d genuine, scale %g" % (
@@ -482,6 +504,15 @@ def run_soak(config, log=None):
                 violate("skipped_steps %d, but %d steps were skipped" % (
                     int(final[SKIPPED_STEPS]), config.steps - int(np.sum(finite))))
 
+            # The collapse policy: once in each burst (long enough), nowhere else.
+            collapsing = [start for start in config.bursts
+                          if config.burst_len >= config.floor_warning_after]
+            alarmed = sorted(start for start in config.bursts for at in alarms
+                             if start <= at < start + config.burst_len)
+            if alarmed != collapsing or len(alarms) != len(collapsing):
+                violate("collapse alarms at steps %r, expected one in each burst at %r"
+                        % (alarms, collapsing))
+
             # The verification, probed on the final weights and a clean batch
             # drawn like the training data.
             clean = poisoned_feed(model, 0, *sample_batches(data_rng, config.batch))
@@ -492,7 +523,39 @@ def run_soak(config, log=None):
 
     return SoakReport(config, violations, injected, finite, applied, scale,
                       scale_overflow, grad_overflow, global_step, final_scale, bursts,
-                      probe, weight_checks[0], time.time() - started)
+                      probe, weight_checks[0], time.time() - started, reason, alarms)
+
+
+#: The groups of the soak's builder, by the loss a target poisons.
+_GROUP_OF_TARGET = {"d_loss": "discriminator", "g_loss": "generator"}
+
+
+def _reason_problem(code, genuine, finite, reason, groups):
+    """What is wrong with a step's skip reason, or None.
+
+    Args:
+      code: the step's injection code (0: none).
+      genuine: whether it is a genuine (not injected) float16 overflow.
+      finite: its ``is_finite``.
+      reason: its ``skip_reason``.
+      groups: its ``groups_overflowed``.
+    """
+    name = nl.diagnostics.REASONS[reason]
+    if finite:
+        return None if name == "applied" else "applied, but skip_reason is %s" % name
+    if not code:
+        allowed = ("gradients_overflowed",) if genuine else ()
+        target = None
+    else:
+        target = TARGETS[(code - 1) // len(VALUES)]
+        allowed = (("loss_not_finite",) if target in _GROUP_OF_TARGET
+                   else ("loss_not_finite", "gradients_overflowed"))
+    if name not in allowed:
+        return "skip_reason %s, expected one of %r (injected into %s)" % (
+            name, allowed, target)
+    if target in _GROUP_OF_TARGET and not groups[_GROUP_OF_TARGET[target]]:
+        return "the poisoned %s is not among the groups that overflowed %r" % (target, groups)
+    return None
 
 
 def summary(report):
@@ -510,6 +573,11 @@ def summary(report):
         "  scale range:          [%g, %g], final %g" % (
             report.scale.min(), report.scale.max(), report.final_scale),
         "  weight checks:        %d" % report.weight_checks,
+        "  skips by reason:      %s" % ", ".join(
+            "%s %d" % (name, np.sum(report.reason == code))
+            for code, name in enumerate(nl.diagnostics.REASONS) if code),
+        "  collapse alarms:      %d, at steps %s (bursts at %s)" % (
+            len(report.alarms), report.alarms, list(c.bursts)),
         "  violations:           %d" % len(report.violations),
     ]
     lines.extend("    " + v for v in report.violations[:50])

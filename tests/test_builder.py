@@ -5,7 +5,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import SKIPPED_STEPS, snapshot_globals
+from conftest import LAST_SKIP, SKIPPED_STEPS, snapshot_globals
 from graph_walk import gated_ops
 from models import two_group_gan
 
@@ -120,9 +120,10 @@ def test_every_state_change_is_behind_the_gate(graph, policy, clip):
     inside = gated_ops(graph)
     initialisers = {v.initializer for v in tf.global_variables()}
     # Library state that must move on skipped steps too: the manager's
-    # state and the skipped-steps counter.
+    # state, the skipped-steps counter and the last-skip record (written
+    # behind the gate's false side).
     ungated = [v.op for v in manager.variables] + [
-        v.op for v in tf.global_variables() if v.op.name == SKIPPED_STEPS]
+        op for op in graph.get_operations() if op.name in (SKIPPED_STEPS, LAST_SKIP)]
     outside = [op for op in graph.get_operations()
                if any(m in op.type for m in _MUTATING) and op not in inside
                and op not in initialisers and op.inputs[0].op not in ungated]

@@ -9,6 +9,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
+import skip_faults
 from conftest import snapshot_globals
 from models import add_gan_groups, two_group_gan
 
@@ -246,3 +247,170 @@ def test_all_finite_inside_a_cond_branch_takes_the_outer_graphs_gradients(graph)
     with tf.Session() as sess:
         assert sess.run(decision, {g: [1.0, 2.0]})
         assert not sess.run(decision, {g: [1.0, np.inf]})
+
+
+# -- skips by reason, and the collapse policy (issue 26) ----------------------
+
+def test_summaries_count_skips_by_reason_and_group(graph):
+    """State reads of the last-skip record: fetched alone they run no step."""
+    model, train = _train()
+    nl.summaries(train)
+    merged = tf.summary.merge_all()
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for feed in (model.feed, nan_loss, nan_loss, model.feed):
+            sess.run(train.update_op, feed)
+        values = dict((v.tag, v.simple_value)
+                      for v in tf.Summary.FromString(sess.run(merged)).value)
+    assert values == {"loss_scale/scale": 8.0, "loss_scale/skipped_total": 2.0,
+                      "loss_scale/skips_loss_not_finite": 2.0,
+                      "loss_scale/skips_gradients_overflowed": 0.0,
+                      "loss_scale/skips_other_worker_overflowed": 0.0,
+                      "loss_scale/skips_register_outside_gradients": 0.0,
+                      "loss_scale/overflows_d": 0.0, "loss_scale/overflows_g": 2.0}
+
+
+def _collapsing_run(hook, model, train, collapse_at, runs=40):
+    """Runs update_op under a MonitoredTrainingSession with ``hook``: clean
+    batches, then a NaN generator loss on every run from ``collapse_at``.
+
+    Returns:
+      The number of runs made before ``should_stop()``.
+    """
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    made = 0
+    with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        while not sess.should_stop() and made < runs:
+            sess.run(train.update_op, nan_loss if made >= collapse_at else model.feed)
+            made += 1
+    return made
+
+
+@pytest.mark.parametrize("collapse_after", [1, 5])
+def test_stop_policy_stops_the_session_at_the_nth_skip(graph, collapse_after):
+    """A forced collapse from run 10: the session stops right after the
+    collapse_after-th consecutive skip; the message says why and what to do."""
+    model, train = _train()
+    hook = nl.LossScaleHook(train, on_collapse="stop", collapse_after=collapse_after)
+    assert _collapsing_run(hook, model, train, collapse_at=10) == 10 + collapse_after
+    collapse = hook.monitor.collapse
+    assert (collapse.skips, collapse.reasons, collapse.floors) == (
+        collapse_after, {"loss_not_finite": collapse_after}, ())
+    assert collapse.last_skip == nl.diagnostics.Skip(
+        collapse_after, 10, "loss_not_finite", ("g",), ("generator/w", "generator/b"))
+    assert collapse.message == (
+        "npu_lossscale: the loss scale collapsed: %d consecutive skipped steps "
+        "(loss_not_finite %d). Last skip #%d at global step 10: loss_not_finite; groups g; "
+        "variables generator/w, generator/b. Fix: %s"
+        % (collapse_after, collapse_after, collapse_after, nl.diagnostics.FIXES[1]))
+
+
+def test_raise_policy_raises_from_the_nth_skip(graph):
+    model, train = _train()
+    hook = nl.LossScaleHook(train, on_collapse="raise", collapse_after=3)
+    with pytest.raises(nl.LossScaleCollapse, match=r"3 consecutive skipped steps "
+                                                   r"\(loss_not_finite 3\)") as raised:
+        _collapsing_run(hook, model, train, collapse_at=2)
+    assert raised.value.collapse.last_skip.number == 3
+
+
+def test_warn_policy_warns_once_per_collapse_and_rearms_after_an_applied_step(graph):
+    """Plain loop: a warning at the 3rd consecutive skip, none while the
+    collapse lasts, and again after an applied step and 3 more skips.
+    Each reason of the streak gets its fix."""
+    model = skip_faults.build_model()
+    train = skip_faults.build_step(model, "is_finite")
+    monitor = nl.CollapseMonitor(train, collapse_after=3)
+    inf_grad = skip_faults.fault_feed(model, skip_faults.Fault(
+        skip_faults.INF_GRADIENT, ("a",), ("a/w",)))
+    nan_loss = skip_faults.fault_feed(model, skip_faults.Fault(skip_faults.NAN_LOSS, ("b",), ()))
+    feeds = [inf_grad, nan_loss, nan_loss, nan_loss, model.feed] + [nan_loss] * 3
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        seen = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for feed in feeds:
+                reason = sess.run([train.update_op, train.skip_reason], feed)[1]
+                seen.append((int(reason), monitor.observe(reason, sess) is not None))
+    collapse_warnings = [str(w.message) for w in caught if "collapsed" in str(w.message)]
+    assert [code for code, _ in seen] == [2, 1, 1, 1, 0, 1, 1, 1]
+    assert [fired for _, fired in seen] == [False, False, True, True, False, False, False, True]
+    assert len(collapse_warnings) == 2
+    first = collapse_warnings[0]
+    assert "(loss_not_finite 2, gradients_overflowed 1)" in first
+    assert "Fix for gradients_overflowed: " + nl.diagnostics.FIXES[2] in first
+
+
+def test_the_hook_watches_only_runs_of_update_op(graph):
+    """Runs that do not fetch update_op (an evaluation of the loss, a
+    per-group op) fetch nothing of the step: they run no step and count
+    as nothing."""
+    model = two_group_gan()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    add_gan_groups(scaler, model)
+    gs = tf.train.get_or_create_global_step()
+    train = scaler.build(global_step=gs, per_group_ops=True)
+    hook = nl.LossScaleHook(train, on_collapse="raise", collapse_after=1)
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        sess.run(model.g_loss, nan_loss)
+        sess.run(train.per_group["g"], nan_loss)  # a skip the hook does not watch
+        sess.run({"step": train.update_op}, model.feed)
+        assert hook.monitor.skips == 0 and sess.run(gs) == 1
+        with pytest.raises(nl.LossScaleCollapse):
+            sess.run({"step": train.update_op}, nan_loss)
+
+
+def test_a_manager_at_its_floor_is_named(graph):
+    manager = nl.DynamicLossScaleManager(initial_scale=2.0, min_loss_scale=1.0)
+    model, train = _train(manager)
+    hook = nl.LossScaleHook(train, on_collapse="stop", collapse_after=3, managers=[manager])
+    _collapsing_run(hook, model, train, collapse_at=0)
+    collapse = hook.monitor.collapse
+    assert collapse.floors == ("DynamicLossScaleManager",)
+    assert "(loss_not_finite 3), DynamicLossScaleManager at the floor." in collapse.message
+
+
+def test_windows_that_do_not_close_are_not_counted(graph):
+    model = two_group_gan()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    add_gan_groups(scaler, model)
+    train = scaler.build(accumulation_steps=2)
+    monitor = nl.CollapseMonitor(train, collapse_after=2, on_collapse="stop")
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        fired = []
+        for _ in range(4):
+            _, reason, end = sess.run([train.update_op, train.skip_reason, train.window_end],
+                                      nan_loss)
+            fired.append(monitor.observe(reason, sess, window_end=end) is not None)
+    assert fired == [False, False, False, True] and monitor.skips == 2
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"on_collapse": "explode"}, ValueError,
+     r"on_collapse must be one of \('warn', 'stop', 'raise'\), got 'explode'"),
+    ({"on_collapse": "warn", "collapse_after": 0}, ValueError, r"collapse_after must be"),
+    ({"on_collapse": "warn", "collapse_after": 2.5}, TypeError,
+     r"collapse_after must be a whole number, got 2.5"),
+    ({"on_collapse": "warn", "managers": [object()]}, TypeError, r"managers must expose"),
+])
+def test_collapse_policy_arguments_are_checked(graph, kwargs, error, match):
+    _, train = _train()
+    with pytest.raises(error, match=match):
+        nl.LossScaleHook(train, **kwargs)
+
+
+def test_a_step_without_skip_reason_cannot_be_watched(graph):
+    """Through a SyncReplicasOptimizer the chief decides: no skip_reason."""
+    _, train = _train()
+    with pytest.raises(ValueError, match=r"train_ops has no skip_reason: its step goes "
+                                         r"through a SyncReplicasOptimizer"):
+        nl.CollapseMonitor(train._replace(skip_reason=None))

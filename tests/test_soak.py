@@ -112,6 +112,28 @@ def test_burst_floors_the_scale_then_training_recovers(report):
     assert report.scale[end + config.recovery:].max() == 2.0 ** 16
 
 
+def test_every_skip_has_its_reason_and_the_collapse_alarm_is_never_false(report):
+    """Applied steps say "applied"; a poisoned loss says "loss_not_finite", a
+    scale that does not fit float16 "gradients_overflowed" (the run checks
+    each step); the collapse policy fires at the 20th skip of the burst and
+    nowhere else."""
+    names = np.array(soak.nl.diagnostics.REASONS)[report.reason]
+    assert np.array_equal(names == "applied", report.applied)
+    assert set(names[report.scale_overflow]) == {"gradients_overflowed"}
+    codes, _ = soak.injection_plan(report.config)
+    targets = np.array(["none"] + [t for t in soak.TARGETS for _ in soak.VALUES])[codes]
+    poisoned_loss = np.isin(targets, ["d_loss", "g_loss"])
+    assert set(names[poisoned_loss]) == {"loss_not_finite"}
+    assert set(names[np.isin(targets, ["real", "z"])]) <= {"loss_not_finite",
+                                                            "gradients_overflowed"}
+    # The 20th consecutive skip: the burst's 20th step, or earlier when
+    # skips ran into the burst.
+    start, after = report.config.bursts[0], report.config.floor_warning_after
+    [alarm] = report.alarms
+    assert start <= alarm <= start + after - 1
+    assert not report.finite[alarm - after + 1:alarm + 1].any()
+
+
 def test_command_line_exits_non_zero_on_a_violation(monkeypatch, capsys):
     real = soak.run_soak
 
