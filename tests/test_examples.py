@@ -5,8 +5,10 @@ process, with tiny step counts and batches. The metric module is imported
 directly (it needs no TensorFlow).
 """
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -123,6 +125,48 @@ def test_dcgan_fp16_is_finite_writes_every_output(runs):
         assert os.path.isfile(os.path.join(str(out), name)), name
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(str(out)))
     assert "outputs in" in stdout
+
+
+def test_dcgan_records_skip_reasons_and_underflow(runs):
+    """history.json: a skip reason per step, an underflow row per group at
+    the first and the last step (dcgan.UNDERFLOW_EVERY apart otherwise);
+    metrics.json: the last measurement and the skips by reason."""
+    proc, out = runs["dcgan"]
+    proc.wait()
+    with open(os.path.join(str(out), "history.json")) as handle:
+        history = json.load(handle)
+    assert history["columns"][-1] == "skip_reason"
+    assert [row[-1] == 0 for row in history["rows"]] == [bool(row[4]) for row in
+                                                         history["rows"]]
+    assert [row[:2] for row in history["underflow"]] == [
+        [1, "discriminator"], [1, "generator"], [4, "discriminator"], [4, "generator"]]
+    for row in history["underflow"]:
+        measured = dict(zip(history["underflow_columns"], row))
+        assert 0.0 <= measured["flushed_share"] <= measured["zero_share"] + 1e-6 <= 1.0 + 1e-6
+        assert 0.0 <= measured["subnormal_share"] <= 1.0
+    result = read_metrics(out)
+    assert sorted(result["underflow"]) == ["discriminator", "generator"]
+    assert sum(result["skips_by_reason"].values()) == result["skipped_steps"]
+
+
+def test_dcgan_history_helpers_by_hand(tmp_path):
+    import outputs  # examples/gan/outputs.py  pylint: disable=import-outside-toplevel
+    history = outputs.History(
+        rows=[[1, 0.7, 0.7, 4.0, 1, 0], [2, 0.7, 0.7, 4.0, 0, 2], [3, 0.7, 0.7, 2.0, 0, 1]],
+        underflow=[[1, "d", 0.5, 0.2, 12.0, 0.5, 0.0], [1, "g", 0.0, 0.0, 12.0, 0.0, 0.0],
+                   [21, "d", 0.0, 0.005, 3.0, 0.0, 0.0], [21, "g", 0.004, 0.004, 3.0, 0.0, 0.0],
+                   [41, "d", 0.0, 0.02, 3.0, 0.0, 0.0], [41, "g", 0.0, 0.0, 3.0, 0.0, 0.0],
+                   [61, "d", 0.0, 0.0, 3.0, 0.0, 0.0], [61, "g", 0.0, 0.0, 3.0, 0.0, 0.0]])
+    reasons = ("applied", "loss_not_finite", "gradients_overflowed")
+    assert outputs.skips_by_reason(history, reasons) == {
+        "gradients_overflowed": 1, "loss_not_finite": 1}
+    # Step 21 is healthy (0.5 % and 0.8 % underflowed), 41 is not (2 %).
+    assert outputs.healthy_from_step(history) == 61
+    assert outputs.last_underflow(history)["d"]["subnormal_share"] == 0.0
+    # An older history.json (five columns, no underflow) still plots.
+    outputs.save_curves_png(str(tmp_path / "old.png"),
+                            outputs.History([[1, 0.7, 0.7, 4.0, 1]]), "t", reasons)
+    assert (tmp_path / "old.png").stat().st_size > 0
 
 
 def test_dcgan_npu_shim_backend(runs):
@@ -404,6 +448,20 @@ def test_gan_cli_out_of_range_flags(parse, argv, expected, capsys):
     lines = _exit_lines(lambda: parser(prog, "doc", argv), capsys)
     assert len(lines) == 1, lines  # cli.py's one-line errors
     assert lines[0].startswith("%s: error: " % prog) and expected in lines[0], lines
+
+
+def test_gan_cli_loss_scale_specs():
+    import cli  # pylint: disable=import-outside-toplevel
+    assert cli.loss_scale_spec("listening") == ("listening", None)
+    assert cli.loss_scale_spec("listening:1") == ("listening", 1.0)
+    assert cli.loss_scale_spec("dynamic:1024") == ("dynamic", 1024.0)
+    assert cli.describe_loss_scale(("listening", 1.0)) == "listening:1"
+    assert cli.describe_loss_scale(("dynamic", None)) == "dynamic"
+    for text, message in (("dynamic:0.5", "dynamic:N needs a number N in [1, 2**126]"),
+                          ("listening:x", "listening:N needs a number N in [1, 2**126]"),
+                          ("static", "expected dynamic, listening, exponential or fixed:N")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
+            cli.loss_scale_spec(text)
 
 
 def test_gan_cli_accepts_the_range_ends():

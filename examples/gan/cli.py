@@ -40,6 +40,10 @@ DEFAULT_NPU_PRECISION_MODE = {"fp16": "allow_fp32_to_fp16", "fp32": "must_keep_o
 # at 2**15 rather than 2**32, inside the library's 2**24 ceiling.
 INITIAL_LOSS_SCALE = 2.0 ** 15
 DYNAMIC_GROWTH_STEPS = 1000
+# --loss-scale listening: the dynamic rule above, steered by the underflow
+# measurement every this many updates (the library's default is 100; a
+# shorter period lets a 2000-step demo show it react).
+LISTENING_MEASURE_EVERY_N_STEPS = 50
 EXPONENTIAL_INCR_EVERY_N_STEPS = 1000
 EXPONENTIAL_DECR_EVERY_N_NAN_OR_INF = 2
 EXPONENTIAL_DECR_RATIO = 0.5
@@ -129,21 +133,24 @@ def check_float(parser, args, flag, low, high=FLOAT32_MAX, low_inclusive=True):
 
 
 def loss_scale_spec(text):
-    """argparse type for --loss-scale: dynamic, exponential or fixed:N (N >= 1)."""
-    if text in ("dynamic", "exponential"):
+    """argparse type for --loss-scale: dynamic[:N], listening[:N], exponential
+    or fixed:N (N in [1, 2**126]: the starting or the fixed scale)."""
+    if text in ("dynamic", "listening", "exponential"):
         return (text, None)
-    match = re.match(r"^fixed:(.+)$", text)
+    match = re.match(r"^(fixed|dynamic|listening):(.+)$", text)
     if match:
         try:
-            value = float(match.group(1))
+            value = float(match.group(2))
         except ValueError:
             value = None
         if value is not None and 1.0 <= value <= FIXED_SCALE_MAX:
-            return ("fixed", value)
+            return (match.group(1), value)
         raise argparse.ArgumentTypeError(
-            "fixed:N needs a number N in [1, 2**126] (e.g. fixed:1024), got %r" % (text,))
+            "%s:N needs a number N in [1, 2**126] (e.g. %s:1024), got %r"
+            % (match.group(1), match.group(1), text))
     raise argparse.ArgumentTypeError(
-        "expected dynamic, exponential or fixed:N (e.g. fixed:1024), got %r" % (text,))
+        "expected dynamic, listening, exponential or fixed:N (e.g. fixed:1024), got %r"
+        % (text,))
 
 
 def parse_dcgan_args(prog, doc, argv):
@@ -230,12 +237,16 @@ def add_common_flags(parser, steps, batch_size, log_every, out):
                              "are very slow) or auto (matmul on --device cpu, native on "
                              "gpu and npu) (default: %(default)s)")
     parser.add_argument("--loss-scale", type=loss_scale_spec, default=("dynamic", None),
-                        metavar="{dynamic,exponential,fixed:N}",
+                        metavar="{dynamic,listening,exponential,fixed:N}",
                         help="dynamic: start at 2**15, halve on overflow, double after "
-                             "%d good steps; exponential: npu_bridge's rule (x0.5 after "
+                             "%d good steps; listening: the same, steered by an "
+                             "underflow measurement every %d steps "
+                             "(ListeningLossScaleManager); dynamic:N, listening:N start "
+                             "at N; exponential: npu_bridge's rule (x0.5 after "
                              "%d overflows, x2 after %d good steps); fixed:N: constant N, "
                              "overflowing steps still skipped (default: dynamic)"
-                             % (DYNAMIC_GROWTH_STEPS, EXPONENTIAL_DECR_EVERY_N_NAN_OR_INF,
+                             % (DYNAMIC_GROWTH_STEPS, LISTENING_MEASURE_EVERY_N_STEPS,
+                                EXPONENTIAL_DECR_EVERY_N_NAN_OR_INF,
                                 EXPONENTIAL_INCR_EVERY_N_STEPS))
     parser.add_argument("--steps", type=positive_int, default=steps,
                         help="training steps in total, skipped ones included; with "
@@ -277,5 +288,16 @@ def make_manager(nl, spec):
             INITIAL_LOSS_SCALE, EXPONENTIAL_INCR_EVERY_N_STEPS,
             decr_every_n_nan_or_inf=EXPONENTIAL_DECR_EVERY_N_NAN_OR_INF,
             decr_ratio=EXPONENTIAL_DECR_RATIO)
-    return nl.DynamicLossScaleManager(initial_scale=INITIAL_LOSS_SCALE,
+    initial = INITIAL_LOSS_SCALE if value is None else value
+    if kind == "listening":
+        return nl.ListeningLossScaleManager(
+            initial_scale=initial, growth_steps=DYNAMIC_GROWTH_STEPS,
+            measure_every_n_steps=LISTENING_MEASURE_EVERY_N_STEPS)
+    return nl.DynamicLossScaleManager(initial_scale=initial,
                                       growth_steps=DYNAMIC_GROWTH_STEPS)
+
+
+def describe_loss_scale(spec):
+    """--loss-scale as given: "dynamic", "fixed:1024", "listening:1"..."""
+    kind, value = spec
+    return kind if value is None else "%s:%g" % (kind, value)

@@ -14,9 +14,11 @@ Run (about 3 minutes on 2 CPU cores)::
 
   PYTHONPATH=. python examples/gan/dcgan.py --precision fp16 --out runs/dcgan
 
-Outputs in --out: samples.png, curves.png, metrics.json, history.json,
-checkpoints (model.ckpt-*) and TensorBoard events. --resume continues from the
-latest checkpoint there (same global step, loss scale and skipped count).
+Outputs in --out: samples.png, curves.png (losses; the loss scale with each
+skip's reason; the underflow measurement, every UNDERFLOW_EVERY steps),
+metrics.json, history.json, checkpoints (model.ckpt-*) and TensorBoard
+events. --resume continues from the latest checkpoint there (same global
+step, loss scale and skipped count).
 
 Data-parallel with Horovod, in the TF 2.15 venv (``make venv215``), where
 float16 is much slower on CPU, hence few steps (each rank draws its own
@@ -53,6 +55,10 @@ import runtime
 PROG = "dcgan.py"
 ADAM_BETA1 = 0.5  # the DCGAN paper's momentum
 GRID = 8  # the TensorBoard sample grid is GRID x GRID images
+# Steps between underflow measurements (TrainOps.underflow: a float32 copy of
+# the forward pass and its backprop, about one more step's work): 100 points
+# on curves.png over the default 2000 steps, about 5 % more time.
+UNDERFLOW_EVERY = 20
 
 
 class Graph(object):
@@ -73,6 +79,7 @@ class Graph(object):
 
         # 2. One builder for both optimizers: one loss scale, one overflow
         #    check, one update op. A skipped step changes neither network.
+        #    The underflow measurement runs only on the steps that fetch it.
         self.manager = cli.make_manager(nl, args.loss_scale)
         scaler = nl.MultiOptimizerLossScale(self.manager, backend=args.backend,
                                             distributed=args.distributed)
@@ -83,7 +90,9 @@ class Graph(object):
                    tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
                    var_list=tf.trainable_variables("generator"), name="generator")
         self.backend = scaler.backend
-        self.train = scaler.build(global_step=self.global_step)
+        self.train = scaler.build(global_step=self.global_step, measure_underflow=True)
+        # The names of TrainOps.skip_reason's codes, for curves.png.
+        self.reasons = nl.diagnostics.REASONS
 
         # 3. What runs with the update: the skipped-step count and the moving
         #    average of the generator's weights (samples come from it).
@@ -106,7 +115,7 @@ class Graph(object):
             tf.summary.scalar("loss_scale", self.train.loss_scale),
             tf.summary.scalar("skipped_steps", self.skipped_total),
             tf.summary.image("samples", grid, max_outputs=1),
-        ])
+        ] + nl.underflow_summaries(self.train.underflow))
         self.init = tf.global_variables_initializer()
         self.saver = tf.train.Saver(max_to_keep=3)
         # Every rank starts from rank 0's weights, Adam slots, loss scale and
@@ -115,7 +124,7 @@ class Graph(object):
         self.all_variables = tf.global_variables()
 
 
-# What train() hands to report(): the rows of history.json, the last step's
+# What train() hands to report(): history.json's History, the last step's
 # fetches, the samples to score, the final counters and the timing.
 Run = collections.namedtuple(
     "Run", "history last samples global_step skipped final_scale progress")
@@ -131,7 +140,8 @@ def train(tf, args, graph, config, resume_from, train_images, workers=None):
         if graph.broadcast is not None:
             sess.run(graph.broadcast)
         start = runtime.first_step(sess, graph.global_step, graph.skipped, args.steps)
-        history = outputs.load_history(args.out, start) if resume_from and lead else []
+        history = (outputs.load_history(args.out, start) if resume_from and lead
+                   else outputs.History())
         writer = (tf.summary.FileWriter(args.out, None if resume_from else sess.graph)
                   if lead else None)
         # A distinct stream per resume point and rank; RandomState takes < 2**32.
@@ -148,17 +158,23 @@ def train(tf, args, graph, config, resume_from, train_images, workers=None):
                 "g_loss": graph.g_loss,
                 "step": graph.global_step,
                 "is_finite": graph.train.is_finite,
+                "skip_reason": graph.train.skip_reason,
                 "loss_scale": graph.train.loss_scale,
                 "skipped": graph.skipped_total,
                 "train": graph.step_op,  # the ONE update op for both networks
             }
             if lead and ((step + 1) % args.log_every == 0 or step == start):
                 fetch_dict["summary"] = graph.summary
+            if lead and (step % UNDERFLOW_EVERY == 0 or step + 1 == args.steps):
+                fetch_dict["underflow"] = graph.train.underflow  # this step's gradients
             result = sess.run(fetch_dict, {graph.real: batch})
             progress.update(d_loss="%.3f" % result["d_loss"], g_loss="%.3f" % result["g_loss"],
                             scale="%g" % result["loss_scale"], skipped=int(result["skipped"]))
-            history.append([step + 1, float(result["d_loss"]), float(result["g_loss"]),
-                            float(result["loss_scale"]), int(bool(result["is_finite"]))])
+            history.add_step([step + 1, float(result["d_loss"]), float(result["g_loss"]),
+                              float(result["loss_scale"]), int(bool(result["is_finite"])),
+                              int(result["skip_reason"])])
+            if "underflow" in result:
+                history.add_underflow(step + 1, result["underflow"])
             if "summary" in result:
                 writer.add_summary(result["summary"], step + 1)
             if lead and (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
@@ -193,7 +209,10 @@ def report(args, graph, run, score_images, score_labels, resume_from, start_time
     score, coverage = ref.classifier.score(run.samples)
     outputs.save_samples_png(os.path.join(args.out, "samples.png"), run.samples)
     outputs.save_curves_png(os.path.join(args.out, "curves.png"), run.history,
-                            "DCGAN %s, backend %s" % (args.precision, graph.backend))
+                            "DCGAN %s, backend %s, loss scale %s" % (
+                                args.precision, graph.backend,
+                                cli.describe_loss_scale(args.loss_scale)),
+                            graph.reasons)
     per_step = run.progress.seconds_per_step()
     result = {
         "steps": args.steps,
@@ -213,8 +232,10 @@ def report(args, graph, run, score_images, score_labels, resume_from, start_time
         "backend": graph.backend,
         "device": args.device,
         "conv": graph.conv_impl,
-        "loss_scale_manager": args.loss_scale[0] if args.loss_scale[1] is None
-        else "fixed:%g" % args.loss_scale[1],
+        "loss_scale_manager": cli.describe_loss_scale(args.loss_scale),
+        "skips_by_reason": outputs.skips_by_reason(run.history, graph.reasons),
+        "underflow": outputs.last_underflow(run.history),
+        "healthy_from_step": outputs.healthy_from_step(run.history),
         "batch_size": args.batch_size,
         "ranks": workers.size if workers else 1,
         "learning_rate": args.learning_rate,
