@@ -9,6 +9,8 @@ the guarded apply and the manager update are the builder's own functions.
 from __future__ import absolute_import, division, print_function
 
 
+import collections
+
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
@@ -152,7 +154,36 @@ class LossScaleOptimizer(tf.train.Optimizer):
         found = super(LossScaleOptimizer, self)._lookup_dependency(name, *args, **kwargs)
         if found is None and name == _PREVIOUS_RELEASE_CHILD:
             return self._opt
+        if found is None:
+            found = self._wrapped_children().get(name)
         return found
+
+    def _wrapped_children(self):
+        """The objects the wrapped optimizer tracks itself (``_track_trackable``,
+        e.g. a variable of its own), by name: this object saves and restores
+        them as its own children, as the wrapped optimizer would."""
+        children = collections.OrderedDict()
+        for holder in (self._opt, self._holder):
+            holder._maybe_initialize_trackable()  # pylint: disable=protected-access
+            for reference in holder._unconditional_checkpoint_dependencies:  # pylint: disable=protected-access
+                children.setdefault(reference.name, reference.ref)
+        return children
+
+    @property
+    def _checkpoint_dependencies(self):
+        """Trackable's children (TF 1.15's hook): the wrapper's, plus what the
+        wrapped optimizer tracks itself (``_wrapped_children``)."""
+        own = super(LossScaleOptimizer, self)._checkpoint_dependencies
+        names = set(reference.name for reference in own)
+        return own + [_trackable_base().TrackableReference(name, ref)
+                      for name, ref in self._wrapped_children().items() if name not in names]
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        """Trackable's children (TF 2.x's hook): as ``_checkpoint_dependencies``."""
+        children = super(LossScaleOptimizer, self)._trackable_children(save_type, **kwargs)
+        for name, ref in self._wrapped_children().items():
+            children.setdefault(name, ref)
+        return children
 
     @property
     def inner_optimizer(self):
@@ -302,6 +333,15 @@ class LossScaleOptimizer(tf.train.Optimizer):
 
     def variables(self):
         return self._opt.variables()
+
+
+def _trackable_base():
+    """TF's trackable base module (``TrackableReference``), where this TF keeps it."""
+    try:
+        from tensorflow.python.trackable import base  # TF 2.10 and later
+    except ImportError:
+        from tensorflow.python.training.tracking import base  # TF 1.15 to 2.9
+    return base
 
 
 def _state_holder(opt):

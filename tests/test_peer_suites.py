@@ -398,10 +398,6 @@ def test_keras2_testCheckpoint(graph, tmp_path, save_with_ls, restore_with_ls):
         assert sess.run(slot) == [1.0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "LossScaleOptimizer stands in for the wrapped optimizer's slot and "
-    "non-slot dicts only; other objects the wrapped optimizer tracks "
-    "(_track_trackable) are neither saved nor restored through it"))
 @pytest.mark.parametrize("save_with_ls,restore_with_ls",
                          [(True, True), (True, False), (False, True)])
 def test_keras2_testCheckpoint_extra_optimizer_variable(graph, tmp_path, save_with_ls,
