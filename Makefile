@@ -22,6 +22,8 @@ PIP_FLAGS := -q --disable-pip-version-check
 # the gate, the managers' state or the register, where ref variables and v1
 # control flow change the graph we make.
 V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
+            tests/test_gradients.py tests/test_overflow.py tests/test_window.py \
+            tests/test_close.py \
             tests/test_alternating.py tests/test_features.py tests/test_claims.py \
             tests/test_managers.py tests/test_manager_api.py tests/test_manager_state.py \
             tests/test_manager_npu_bridge.py tests/test_manager_checkpoints.py \

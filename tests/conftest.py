@@ -42,6 +42,16 @@ def graph():
 
 
 @pytest.fixture
+def gan(graph):
+    """The two-group set-up the step's tests share: ``models.two_group_gan()``
+    (a generator and a discriminator, each loss reading both networks'
+    weights) in a fresh ``graph``. ``models.add_gan_groups`` registers its
+    two groups ("d", then "g"), each with its own optimizer."""
+    from models import two_group_gan
+    return two_group_gan()
+
+
+@pytest.fixture
 def npu_shim():
     """Puts shims/ first on sys.path for one test, so `import npu_bridge` works."""
     sys.path.insert(0, SHIMS)

@@ -5,6 +5,8 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+import npu_lossscale as nl
+
 TwoGroup = collections.namedtuple(
     "TwoGroup", ["x", "poison_g", "g_loss", "d_loss", "g_vars", "d_vars", "feed"])
 
@@ -87,3 +89,81 @@ UPDATE_WRAPPERS = {
     "tuple_of_printed_constant": lambda update: tf.tuple(
         [_constant_after(_printed(update))])[0],
 }
+
+
+def build_gan_step(model, manager, backend="is_finite", g_opt=None, d_opt=None):
+    """The builder's joint step over ``two_group_gan``'s groups
+    "discriminator" (Adam 0.01) and "generator" (Adam 0.02), with a global
+    step.
+
+    Returns:
+      (the ``TrainOps``, the global step).
+    """
+    gs = tf.train.get_or_create_global_step()
+    scaler = nl.MultiOptimizerLossScale(manager, backend=backend)
+    scaler.add(model.d_loss, d_opt or tf.train.AdamOptimizer(0.01), var_list=model.d_vars,
+               name="discriminator")
+    scaler.add(model.g_loss, g_opt or tf.train.AdamOptimizer(0.02), var_list=model.g_vars,
+               name="generator")
+    return scaler.build(global_step=gs), gs
+
+
+# -- a regression in two groups, with micro-batches (accumulation, clipping) --
+
+DIM = 5
+_RNG = np.random.RandomState(3)
+BIG_X = _RNG.normal(0, 1, [64, DIM]).astype(np.float32)
+BIG_Y = _RNG.normal(0, 1, [64, 1]).astype(np.float32)
+
+
+def regression():
+    """Two groups on one mean-squared loss: w (SGD/Adam) and b (SGD)."""
+    x = tf.placeholder(tf.float32, [None, DIM])
+    y = tf.placeholder(tf.float32, [None, 1])
+    poison = tf.placeholder_with_default(1.0, [])
+    w = tf.get_variable("w", initializer=np.linspace(-1, 1, DIM).reshape(DIM, 1).astype(np.float32))
+    b = tf.get_variable("b", initializer=np.array([0.3], np.float32))
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b - y)) * poison
+    return x, y, poison, w, b, loss
+
+
+def micro_feeds(x, y, n=4):
+    """``BIG_X``/``BIG_Y`` cut into ``n`` micro-batch feeds."""
+    size = 64 // n
+    return [{x: BIG_X[i * size:(i + 1) * size], y: BIG_Y[i * size:(i + 1) * size]}
+            for i in range(n)]
+
+
+def accumulating(make_opt, n=4, manager=None, clip_norm=None, global_step=True):
+    """The builder over ``regression``'s groups "w" (``make_opt()``) and "b"
+    (SGD 0.05) with ``accumulation_steps=n``.
+
+    Returns:
+      (the ``TrainOps``, (x, y, poison, w, b), the global step or None).
+    """
+    x, y, poison, w, b, loss = regression()
+    scaler = nl.MultiOptimizerLossScale(manager or nl.FixedLossScaleManager(2.0 ** 10),
+                                        backend="is_finite")
+    scaler.add(loss, make_opt(), var_list=[w], name="w", clip_norm=clip_norm)
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.05), var_list=[b], name="b")
+    gs = tf.train.get_or_create_global_step() if global_step else None
+    train = scaler.build(global_step=gs, accumulation_steps=n)
+    return train, (x, y, poison, w, b), gs
+
+
+def big_batch_reference(make_opt, clip_norm=None):
+    """One unscaled step of ``regression`` on the whole batch, in its own
+    graph (TF's optimizers and ``tf.clip_by_global_norm``): the weights
+    [w, b] after it."""
+    with tf.Graph().as_default():
+        x, y, _, w, b, loss = regression()
+        gw, gb = tf.gradients(loss, [w, b])
+        if clip_norm is not None:
+            (gw,), _ = tf.clip_by_global_norm([gw], clip_norm)
+        with tf.control_dependencies([gw, gb]):
+            step = tf.group(make_opt().apply_gradients([(gw, w)]),
+                            tf.train.GradientDescentOptimizer(0.05).apply_gradients([(gb, b)]))
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            sess.run(step, {x: BIG_X, y: BIG_Y})
+            return sess.run([w, b])

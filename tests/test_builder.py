@@ -7,17 +7,8 @@ import tensorflow.compat.v1 as tf
 import npu_lossscale as nl
 from conftest import LAST_SKIP, SKIPPED_STEPS, snapshot_globals
 from graph_walk import gated_ops
+from models import build_gan_step as _build
 from models import two_group_gan
-
-
-def _build(model, manager, backend="is_finite", g_opt=None, d_opt=None):
-    gs = tf.train.get_or_create_global_step()
-    scaler = nl.MultiOptimizerLossScale(manager, backend=backend)
-    scaler.add(model.d_loss, d_opt or tf.train.AdamOptimizer(0.01), var_list=model.d_vars,
-               name="discriminator")
-    scaler.add(model.g_loss, g_opt or tf.train.AdamOptimizer(0.02), var_list=model.g_vars,
-               name="generator")
-    return scaler.build(global_step=gs), gs
 
 
 def _run_builder(steps, scale):
@@ -138,103 +129,6 @@ def test_every_state_change_is_behind_the_gate(graph, policy, clip):
     assert not any(op in inside for op in initialisers)
 
 
-def test_global_step_counts_applied_steps_only(graph):
-    model = two_group_gan()
-    manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 8)
-    train, gs = _build(model, manager)
-    pattern = [True, False, True, True, False, False, True]
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        for ok in pattern:
-            feed = dict(model.feed)
-            if not ok:
-                feed[model.poison_g] = np.inf
-            assert sess.run([train.update_op, train.is_finite], feed)[1] == ok
-        assert sess.run(gs) == sum(pattern)
-
-
-def test_float16_compute_float32_master_weights(graph):
-    model = two_group_gan(compute_dtype=tf.float16)
-    assert model.g_loss.dtype == tf.float16
-    train, gs = _build(model, nl.DynamicLossScaleManager())
-    for pairs in train.grads_and_vars.values():
-        for grad, var in pairs:
-            assert grad.dtype == var.dtype.base_dtype == tf.float32
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        for _ in range(3):
-            assert sess.run([train.update_op, train.is_finite], model.feed)[1]
-        assert sess.run(gs) == 3
-
-
-def test_grads_and_vars_are_the_unscaled_gradients(graph):
-    model = two_group_gan()
-    train, _ = _build(model, nl.FixedLossScaleManager(2.0 ** 12))
-    plain = tf.gradients(model.d_loss, model.d_vars) + tf.gradients(model.g_loss, model.g_vars)
-    ours = [g for g, _ in train.grads_and_vars["discriminator"]] + \
-           [g for g, _ in train.grads_and_vars["generator"]]
-    assert [v for _, v in train.grads_and_vars["generator"]] == model.g_vars
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        a, b = sess.run([ours, plain], model.feed)
-    for x, y in zip(a, b):
-        assert np.array_equal(x, y)
-
-
-def test_variable_the_loss_does_not_reach_is_left_out(graph):
-    model = two_group_gan()
-    unused = tf.get_variable("unused", [3], initializer=tf.zeros_initializer())
-    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), backend="is_finite")
-    scaler.add(model.d_loss, tf.train.GradientDescentOptimizer(0.1),
-               var_list=model.d_vars + [unused], name="d")
-    train = scaler.build()
-    assert [v for _, v in train.grads_and_vars["d"]] == model.d_vars
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        sess.run(train.update_op, model.feed)
-        assert np.array_equal(sess.run(unused), np.zeros(3))
-
-
-def test_embedding_indexed_slices_are_scaled_checked_and_applied(graph):
-    """The recommender pattern (seed 004): sparse embedding + dense groups."""
-    table = tf.get_variable("emb", [10, 3], initializer=tf.ones_initializer())
-    dense = tf.get_variable("dense", [3, 1], initializer=tf.ones_initializer())
-    ids = tf.placeholder(tf.int32, [4])
-    bad = tf.placeholder_with_default(1.0, [])
-    rows = tf.cast(tf.gather(table, ids), tf.float16)
-    loss = tf.reduce_mean(tf.matmul(rows, tf.cast(dense, tf.float16))) * tf.cast(bad, tf.float16)
-    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0 ** 10), backend="is_finite")
-    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[table], name="embedding")
-    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[dense], name="dense")
-    train = scaler.build()
-    emb_grad = train.grads_and_vars["embedding"][0][0]
-    assert isinstance(emb_grad, tf.IndexedSlices)
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        sess.run(train.update_op, {ids: [1, 2, 2, 5]})
-        emb = sess.run(table)
-        # d loss / d row = dense^T / 4 = 0.25 per element, row 2 twice.
-        np.testing.assert_array_equal(emb[[0, 3]], np.ones((2, 3)))
-        np.testing.assert_array_equal(emb[1], np.full(3, 0.75))
-        np.testing.assert_array_equal(emb[2], np.full(3, 0.5))
-        before = sess.run([table, dense])
-        assert not sess.run([train.is_finite, train.update_op], {ids: [1, 2, 3, 4], bad: np.inf})[0]
-        for x, y in zip(before, sess.run([table, dense])):
-            np.testing.assert_array_equal(x, y)
-
-
-def test_disabled_overflow_check_applies_every_step(graph):
-    model = two_group_gan()
-    train, gs = _build(model, nl.FixedLossScaleManager(1, enable_overflow_check=False))
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        feed = dict(model.feed)
-        feed[model.poison_g] = np.inf
-        assert sess.run([train.is_finite, train.update_op], feed)[0]
-        assert sess.run(gs) == 1
-        assert np.isnan(sess.run(model.g_vars[0])).any()  # unguarded, as asked
-
-
 class _ProtocolOnlyManager(object):
     """The bare protocol: no base class, a scale of 4, counts its updates."""
 
@@ -257,20 +151,3 @@ def test_any_object_with_the_protocol_is_accepted(graph):
         for _ in range(2):
             sess.run(train.update_op, model.feed)
         assert sess.run([manager.updates, gs, train.loss_scale], model.feed) == [2, 2, 4.0]
-
-
-def test_shared_loss_backprops_once(graph):
-    """Two groups on one loss build one gradient graph, not two."""
-    def count_grad_ops(shared):
-        with tf.Graph().as_default():
-            model = two_group_gan()
-            scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(4), backend="is_finite")
-            scaler.add(model.d_loss, tf.train.GradientDescentOptimizer(0.1),
-                       var_list=model.d_vars[:1], name="a")
-            other = model.d_loss if shared else tf.identity(model.d_loss)
-            scaler.add(other, tf.train.GradientDescentOptimizer(0.1),
-                       var_list=model.d_vars[1:], name="b")
-            scaler.build()
-            return len([op for op in tf.get_default_graph().get_operations()
-                        if "gradients" in op.name])
-    assert count_grad_ops(shared=True) < count_grad_ops(shared=False)
