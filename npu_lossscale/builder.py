@@ -26,7 +26,7 @@ from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import commit as _commit
 from npu_lossscale import context as _context
-from npu_lossscale import diagnostics as _diagnostics
+from npu_lossscale import diagnosis as _diagnosis
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import graph_state as _graph_state
 from npu_lossscale import managers as _managers
@@ -453,7 +453,7 @@ class MultiOptimizerLossScale(object):
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
-            record = _diagnostics.Record(plan.groups)
+            record = _diagnosis.Record(plan.groups)
             joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
                                      [op for ops in update_ops.values() for op in ops],
                                      counters, measure_underflow=measure_underflow,

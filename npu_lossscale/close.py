@@ -33,7 +33,7 @@ class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mea
       mean_over: the number of micro-batches ``grads`` sum, 1 without
         accumulation: the applied gradients are their mean, taken after the
         reduction across workers, in each variable's dtype.
-      diagnosis: the ``diagnostics.Diagnosis`` whose skip branch the commit
+      diagnosis: the ``diagnosis.Diagnosis`` whose skip branch the commit
         builds, or None (the default) for no diagnosis.
     """
 

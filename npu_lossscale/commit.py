@@ -256,7 +256,7 @@ def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(
       update_ops: ops (batch-norm statistics) that run only on steps where
         every group applies.
       on_skip: None, or the builder of ops that run only on steps where
-        some group does not apply (``diagnostics.Diagnosis.skip_branch``):
+        some group does not apply (``diagnosis.Diagnosis.skip_branch``):
         the single gate's skip branch, or with several gates the skip branch
         of the gate of ``update_ops`` (or of one of its own), so that an
         applied step runs none of it. Any ``global_step`` increment follows

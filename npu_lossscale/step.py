@@ -32,7 +32,7 @@ from npu_lossscale import checks as _checks
 from npu_lossscale import claims as _claims
 from npu_lossscale import close as _close
 from npu_lossscale import context as _context
-from npu_lossscale import diagnostics as _diagnostics
+from npu_lossscale import diagnosis as _diagnosis
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_walk as _graph_walk
 from npu_lossscale import managers as _managers
@@ -142,7 +142,7 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
         pairs, checked and applied as they are (no scale, no backprop).
       measure_underflow: also build each group's ``underflow.Underflow``
         (``Step.underflow``), ops that run only when fetched.
-      record: the ``diagnostics.Record`` a skipped step writes (in its skip
+      record: the ``diagnosis.Record`` a skipped step writes (in its skip
         branch only), or None.
 
     Returns:
@@ -158,8 +158,8 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
     accumulate_op = None
     entry_ops = None  # None: the decisions are the ops every write follows
     # An accumulation window's close inspects the window's sums.
-    diagnosis = None if record is None else _diagnostics.Diagnosis(
-        record, _diagnostics.evidence_of(plan, computed.scaled)
+    diagnosis = None if record is None else _diagnosis.Diagnosis(
+        record, _diagnosis.evidence_of(plan, computed.scaled)
         if plan.window.steps == 1 and computed.scaled else None)
     if plan.window.steps == 1:
         # Through a SyncReplicasOptimizer the worker pushes; its chief closes.

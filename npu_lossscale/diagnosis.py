@@ -1,0 +1,284 @@
+"""The skip branch's diagnosis: what it inspects (``Evidence``), the branch
+that runs it (``Diagnosis``), and the last skip's record it writes
+(``Record``). The reasons and the reading of the record are
+``diagnostics``'s; the ops that inspect the evidence, ``skip_inspection``'s.
+
+On a saturating register (Ascend's saturation mode) an overflowing float16
+result is +-65504 and a NaN is 0 (tf_adapter's documentation of
+``npu_plugin.set_device_sat_mode``: "saturation mode: Inf -> +-MAX, NaN ->
+0"), so a gradient counts as overflowed when it holds a non-finite value or
+exactly +-65504 (also as a float32 value cast from float16), or the largest
+value of its own dtype. A saturated value that was added to other terms
+before reaching the gradient, and a NaN flushed to 0, leave no mark on the
+gradients: such a step reads as ``register_outside_gradients``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.ops import cond_v2
+
+from npu_lossscale import skip_inspection as _inspection
+from npu_lossscale.diagnostics import (
+    GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED, REASONS,
+    REGISTER_OUTSIDE_GRADIENTS, LastSkip)
+
+
+class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturation"])):
+    """What the skip branch inspects.
+
+    Attributes:
+      losses: ordered dict from group name to the group's loss, before any
+        scaling (empty when the step has none at hand: an accumulation
+        window, or given gradients).
+      grads: ordered dict from group name to the (gradient, variable) pairs
+        the overflow check read on this worker: the scaled gradients, or an
+        accumulation window's float32 sums.
+      saturation: whether a value of exactly +-65504 (or its dtype's
+        largest) counts as overflowed: the gradients of a run read by a
+        float-status register, which saturates.
+    """
+
+
+class Diagnosis(collections.namedtuple("Diagnosis", ["record", "evidence"])):
+    """The record a step writes when it skips, and what it inspects.
+
+    Attributes:
+      record: the builder's ``Record``.
+      evidence: the ``Evidence``, or None to inspect the gradients the close
+        is handed (an accumulation window's sums).
+    """
+
+    def skip_branch(self, plan, closing, reduced_flags, global_step):
+        """The builder of the skip branch's ops, for ``commit.commit``.
+
+        The diagnosis is the body of one functional ``If`` that TF does not
+        lower into Switch/Merge: under the gate's false side it is one dead
+        node on an applied step, where its own ops, one or more per
+        gradient, would each be a dead node the executor passes over (about
+        as dear as running a small op: 16 % of a step of a model of 200
+        small variables, measured).
+
+        Args:
+          plan: the ``plan.Plan``.
+          closing: the ``close.Closing`` (this worker's flags and gradients,
+            before the reduction across workers).
+          reduced_flags: ordered dict from check name to the flag summed
+            across workers (``closing.flags`` on one worker).
+          global_step: an integer variable, or None.
+
+        Returns:
+          A function taking the branch's name scope and returning the ops
+          to follow; call it only under the gate's false side.
+        """
+        evidence = self.evidence
+        if evidence is None:
+            evidence = Evidence(collections.OrderedDict(), closing.grads, False)
+        record = self.record
+
+        def build(scope):
+            del scope
+            with tf.name_scope("diagnose"):
+                # True on every run that gets here (flags are >= 0, and one
+                # is set); a value, not a constant, so that nothing folds it.
+                skipped = tf.greater(tf.add_n(list(reduced_flags.values())), 0.0)
+                # Read out here: a ref variable cannot enter a function.
+                step = (tf.constant(-1, tf.int64) if global_step is None
+                        else tf.cast(global_step.read_value(), tf.int64))
+
+                def diagnose():
+                    with tf.control_dependencies([record.write(plan, evidence, closing.flags,
+                                                               step)]):
+                        return tf.constant(True)
+
+                done = cond_v2.cond_v2(skipped, diagnose, lambda: tf.constant(False),
+                                       name="diagnose")
+                _keep_whole(done)
+                return [done]
+        return build
+
+
+def _keep_whole(output):
+    """Keeps the ``If`` behind a ``cond_v2`` output from being lowered into
+    Switch/Merge (``_lower_using_switch_merge``, TF's lowering pass): it
+    runs as one op, its branches as functions."""
+    graph_op = output.op
+    while graph_op.type not in ("If", "StatelessIf"):
+        graph_op = graph_op.inputs[0].op
+    graph_op._set_attr(  # pylint: disable=protected-access
+        "_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+
+
+def evidence_of(plan, scaled):
+    """The ``Evidence`` of a run that closes its own step.
+
+    Args:
+      plan: the ``plan.Plan``.
+      scaled: ordered dict from group name to the scaled pairs the check read.
+
+    Returns:
+      An ``Evidence``.
+    """
+    losses = collections.OrderedDict(
+        (group.name, group.loss) for group in plan.groups if group.loss is not None)
+    return Evidence(losses, scaled, plan.backend.reads_register)
+
+
+#: The record's scalar fields; the others are vectors.
+_SCALAR_FIELDS = ("number", "global_step", "reason")
+
+
+class Record(object):
+    """The last skip's record: one variable, written only in a skip branch.
+
+    One per builder, shared by its joint step and its per-group steps: an
+    int64 vector ``<scope>/last_skip`` (``loss_scale/last_skip``), a
+    resource variable so that a functional ``If`` branch can write it. One
+    variable, because every tensor a skip branch reads is computed on every
+    step, applied or not: here that is one variable handle. Its layout
+    (``LastSkip`` reads it back by field):
+
+    ``[number, global_step, reason, reason_counts..., group_counts...,
+    groups..., variables...]``, with ``len(REASONS)`` reason counts, one
+    count and one 0/1 entry per group and one 0/1 entry per variable.
+
+    The variable is in no collection, as the run-time claims' tables
+    (claims.py): bookkeeping of one session, so Savers leave it out and a
+    checkpoint from before it existed restores. Reads and the write see the
+    blank record until the first write (``VarIsInitializedOp``), so no
+    initializer has to run.
+
+    Args:
+      groups: the builder's ``plan.Group`` records, in ``add()`` order.
+    """
+
+    def __init__(self, groups):
+        self.group_names = tuple(group.name for group in groups)
+        self.variable_names = tuple(var.op.name for group in groups for var in group.var_list)
+        sizes = [("number", 1), ("global_step", 1), ("reason", 1),
+                 ("reason_counts", len(REASONS)), ("group_counts", len(self.group_names)),
+                 ("groups", len(self.group_names)), ("variables", len(self.variable_names))]
+        self._slices, offset = {}, 0
+        for field, size in sizes:
+            self._slices[field] = (offset, offset + size)
+            offset += size
+        self._blank = np.zeros([offset], np.int64)
+        self._blank[self._slices["global_step"][0]] = -1
+        self.variable = tf.Variable(self._blank, trainable=False, use_resource=True,
+                                    collections=[],
+                                    name="last_skip")
+
+    def _field(self, values, field):
+        """A field of the record's ``values``: a scalar or a vector."""
+        start, stop = self._slices[field]
+        return values[start] if field in _SCALAR_FIELDS else values[start:stop]
+
+    def _values(self):
+        """The record's values: the variable's, or the blank record before
+        its first write."""
+        return tf.cond(self.variable.is_initialized(), self.variable.read_value,
+                       lambda: tf.constant(self._blank), name="values")
+
+    def last_skip(self):
+        """A ``LastSkip`` of one fresh read of the record."""
+        with tf.name_scope("last_skip_read"):
+            values = self._values()
+            return LastSkip(
+                number=self._field(values, "number"),
+                global_step=self._field(values, "global_step"),
+                reason=tf.cast(self._field(values, "reason"), tf.int32),
+                groups=tf.cast(self._field(values, "groups"), tf.bool),
+                variables=tf.cast(self._field(values, "variables"), tf.bool),
+                group_names=tf.constant(self.group_names, tf.string, name="group_names"),
+                variable_names=tf.constant(self.variable_names, tf.string,
+                                           name="variable_names"),
+                reason_counts=self._field(values, "reason_counts"),
+                group_counts=self._field(values, "group_counts"))
+
+    def write(self, plan, evidence, local_flags, step):
+        """The op that diagnoses a skipped step and writes the record.
+
+        Build it only in a skip branch. Every op made here is a node the
+        executor passes over (dead) on each applied step, so the checks are
+        vectors: one reduction per large gradient, one per pack of small
+        ones of a shape, then one test of all the sums (``skip_inspection.bad_entries``).
+
+        Args:
+          plan: the ``plan.Plan`` of the step (the builder's, or one group's).
+          evidence: the ``Evidence``.
+          local_flags: ordered dict from check name to this worker's flag,
+            before the sum across workers (the branch runs only when the
+            summed flags say overflow).
+          step: int64 scalar, the global step's value (-1 without one).
+
+        Returns:
+          The write op.
+        """
+        checked = [name for name in plan.group_names
+                   if any(name in check.groups for check in plan.checks)]
+        heads = _inspection.LossHeads(evidence)
+        losses = [(name, heads.value(evidence.losses[name]))
+                  for name in checked if evidence.losses.get(name) is not None]
+        grads = [(name, grad, var.op.name) for name in checked
+                 for grad, var in evidence.grads.get(name, ())]
+        # One entry per loss, then per gradient; bad[i] for entry i.
+        entries = [loss for _, loss in losses] + [grad for _, grad, _ in grads]
+        entry_groups = [name for name, _ in losses] + [name for name, _, _ in grads]
+        bad = _inspection.bad_entries(entries, evidence.saturation)
+        flags = tf.cast(bad, tf.int64)
+        if entries:
+            membership = np.array([[int(group == name) for group in entry_groups]
+                                   for name in self.group_names], np.int64)
+            groups = tf.reduce_max(flags[None, :] * membership, axis=1)
+        else:
+            groups = tf.zeros([len(self.group_names)], tf.int64)
+        position = dict((var, len(losses) + index) for index, (_, _, var) in enumerate(grads))
+        variables = tf.gather(tf.concat([flags, tf.zeros([1], tf.int64)], 0),
+                              [position.get(var, len(entries)) for var in self.variable_names])
+        reason = tf.constant(REGISTER_OUTSIDE_GRADIENTS if evidence.saturation
+                             else GRADIENTS_OVERFLOWED, tf.int64)
+        if grads:
+            reason = tf.where(tf.reduce_any(bad[len(losses):]),
+                              tf.constant(GRADIENTS_OVERFLOWED, tf.int64), reason)
+        if plan.reduction.active and local_flags:
+            clear = tf.reduce_all(tf.equal(tf.stack(list(local_flags.values())), 0.0))
+            reason = tf.where(clear, tf.constant(OTHER_WORKER_OVERFLOWED, tf.int64), reason)
+        if losses:
+            reason = tf.where(tf.reduce_any(bad[:len(losses)]),
+                              tf.constant(LOSS_NOT_FINITE, tf.int64), reason)
+        old = self._values()
+        new = tf.concat([
+            tf.stack([self._field(old, "number") + 1, step, reason]),
+            self._field(old, "reason_counts") + tf.one_hot(reason, len(REASONS),
+                                                           dtype=tf.int64),
+            self._field(old, "group_counts") + groups, groups, variables], 0)
+        return self.variable.assign(new, read_value=False)
+
+    def report(self, skipped_steps, applied):
+        """``TrainOps.skip_reason`` and ``groups_overflowed``: reads of the
+        record after the run, for the run (zero and False unless it skipped).
+
+        Args:
+          skipped_steps: the ``commit.SkippedSteps`` counter.
+          applied: the step's ``applied`` tensor (it follows the step).
+
+        Returns:
+          ``(skip_reason, groups_overflowed)``: an int32 scalar, and a dict
+          from group name to a bool scalar.
+        """
+        with tf.name_scope("skip_report"), tf.control_dependencies([applied]):
+            skipped = tf.greater(skipped_steps.variable.read_value(), skipped_steps.before,
+                                 name="skipped")
+            values = self._values()
+            reason = tf.where(skipped, tf.cast(self._field(values, "reason"), tf.int32),
+                              tf.zeros([], tf.int32), name="skip_reason")
+            groups = tf.cast(self._field(values, "groups"), tf.bool)
+            overflowed = dict((name, tf.logical_and(skipped, groups[index],
+                                                    name="overflowed_%d" % index))
+                              for index, name in enumerate(self.group_names))
+        return reason, overflowed
+

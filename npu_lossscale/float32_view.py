@@ -1,0 +1,267 @@
+"""The float32 view of a loss: the gradient of the same loss through a
+float32 copy of its forward graph, for the underflow measurement
+(``underflow``).
+
+Every op between the variables and the loss that computes in float16 is
+copied with float32 in place of float16, reading the same variables and the
+same inputs (placeholders, input pipelines and random draws are taken as
+they are, cast to float32), and differentiated in float32, unscaled. That is
+the gradient the graph would give if it computed in float32. It exists only
+where the model keeps float32 variables (master weights): a float16
+variable's gradient ends in float16 whatever computes before it
+(``check_float32_view``).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+from tensorflow.core.framework import attr_value_pb2, types_pb2
+
+from npu_lossscale import gradients as _gradients
+from npu_lossscale import graph_walk as _graph_walk
+
+#: Ops the float32 view never copies: they are inputs of the step (their
+#: values are fed or delivered), taken as they are.
+_INPUT_TYPES = _graph_walk.FEEDABLE_TYPES.union(["Placeholder", "PlaceholderV2"])
+#: Ops the float32 view cannot copy: their bodies or frames are not ops of
+#: the graph.
+_UNCOPYABLE_TYPES = _graph_walk.CONTROL_FLOW_TYPES.union(_graph_walk.FUNCTION_CALL_TYPES)
+
+
+class Float32View(object):
+    """The float32 copy of losses' forward graphs (the module docstring).
+
+    Ops are copied once, however many losses share them (a GAN's two losses
+    share the generator). Ops are made in the current graph, name scope and
+    control-dependency context, so a view built under a gate runs only when
+    the gate opens.
+
+    Args:
+      losses: the loss tensors to copy.
+
+    Raises:
+      ValueError: as ``check_float32_view``.
+    """
+
+    def __init__(self, losses):
+        self._graph = tf.get_default_graph()
+        self._mapped = {}  # original tensor name -> float32 tensor
+        # loss name -> (its _Copy, (float16 tensor, copy) pairs)
+        self._copies = {}
+        for loss in losses:
+            self._float32(loss)
+
+    def loss(self, loss):
+        """The float32 view of ``loss`` (one given to the constructor)."""
+        return self._mapped.get(loss.name, loss)
+
+    def backprop(self, loss, var_list):
+        """The float32 backprop of ``loss``, unscaled.
+
+        Args:
+          loss: a loss given to the constructor.
+          var_list: the variables whose gradients are wanted.
+
+        Returns:
+          A ``ViewBackprop``.
+        """
+        copy, activations = self._copies[loss.name]
+        activations = _downstream(activations, copy.ancestors, var_list)
+        grads = tf.gradients(self.loss(loss), list(var_list) + activations)
+        held = [tf.reduce_max(tf.abs(_gradients.dense_values(grad)))
+                for grad in grads[len(var_list):] if grad is not None]
+        return ViewBackprop(grads[:len(var_list)],
+                            tf.reduce_max(tf.stack(held)) if held else tf.zeros([]))
+
+    def _float32(self, loss):
+        """Copies every op that ``loss`` needs in float32, in graph order."""
+        copy = _ops_to_copy(loss)
+        with tf.name_scope("float32_view"):
+            for op in copy.ops:
+                self._copy(op)
+        self._copies[loss.name] = (copy, [
+            (tensor, self._mapped[tensor.name]) for op in copy.ops for tensor in op.outputs
+            if _is_float16(tensor)])
+
+    def _input(self, tensor):
+        """What a copied op takes for ``tensor``: its copy, or the tensor
+        itself in float32 (a float16 tensor cast once)."""
+        if tensor.name in self._mapped:
+            return self._mapped[tensor.name]
+        if tensor.dtype.base_dtype == tf.float16:
+            widened = tf.cast(tensor, tf.float32)
+            self._mapped[tensor.name] = widened
+            return widened
+        return tensor
+
+    def _copy(self, op):
+        if op.outputs and op.outputs[0].name in self._mapped:
+            return
+        name = op.name.rsplit("/", 1)[-1]
+        if op.type == "Const":
+            value = tf.make_ndarray(op.get_attr("value"))
+            if value.dtype == np.float16:
+                value = value.astype(np.float32)
+            copied = [tf.constant(value, name=name)]
+        else:
+            attrs = dict((key, _widened_attr(value)) for key, value in op.node_def.attr.items()
+                         if not key.startswith("_"))
+            new = self._graph.create_op(
+                op.type, [self._input(tensor) for tensor in op.inputs],
+                [_widened(tensor.dtype) for tensor in op.outputs], name=name, attrs=attrs)
+            copied = new.outputs
+        for original, copy in zip(op.outputs, copied):
+            self._mapped[original.name] = copy
+
+
+def _data_inputs(op):
+    """The producers of ``op``'s data inputs."""
+    return [tensor.op for tensor in op.inputs]
+
+
+def _consumers(op):
+    """The ops that take an output of ``op``."""
+    return [consumer for tensor in op.outputs for consumer in tensor.consumers()]
+
+
+def _downstream(activations, ancestors, var_list):
+    """The copies of the float16 tensors that depend on a variable of
+    ``var_list``: the tensors the float16 backprop of those variables holds.
+
+    Args:
+      activations: (original tensor, copy) pairs.
+      ancestors: the set of ops the loss depends on.
+      var_list: the variables.
+    """
+    sources = set()
+    for var in var_list:
+        sources.add(var.op)
+        handle = getattr(var, "handle", None)
+        if handle is not None:
+            sources.add(handle.op)
+    descendants = _graph_walk.reachable(sources, _consumers,
+                                        stop=lambda op: op not in ancestors)
+    return [copy for original, copy in activations if original.op in descendants]
+
+
+class ViewBackprop(collections.namedtuple("ViewBackprop", ["grads", "activations_max_abs"])):
+    """A loss's float32 backprop, unscaled.
+
+    Attributes:
+      grads: the variables' gradients, in order (None where unconnected).
+      activations_max_abs: the largest |gradient| of the tensors the forward
+        pass computes in float16 (what the float16 backprop holds, over the
+        scale); 0 when there is none.
+    """
+
+
+def _widened(dtype):
+    """float32 for float16, any other dtype as it is (no ref types here)."""
+    dtype = dtype.base_dtype
+    return tf.float32 if dtype == tf.float16 else dtype
+
+
+def _widened_attr(value):
+    """An ``AttrValue`` with every float16 type (or float16 tensor) float32."""
+    which = value.WhichOneof("value")
+    if which == "type" and value.type == types_pb2.DT_HALF:
+        return attr_value_pb2.AttrValue(type=types_pb2.DT_FLOAT)
+    if which == "list" and types_pb2.DT_HALF in value.list.type:
+        widened = attr_value_pb2.AttrValue()
+        widened.CopyFrom(value)
+        del widened.list.type[:]
+        widened.list.type.extend(types_pb2.DT_FLOAT if item == types_pb2.DT_HALF else item
+                                 for item in value.list.type)
+        return widened
+    if which == "tensor" and value.tensor.dtype == types_pb2.DT_HALF:
+        array = tf.make_ndarray(value.tensor).astype(np.float32)
+        return attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(array))
+    return value
+
+
+def _is_float16(tensor):
+    return tensor.dtype.base_dtype == tf.float16
+
+
+class _Copy(collections.namedtuple("_Copy", ["ops", "ancestors"])):
+    """What the float32 view of a loss copies: ``ops``, in topological
+    order, out of ``ancestors``, the set of ops the loss depends on."""
+
+
+def _ops_to_copy(loss):
+    """The ops of ``loss``'s forward graph the float32 view copies
+    (``_Copy``).
+
+    An op is copied when it computes something float16 (a float16 input or
+    output) or takes a copied op's output, unless it is an input of the step
+    (``_INPUT_TYPES``) or stateful (a variable read, a random draw, whose
+    value is taken as it is) with no input that changes.
+
+    Raises:
+      ValueError: for a stateful op, control flow or a function call that
+        would need copying (its float inputs change).
+    """
+    ancestors = _graph_walk.reachable([loss.op], _data_inputs,
+                                      stop=lambda op: op.type in _INPUT_TYPES)
+    copied = set()
+    ordered = []
+    for op in _graph_walk.topological(sorted(ancestors, key=lambda op: op.name),
+                                      _data_inputs):
+        if op not in ancestors or op.type in _INPUT_TYPES:
+            continue
+        changed = [tensor for tensor in op.inputs
+                   if tensor.op.name in copied or _is_float16(tensor)]
+        if op.type == "Const":
+            needed = any(_is_float16(tensor) for tensor in op.outputs)
+        elif _stateful(op):
+            needed = False
+            if any(tensor.dtype.base_dtype.is_floating for tensor in changed):
+                raise _cannot_copy(loss, op, "it is stateful")
+        else:
+            needed = bool(changed) or any(_is_float16(tensor) for tensor in op.outputs)
+        if needed and op.type in _UNCOPYABLE_TYPES:
+            raise _cannot_copy(loss, op, "it is control flow or a function call")
+        if needed:
+            copied.add(op.name)
+            ordered.append(op)
+    return _Copy(ordered, ancestors)
+
+
+def _stateful(op):
+    try:
+        return op.op_def.is_stateful
+    except (AttributeError, ValueError):
+        return True
+
+
+def _cannot_copy(loss, op, why):
+    return ValueError(
+        "the float32 view of loss %r cannot copy op %r (%s), which computes in "
+        "float16 on the way to the loss. Measure a loss whose float16 part is plain "
+        "ops, or leave measure_underflow off (and use a non-listening manager)."
+        % (loss.name, op.name, why + ", " + op.type))
+
+
+def check_float32_view(loss, var_list, group):
+    """Checks, before any op is made, that ``loss`` has a float32 view.
+
+    Args:
+      loss: the group's loss tensor.
+      var_list: its variables.
+      group: its name, for the message.
+
+    Raises:
+      ValueError: for a float16 variable (its gradient ends in float16), or
+        a stateful op, control flow or a function call that computes in
+        float16 on the way to the loss.
+    """
+    for var in var_list:
+        if var.dtype.base_dtype == tf.float16:
+            raise ValueError(
+                "group %r: variable %r is float16, so the underflow measurement has no "
+                "float32 view of its gradient. Keep the variables float32 and cast them "
+                "to float16 in the forward pass." % (group, var.name))
+    _ops_to_copy(loss)

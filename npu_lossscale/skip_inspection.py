@@ -1,0 +1,173 @@
+"""What the skip branch computes from its evidence (``diagnosis.Evidence``):
+the losses' values, their heads copied into the branch (``LossHeads``), and
+for each loss and gradient whether it overflowed (``bad_entries``).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+import contextlib
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import gradients as _gradients
+from npu_lossscale import graph_walk as _graph_walk
+
+#: float16's largest finite value: the image of +-inf in saturation mode.
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+class LossHeads(object):
+    """The losses as a skip branch reads them, computed there.
+
+    A loss's own value is often not computed by the step: TF runs only what
+    the fetched ops need, and the backprop needs little of the loss head
+    (not a ``Mean``'s output, not an ``L2Loss``: its gradient is the weight).
+    Read as it is, the loss would make every step compute its head. So the
+    head's ops that the backprop does not need are copied into the branch,
+    where they run only when it does. The backprop needs the data ancestors
+    of the gradients, short of shape-only ops (``Shape``, ``Size``, which TF
+    folds where the shape is static): a loss that TF computes anyway all the
+    same is only computed twice on skipped steps. Ops that cannot be copied
+    (graph inputs, stateful ops, control flow, function calls) are read as
+    they are, and the copies leave out control inputs. On a register backend
+    every read follows the losses (``overflow.flags``): they are computed
+    anyway, and read as they are.
+
+    Args:
+      evidence: the ``diagnosis.Evidence``.
+    """
+
+    def __init__(self, evidence):
+        self._computed = None  # None: every op is computed anyway
+        if evidence.losses and not evidence.saturation:
+            roots = [_gradients.dense_values(grad).op for pairs in evidence.grads.values()
+                     for grad, _ in pairs]
+            self._computed = _graph_walk.reachable(
+                roots, lambda op: [tensor.op for tensor in op.inputs],
+                stop=lambda op: op.type in _SHAPE_TYPES)
+        self._copies = {}
+
+    def value(self, loss):
+        """``loss``'s value, the head the backprop does not need copied here."""
+        stack = [loss.op]
+        while stack:
+            op = stack[-1]
+            if op in self._copies or not self._copied(op):
+                stack.pop()
+                continue
+            pending = [t.op for t in op.inputs
+                       if t.op not in self._copies and self._copied(t.op)]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            node = op.node_def
+            # On the original's device; its colocation is the original's own.
+            with tf.device(op.device) if op.device else contextlib.suppress():
+                self._copies[op] = tf.get_default_graph().create_op(
+                    op.type, [self._tensor(t) for t in op.inputs],
+                    [output.dtype for output in op.outputs],
+                    input_types=[t.dtype for t in op.inputs], name=op.name.rsplit("/", 1)[-1],
+                    attrs=dict((key, node.attr[key]) for key in node.attr if key != "_class"))
+        return self._tensor(loss)
+
+    def _copied(self, op):
+        """Whether ``op`` is copied: not needed by the backprop, and copyable
+        (a variable's read is not: it costs nothing, and stays by its
+        variable)."""
+        return (self._computed is not None and op not in self._computed and op.inputs
+                and not any(t.dtype.base_dtype != t.dtype or t.dtype == tf.resource
+                            for t in op.inputs)
+                and op.type not in _graph_walk.FEEDABLE_TYPES
+                and op.type not in _graph_walk.CONTROL_FLOW_TYPES
+                and op.type not in _graph_walk.FUNCTION_CALL_TYPES
+                and op.type not in _SHAPE_TYPES
+                and not op.op_def.is_stateful
+                and op._get_control_flow_context() is None)  # pylint: disable=protected-access
+
+    def _tensor(self, tensor):
+        copy = self._copies.get(tensor.op)
+        return tensor if copy is None else copy.outputs[tensor.value_index]
+
+
+#: Ops that read only their input's shape.
+_SHAPE_TYPES = frozenset(["Shape", "ShapeN", "Size", "Rank"])
+
+
+def bad_entries(tensors, saturation):
+    """One bool per tensor: whether it holds a value that overflowed.
+
+    A tensor overflowed when its float32 sum is not finite (an inf or a NaN
+    makes it so; for a float32 tensor also a finite sum beyond float32, as
+    in ``backends.IsFiniteBackend``), and with ``saturation`` also when its
+    largest magnitude is exactly 65504 or its dtype's largest value (a
+    saturated float16 value, also cast to float32, in a tensor that holds
+    no larger one).
+    Small tensors of one shape and dtype are stacked and reduced row by row:
+    a handful of ops per shape, not per tensor.
+
+    With the register, no ``IsFinite`` op: CANN does not support
+    ``tf.is_finite`` (tf_adapter's docs; npu_bridge's managers test with
+    ``less`` instead). There a sum is non-finite when it differs from itself
+    (NaN) or its magnitude exceeds float32's largest (inf).
+
+    Args:
+      tensors: tensors or ``tf.IndexedSlices`` (their values are read).
+      saturation: whether the register backend reads the step.
+
+    Returns:
+      A bool vector, one entry per tensor, in their order.
+    """
+    if not tensors:
+        return tf.zeros([0], tf.bool)
+    sums, maxes, limits, order = [], [], [], []
+    small, single = collections.OrderedDict(), []
+    for index, tensor in enumerate(tensors):
+        values = _gradients.dense_values(tensor)
+        shape = values.shape
+        if shape.is_fully_defined() and shape.num_elements() < _gradients.SMALL_GRADIENT_ELEMENTS:
+            small.setdefault((values.dtype.base_dtype, tuple(shape.as_list())), []).append(
+                (index, values))
+        else:
+            single.append((index, values))
+    for (dtype, _), members in small.items():
+        if len(members) == 1:
+            single.extend(members)
+            continue
+        rows = tf.reshape(_float32(tf.stack([values for _, values in members])),
+                          [len(members), -1])
+        order.extend(index for index, _ in members)
+        sums.append(tf.reduce_sum(rows, axis=1))
+        if saturation:
+            maxes.append(tf.reduce_max(tf.abs(rows), axis=1))
+            limits.extend([float(dtype.max)] * len(members))
+    if single:
+        order.extend(index for index, _ in single)
+        wides = [_float32(values) for _, values in single]
+        sums.append(tf.stack([tf.reduce_sum(wide) for wide in wides]))
+        if saturation:
+            maxes.append(tf.stack([tf.reduce_max(tf.abs(wide)) for wide in wides]))
+            limits.extend(float(values.dtype.base_dtype.max) for _, values in single)
+    total = sums[0] if len(sums) == 1 else tf.concat(sums, 0)
+    if saturation:
+        largest = maxes[0] if len(maxes) == 1 else tf.concat(maxes, 0)
+        bad = tf.reduce_any(tf.stack([
+            tf.not_equal(total, total), tf.greater(tf.abs(total), _FLOAT32_MAX),
+            tf.equal(largest, FLOAT16_MAX), tf.equal(largest, limits)]), axis=0)
+    else:
+        bad = tf.logical_not(tf.is_finite(total))
+    if order == list(range(len(tensors))):
+        return bad
+    where = dict((index, position) for position, index in enumerate(order))
+    return tf.gather(bad, [where[index] for index in range(len(tensors))])
+
+
+def _float32(tensor):
+    return tensor if tensor.dtype.base_dtype == tf.float32 else tf.cast(tensor, tf.float32)
+
+
+#: float32's largest finite value: a magnitude above it (inf), or none
+#: (NaN), is not finite.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
