@@ -167,3 +167,47 @@ def big_batch_reference(make_opt, clip_norm=None):
             sess.run(tf.global_variables_initializer())
             sess.run(step, {x: BIG_X, y: BIG_Y})
             return sess.run([w, b])
+
+
+# -- update_ops: a batch-norm net and a counter update --
+
+def bn_net(resource, collection_entries):
+    """A linear layer and training-mode batch norm whose moving-average
+    updates go to UPDATE_OPS as tf.layers puts them: under resource
+    variables ``var.assign_sub`` returns a variable-like object (its ``op``
+    the AssignSubVariableOp), under ref variables a tensor. Returns the
+    loss, the poison placeholder, the moving statistics and the entries."""
+    x = tf.constant(np.random.RandomState(0).normal(size=[8, 3]).astype(np.float32))
+    poison = tf.placeholder_with_default(tf.constant(1.0), [], name="poison")
+    w = tf.get_variable("w", [3, 3], initializer=tf.constant_initializer(0.3),
+                        use_resource=resource)
+    h = tf.matmul(x * poison, w)
+    mean, variance = tf.nn.moments(h, [0])
+    moving = []
+    for name, value, init in (("moving_mean", mean, tf.zeros_initializer()),
+                              ("moving_variance", variance, tf.ones_initializer())):
+        var = tf.get_variable(name, [3], trainable=False, initializer=init,
+                              use_resource=resource)
+        tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, var.assign_sub((var - value) * 0.1))
+        moving.append(var)
+    loss = tf.reduce_mean(tf.square(tf.nn.batch_normalization(h, mean, variance, None, None,
+                                                              1e-3) - 1.0))
+    entries = collection_entries(tf.get_collection(tf.GraphKeys.UPDATE_OPS))
+    return loss, poison, moving, entries
+
+
+def counter_model():
+    """A one-variable model whose loss a fed ``poison`` can make inf, and a
+    counter update (``tf.assign_add``'s result). Returns (loss, w, poison,
+    counter, update)."""
+    w = tf.get_variable("w", [2], initializer=tf.ones_initializer())
+    poison = tf.placeholder_with_default(tf.constant(1.0), [], name="poison")
+    loss = tf.reduce_sum(w * w) * poison
+    counter = tf.get_variable("counter", [], initializer=tf.zeros_initializer(),
+                              trainable=False)
+    return loss, w, poison, counter, tf.assign_add(counter, 1.0)
+
+
+def sgd_group(scaler, loss, variables, name="net"):
+    """Adds the group ``name``: ``loss`` over ``variables``, SGD 0.1."""
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=variables, name=name)
