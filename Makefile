@@ -23,7 +23,7 @@ PIP_FLAGS := -q --disable-pip-version-check
 # control flow change the graph we make.
 V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_gradients.py tests/test_overflow.py tests/test_window.py \
-            tests/test_close.py tests/test_update_ops.py \
+            tests/test_close.py tests/test_update_ops.py tests/test_graph_state.py \
             tests/test_alternating.py tests/test_features.py tests/test_claims.py \
             tests/test_managers.py tests/test_manager_api.py tests/test_manager_state.py \
             tests/test_manager_npu_bridge.py tests/test_manager_checkpoints.py \
@@ -50,7 +50,7 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
                tests/test_shim_adapter.py tests/test_shim_npu_init.py \
                tests/test_npu_backend.py tests/test_gate.py tests/test_graph_walk.py \
                tests/test_docs_claims.py tests/test_public_api.py tests/test_bad_input.py \
-               tests/test_misuse.py tests/test_update_ops.py
+               tests/test_misuse.py tests/test_update_ops.py tests/test_graph_state.py
 # FAST_ONLY_TESTS run on TF 2.21 alone: checks without a TF graph (the
 # plan, the static TF 1.15 API and Python 3.7 checks, this list's check),
 # is_finite's numbers, end-to-end runs of our own scripts whose TF 2.15 side

@@ -191,3 +191,20 @@ def partition_nodes_not_after(run_metadata, clear, roots=None):
     roots = [n for n in nodes if roots(n)] if roots else list(nodes)
     assert roots, "no node of the run matched roots"
     return sorted(_not_after(parents, roots, clear, exempt))
+
+
+def raises_with(error, *fragments):
+    """pytest.raises that also checks the message names what went wrong."""
+    class _Check(object):
+        def __enter__(self):
+            self._ctx = pytest.raises(error)
+            self._info = self._ctx.__enter__()
+            return self._info
+
+        def __exit__(self, *exc):
+            result = self._ctx.__exit__(*exc)
+            message = str(self._info.value)
+            for fragment in fragments:
+                assert fragment in message, (fragment, message)
+            return result
+    return _Check()

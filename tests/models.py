@@ -211,3 +211,24 @@ def counter_model():
 def sgd_group(scaler, loss, variables, name="net"):
     """Adds the group ``name``: ``loss`` over ``variables``, SGD 0.1."""
     scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=variables, name=name)
+
+
+class ManagerReturning(object):
+    """A custom manager (the bare protocol) whose scale is ``value``, which
+    a test may change before a retry; its update does nothing."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def get_loss_scale(self):
+        return self.value
+
+    def update_loss_scale(self, finite_grads):
+        return tf.no_op()
+
+
+def two_nets():
+    """Two one-variable nets: (x, y, x's loss, y's loss)."""
+    x = tf.get_variable("x", [2], initializer=tf.ones_initializer())
+    y = tf.get_variable("y", [2], initializer=tf.ones_initializer())
+    return x, y, tf.reduce_sum(x * x), tf.reduce_sum(y * y)

@@ -13,6 +13,7 @@ from npu_lossscale.builder import CLIP_NORM_RANGE
 from models import bn_net as _bn_net
 from models import counter_model as _counter_model
 from models import sgd_group as _sgd_step
+from models import two_nets as _two_nets
 
 
 def _clip_in_tf(clip_norm):
@@ -147,31 +148,3 @@ def test_update_ops_given_by_name_are_a_type_error(graph, form):
                                         % re.escape(repr(name))):
         scaler.build(update_ops=value)
     assert len(graph.get_operations()) == before
-
-
-def _two_nets():
-    x = tf.get_variable("x", [2], initializer=tf.ones_initializer())
-    y = tf.get_variable("y", [2], initializer=tf.ones_initializer())
-    return x, y, tf.reduce_sum(x * x), tf.reduce_sum(y * y)
-
-
-def test_one_builder_reusing_its_manager_across_groups_and_per_group_steps_is_fine(graph):
-    """The same owner may use one manager for its default and a group's own,
-    and again in its per-group steps: one update per run of each step op.
-    A builder whose build() failed leaves no claim behind."""
-    x, y, loss_x, loss_y = _two_nets()
-    manager = nl.DynamicLossScaleManager()
-    failed = nl.MultiOptimizerLossScale(manager, backend="is_finite")
-    failed.add(loss_x, tf.train.GradientDescentOptimizer(0.1), var_list=[x], name="x")
-    with pytest.raises(TypeError):
-        failed.build(global_step="not a variable")
-    scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
-    scaler.add(loss_x, tf.train.GradientDescentOptimizer(0.1), var_list=[x], name="x")
-    scaler.add(loss_y, tf.train.GradientDescentOptimizer(0.1), var_list=[y], name="y",
-               loss_scale_manager=manager)
-    train = scaler.build(per_group_ops=True)
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        sess.run(train.per_group["x"])
-        sess.run(train.update_op)
-        np.testing.assert_array_equal(sess.run(y), np.float32([0.8, 0.8]))

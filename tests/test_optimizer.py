@@ -306,37 +306,3 @@ def test_todays_checkpoint_restores_before_minimize(tmp_path):
         assert np.asarray(value).tobytes() == np.asarray(
             tf.train.load_variable(path, key)).tobytes(), name
     assert restored["beta1_power"] != np.float32(0.9)  # trained four steps
-
-
-class _FailingOnceManager(nl.FixedLossScaleManager):
-    """A manager whose first update fails while the step is being built."""
-
-    def __init__(self):
-        super(_FailingOnceManager, self).__init__(8.0)
-        self.failures = 1
-
-    def update_loss_scale(self, finite_grads):
-        if self.failures:
-            self.failures -= 1
-            raise RuntimeError("update failed")
-        return super(_FailingOnceManager, self).update_loss_scale(finite_grads)
-
-
-def test_a_failed_apply_leaves_no_claim(graph):
-    """An apply that fails after claiming its manager drops the claim: the
-    retry on the same optimizer, or another updater, is not refused."""
-    model = two_group_gan()
-    manager = _FailingOnceManager()
-    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager, backend="is_finite")
-    with pytest.raises(RuntimeError, match="update failed"):
-        opt.minimize(model.g_loss, var_list=model.g_vars)
-    manager.failures = 1
-    other = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager, backend="is_finite")
-    with pytest.raises(RuntimeError, match="update failed"):
-        other.minimize(model.g_loss, var_list=model.g_vars)
-    train = opt.minimize(model.g_loss, var_list=model.g_vars)
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        before = sess.run(model.g_vars[0])
-        sess.run(train, model.feed)
-        assert not np.array_equal(before, sess.run(model.g_vars[0]))
