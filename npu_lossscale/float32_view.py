@@ -21,6 +21,7 @@ import tensorflow.compat.v1 as tf
 from tensorflow.core.framework import attr_value_pb2, types_pb2
 
 from npu_lossscale import gradients as _gradients
+from npu_lossscale import graph_copy as _graph_copy
 from npu_lossscale import graph_walk as _graph_walk
 
 #: Ops the float32 view never copies: they are inputs of the step (their
@@ -47,16 +48,17 @@ class Float32View(object):
     """
 
     def __init__(self, losses):
-        self._graph = tf.get_default_graph()
-        self._mapped = {}  # original tensor name -> float32 tensor
+        self._casts = {}  # float16 tensor name -> its float32 cast
+        self._copies = _graph_copy.Copies(outside=self._input, dtype=_widened,
+                                          attr=_widened_attr)
         # loss name -> (its _Copy, (float16 tensor, copy) pairs)
-        self._copies = {}
+        self._losses = {}
         for loss in losses:
             self._float32(loss)
 
     def loss(self, loss):
         """The float32 view of ``loss`` (one given to the constructor)."""
-        return self._mapped.get(loss.name, loss)
+        return self._copies.tensor(loss) if loss.op in self._copies else loss
 
     def backprop(self, loss, var_list):
         """The float32 backprop of ``loss``, unscaled.
@@ -68,7 +70,7 @@ class Float32View(object):
         Returns:
           A ``ViewBackprop``.
         """
-        copy, activations = self._copies[loss.name]
+        copy, activations = self._losses[loss.name]
         activations = _downstream(activations, copy.ancestors, var_list)
         grads = tf.gradients(self.loss(loss), list(var_list) + activations)
         held = [tf.reduce_max(tf.abs(_gradients.dense_values(grad)))
@@ -80,46 +82,19 @@ class Float32View(object):
         """Copies every op that ``loss`` needs in float32, in graph order."""
         copy = _ops_to_copy(loss)
         with tf.name_scope("float32_view"):
-            for op in copy.ops:
-                self._copy(op)
-        self._copies[loss.name] = (copy, [
-            (tensor, self._mapped[tensor.name]) for op in copy.ops for tensor in op.outputs
+            self._copies.copy(copy.ops)
+        self._losses[loss.name] = (copy, [
+            (tensor, self._copies.tensor(tensor)) for op in copy.ops for tensor in op.outputs
             if _is_float16(tensor)])
 
     def _input(self, tensor):
-        """What a copied op takes for ``tensor``: its copy, or the tensor
-        itself in float32 (a float16 tensor cast once)."""
-        if tensor.name in self._mapped:
-            return self._mapped[tensor.name]
-        if tensor.dtype.base_dtype == tf.float16:
-            widened = tf.cast(tensor, tf.float32)
-            self._mapped[tensor.name] = widened
-            return widened
-        return tensor
-
-    def _copy(self, op):
-        if op.outputs and op.outputs[0].name in self._mapped:
-            return
-        name = op.name.rsplit("/", 1)[-1]
-        if op.type == "Const":
-            value = tf.make_ndarray(op.get_attr("value"))
-            if value.dtype == np.float16:
-                value = value.astype(np.float32)
-            copied = [tf.constant(value, name=name)]
-        else:
-            attrs = dict((key, _widened_attr(value)) for key, value in op.node_def.attr.items()
-                         if not key.startswith("_"))
-            new = self._graph.create_op(
-                op.type, [self._input(tensor) for tensor in op.inputs],
-                [_widened(tensor.dtype) for tensor in op.outputs], name=name, attrs=attrs)
-            copied = new.outputs
-        for original, copy in zip(op.outputs, copied):
-            self._mapped[original.name] = copy
-
-
-def _data_inputs(op):
-    """The producers of ``op``'s data inputs."""
-    return [tensor.op for tensor in op.inputs]
+        """What a copied op takes for ``tensor``, an output of an op not
+        copied: the tensor itself, in float32 (a float16 tensor cast once)."""
+        if tensor.dtype.base_dtype != tf.float16:
+            return tensor
+        if tensor.name not in self._casts:
+            self._casts[tensor.name] = tf.cast(tensor, tf.float32)
+        return self._casts[tensor.name]
 
 
 def _consumers(op):
@@ -204,12 +179,12 @@ def _ops_to_copy(loss):
       ValueError: for a stateful op, control flow or a function call that
         would need copying (its float inputs change).
     """
-    ancestors = _graph_walk.reachable([loss.op], _data_inputs,
+    ancestors = _graph_walk.reachable([loss.op], _graph_copy.data_inputs,
                                       stop=lambda op: op.type in _INPUT_TYPES)
     copied = set()
     ordered = []
     for op in _graph_walk.topological(sorted(ancestors, key=lambda op: op.name),
-                                      _data_inputs):
+                                      _graph_copy.data_inputs):
         if op not in ancestors or op.type in _INPUT_TYPES:
             continue
         changed = [tensor for tensor in op.inputs

@@ -6,12 +6,12 @@ for each loss and gradient whether it overflowed (``bad_entries``).
 from __future__ import absolute_import, division, print_function
 
 import collections
-import contextlib
 
 import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import gradients as _gradients
+from npu_lossscale import graph_copy as _graph_copy
 from npu_lossscale import graph_walk as _graph_walk
 
 #: float16's largest finite value: the image of +-inf in saturation mode.
@@ -45,33 +45,22 @@ class LossHeads(object):
             roots = [_gradients.dense_values(grad).op for pairs in evidence.grads.values()
                      for grad, _ in pairs]
             self._computed = _graph_walk.reachable(
-                roots, lambda op: [tensor.op for tensor in op.inputs],
-                stop=lambda op: op.type in _SHAPE_TYPES)
-        self._copies = {}
+                roots, _graph_copy.data_inputs, stop=lambda op: op.type in _SHAPE_TYPES)
+        # On the original's device; its colocation is the original's own.
+        self._copies = _graph_copy.Copies(on_device=True)
 
     def value(self, loss):
         """``loss``'s value, the head the backprop does not need copied here."""
-        stack = [loss.op]
-        while stack:
-            op = stack[-1]
-            if op in self._copies or not self._copied(op):
-                stack.pop()
-                continue
-            pending = [t.op for t in op.inputs
-                       if t.op not in self._copies and self._copied(t.op)]
-            if pending:
-                stack.extend(pending)
-                continue
-            stack.pop()
-            node = op.node_def
-            # On the original's device; its colocation is the original's own.
-            with tf.device(op.device) if op.device else contextlib.suppress():
-                self._copies[op] = tf.get_default_graph().create_op(
-                    op.type, [self._tensor(t) for t in op.inputs],
-                    [output.dtype for output in op.outputs],
-                    input_types=[t.dtype for t in op.inputs], name=op.name.rsplit("/", 1)[-1],
-                    attrs=dict((key, node.attr[key]) for key in node.attr if key != "_class"))
-        return self._tensor(loss)
+        def new(op):
+            return op not in self._copies and self._copied(op)
+
+        head = [op for op in _graph_walk.depth_first(
+            [loss.op], _graph_copy.data_inputs, stop=lambda op: not new(op)) if new(op)]
+        members = set(head)
+        self._copies.copy(_graph_walk.topological(
+            head, lambda op: [parent for parent in _graph_copy.data_inputs(op)
+                              if parent in members]))
+        return self._copies.tensor(loss)
 
     def _copied(self, op):
         """Whether ``op`` is copied: not needed by the backprop, and copyable
@@ -86,10 +75,6 @@ class LossHeads(object):
                 and op.type not in _SHAPE_TYPES
                 and not op.op_def.is_stateful
                 and op._get_control_flow_context() is None)  # pylint: disable=protected-access
-
-    def _tensor(self, tensor):
-        copy = self._copies.get(tensor.op)
-        return tensor if copy is None else copy.outputs[tensor.value_index]
 
 
 #: Ops that read only their input's shape.
