@@ -234,3 +234,31 @@ def test_example_scripts_start_with_the_venv_python_and_no_pythonpath():
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True, timeout=240)
         assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_readme_architecture_lists_every_module_once_and_the_phases_in_order():
+    # The "Architecture" section's blocks: one row per module of
+    # npu_lossscale/ (subpackages included), none that is not there, and the
+    # numbered phases in the order the step runs them.
+    text = _readme()
+    start = text.index("## Architecture")
+    section = text[start:text.index("\n## ", start + 1)]
+    rows = [line.split() for block in re.findall(r"```\n(.*?)```", section, re.S)
+            for line in block.splitlines() if line.strip()]
+    package = os.path.join(REPO, "npu_lossscale")
+    files = sorted(os.path.relpath(os.path.join(root, name), package).replace(os.sep, "/")
+                   for root, _, names in os.walk(package) for name in names
+                   if name.endswith(".py"))
+    listed = [row[0] for row in rows]
+    assert sorted(listed) == files and len(set(listed)) == len(listed)
+    # Each phase module's docstring opens with "Phase N of the step".
+    stated = []
+    for name in files:
+        with open(os.path.join(package, name)) as f:
+            found = re.match(r'"""Phase (\d) of the step', f.read())
+        if found:
+            stated.append((name, int(found.group(1))))
+    phases = [(row[0], int(row[1])) for row in rows if row[1].isdigit()]
+    assert phases == sorted(stated, key=lambda item: item[1])
+    assert [name for name, _ in phases] == ["plan.py", "gradients.py", "overflow.py",
+                                            "window.py", "close.py"]
