@@ -24,14 +24,13 @@ PIP_FLAGS := -q --disable-pip-version-check
 V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_gradients.py tests/test_overflow.py tests/test_window.py \
             tests/test_close.py tests/test_update_ops.py tests/test_graph_state.py \
-            tests/test_alternating.py tests/test_features.py tests/test_claims.py \
+            tests/test_alternating.py tests/test_claims.py \
             tests/test_managers.py tests/test_manager_api.py tests/test_manager_state.py \
             tests/test_manager_npu_bridge.py tests/test_manager_checkpoints.py \
             tests/test_manager_misuse.py tests/test_managers_extension.py \
             tests/test_managers_hysteresis.py tests/test_bfloat16.py tests/test_graph_rewrite.py \
             tests/test_npu_backend.py tests/test_backend_extension.py \
             tests/test_shim_adapter.py tests/test_monitoring.py tests/test_diagnostics.py \
-            tests/test_bad_input.py \
             tests/test_misuse.py tests/test_underflow.py tests/test_managers_listening.py \
             tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
             tests/test_recipes.py tests/test_peer_suites.py
@@ -49,8 +48,11 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
                tests/test_graph_rewrite.py \
                tests/test_shim_adapter.py tests/test_shim_npu_init.py \
                tests/test_npu_backend.py tests/test_gate.py tests/test_graph_walk.py \
-               tests/test_docs_claims.py tests/test_public_api.py tests/test_bad_input.py \
-               tests/test_misuse.py tests/test_update_ops.py tests/test_graph_state.py
+               tests/test_docs_claims.py tests/test_public_api.py \
+               tests/test_misuse.py tests/test_update_ops.py tests/test_graph_state.py \
+               tests/test_manager_misuse.py::test_fixed_manager_rejects \
+               tests/test_manager_misuse.py::test_exponential_manager_rejects \
+               tests/test_manager_misuse.py::test_dynamic_manager_rejects
 # FAST_ONLY_TESTS run on TF 2.21 alone: checks without a TF graph (the
 # plan, the static TF 1.15 API and Python 3.7 checks, this list's check),
 # is_finite's numbers, end-to-end runs of our own scripts whose TF 2.15 side

@@ -232,3 +232,20 @@ def two_nets():
     x = tf.get_variable("x", [2], initializer=tf.ones_initializer())
     y = tf.get_variable("y", [2], initializer=tf.ones_initializer())
     return x, y, tf.reduce_sum(x * x), tf.reduce_sum(y * y)
+
+
+def batch_norm(x, name, momentum=0.9):
+    """Training-mode batch norm as tf.layers makes it: normalise with the
+    batch's moments, and put the moving averages' updates in UPDATE_OPS."""
+    with tf.variable_scope(name):
+        gamma = tf.get_variable("gamma", x.shape[-1:], initializer=tf.ones_initializer())
+        beta = tf.get_variable("beta", x.shape[-1:], initializer=tf.zeros_initializer())
+        moving_mean = tf.get_variable("moving_mean", x.shape[-1:], trainable=False,
+                                      initializer=tf.zeros_initializer())
+        moving_var = tf.get_variable("moving_variance", x.shape[-1:], trainable=False,
+                                     initializer=tf.ones_initializer())
+        mean, variance = tf.nn.moments(x, [0])
+        for moving, value in ((moving_mean, mean), (moving_var, variance)):
+            tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, tf.assign_sub(
+                moving, (moving - value) * (1.0 - momentum)).op)
+        return tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)

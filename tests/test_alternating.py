@@ -10,6 +10,7 @@ import npu_lossscale as nl
 from conftest import (SKIPPED_STEPS, ops_not_after, partition_nodes_not_after,
                       snapshot_globals)
 from models import add_gan_groups, two_group_gan
+from models import batch_norm as _batch_norm
 
 SCALE = 2.0 ** 10  # a power of two: scaling and unscaling are exact
 
@@ -95,31 +96,7 @@ def test_joint_loop_still_works_beside_per_group_ops(graph):
         assert sess.run([train.update_op, train.is_finite], model.feed)[1]
 
 
-def test_per_group_ops_with_accumulation_are_refused(graph):
-    model = two_group_gan()
-    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(SCALE), backend="is_finite")
-    add_gan_groups(scaler, model)
-    with pytest.raises(ValueError, match="need accumulation_steps=1, got 2"):
-        scaler.build(accumulation_steps=2, per_group_ops=True)
-
-
 # -- batch normalization -------------------------------------------------------
-
-def _batch_norm(x, name, momentum=0.9):
-    """Training-mode batch norm as tf.layers makes it: normalise with the
-    batch's moments, and put the moving averages' updates in UPDATE_OPS."""
-    with tf.variable_scope(name):
-        gamma = tf.get_variable("gamma", x.shape[-1:], initializer=tf.ones_initializer())
-        beta = tf.get_variable("beta", x.shape[-1:], initializer=tf.zeros_initializer())
-        moving_mean = tf.get_variable("moving_mean", x.shape[-1:], trainable=False,
-                                      initializer=tf.zeros_initializer())
-        moving_var = tf.get_variable("moving_variance", x.shape[-1:], trainable=False,
-                                     initializer=tf.ones_initializer())
-        mean, variance = tf.nn.moments(x, [0])
-        for moving, value in ((moving_mean, mean), (moving_var, variance)):
-            tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, tf.assign_sub(
-                moving, (moving - value) * (1.0 - momentum)).op)
-        return tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)
 
 
 def _bn_model():
@@ -433,17 +410,3 @@ def test_per_group_ops_run_their_own_update_ops_and_the_joint_op_all(graph):
         assert np.array_equal(sess.run(mean_a), first) and np.any(sess.run(mean_b) != 0)
         sess.run(train.update_op, {a: data, b: data})
         assert not np.array_equal(sess.run(mean_a), first)
-
-
-def test_update_ops_the_loss_already_depends_on_are_refused(graph):
-    x = tf.placeholder(tf.float32, [4, 2])
-    h = _batch_norm(x * tf.get_variable("w", [], initializer=tf.ones_initializer()), "bn")
-    updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
-    with tf.control_dependencies(updates):  # the TF1 idiom
-        loss = tf.identity(tf.reduce_mean(h ** 2))
-    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(SCALE), backend="is_finite")
-    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), name="net")
-    before = len(graph.get_operations())
-    with pytest.raises(ValueError, match="control_dependencies"):
-        scaler.build(update_ops=updates)
-    assert len(graph.get_operations()) == before

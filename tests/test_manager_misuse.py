@@ -3,6 +3,8 @@ clear error that names the argument or the manager's class, shows the value
 and says the fix, at build time where the mistake is visible then, else at the
 first run that meets it, before any weight moves.
 
+* the constructors' arguments (a scale that is no power of two, a period
+  of 0 or 2.5, a ratio on the wrong side of 1, ...).
 * ``check_floor`` with a session of another graph, or no session.
 * a custom ``update_loss_scale`` that returns no op (None, a number...).
 * a custom scale outside [2**-126, float32 max]: 0 (NaN weights before),
@@ -15,6 +17,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
+from conftest import raises_with as _raises
 from models import two_group_gan
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -422,3 +425,48 @@ def test_a_custom_managers_own_scale_fed_is_checked(graph, path):
             sess.run(update, feed)
         assert [a.tobytes() for a in _state(sess, model, optimizer)] == [
             b.tobytes() for b in before]
+
+
+# -- the constructors' arguments: each refused with the argument, the value and the fix --
+
+@pytest.mark.parametrize("kwargs, fragments", [
+    (dict(loss_scale=0.5), ["loss_scale", "0.5", "power of two"]),
+    (dict(loss_scale="8"), ["loss_scale", "'8'"]),
+])
+def test_fixed_manager_rejects(graph, kwargs, fragments):
+    error = TypeError if isinstance(kwargs["loss_scale"], str) else ValueError
+    with _raises(error, *fragments):
+        nl.FixedLossScaleManager(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, fragments", [
+    (dict(init_loss_scale=0.5, incr_every_n_steps=10), ValueError, ["init_loss_scale", "0.5"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=0), ValueError, ["incr_every_n_steps", "0"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=2.5), TypeError, ["incr_every_n_steps", "2.5"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, incr_ratio=1), ValueError, ["incr_ratio", "1"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, incr_ratio=0.5), ValueError, ["incr_ratio"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, decr_ratio=1.0), ValueError, ["decr_ratio", "1.0"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, decr_ratio=0), ValueError, ["decr_ratio", "0"]),
+    (dict(init_loss_scale=8, incr_every_n_steps=10, decr_every_n_nan_or_inf=0), ValueError,
+     ["decr_every_n_nan_or_inf"]),
+    (dict(init_loss_scale=2.0 ** 32, incr_every_n_steps=10, max_loss_scale=2.0 ** 24),
+     ValueError, ["init_loss_scale", "max_loss_scale"]),
+])
+def test_exponential_manager_rejects(graph, kwargs, error, fragments):
+    with _raises(error, *fragments):
+        nl.ExponentialUpdateLossScaleManager(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, fragments", [
+    (dict(initial_scale=0.25), ValueError, ["initial_scale", "0.25"]),
+    (dict(growth_steps=0), ValueError, ["growth_steps", "0"]),
+    (dict(multiplier=1.0), ValueError, ["multiplier", "1.0"]),
+    (dict(min_loss_scale=2.0 ** -127), ValueError, ["min_loss_scale", "5.877"]),
+    (dict(hysteresis=0), ValueError, ["hysteresis", "0"]),
+    (dict(hysteresis=1.5), TypeError, ["hysteresis", "1.5"]),
+    (dict(max_loss_scale=2.0 ** 10), ValueError, ["initial_scale", "max_loss_scale"]),
+    (dict(floor_warning_after=0), ValueError, ["floor_warning_after", "0", "None"]),
+])
+def test_dynamic_manager_rejects(graph, kwargs, error, fragments):
+    with _raises(error, *fragments):
+        nl.DynamicLossScaleManager(**kwargs)

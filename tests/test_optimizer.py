@@ -117,19 +117,6 @@ def test_slots_are_the_inner_optimizers(graph):
         opt.no_such_attribute  # no blanket forwarding that would hide typos
 
 
-def test_apply_gradients_with_no_gradient(graph):
-    model = two_group_gan()
-    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(), nl.FixedLossScaleManager(8),
-                                backend="is_finite")
-    with pytest.raises(ValueError, match="only None gradients"):
-        opt.apply_gradients([(None, model.g_vars[0])])
-
-
-def test_wrong_optimizer_type(graph):
-    with pytest.raises(TypeError, match="opt must be a tf.compat.v1.train.Optimizer"):
-        nl.LossScaleOptimizer("adam", nl.FixedLossScaleManager(8))
-
-
 def _checkpointed_step():
     """A LossScaleOptimizer step on the generator, and a tf.train.Checkpoint
     of the optimizer with the variables it trains (ours, in the default graph).
