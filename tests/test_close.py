@@ -1,6 +1,6 @@
 """Phase 4 of the step, closing it (npu_lossscale/close.py): the skip
 decision per policy, the per-group managers' updates, and the step counters
-the commit moves."""
+the commit moves (global_step, skipped_steps)."""
 
 import numpy as np
 import pytest
@@ -9,6 +9,8 @@ import tensorflow.compat.v1 as tf
 import npu_lossscale as nl
 from models import add_gan_groups, two_group_gan
 from models import build_gan_step as _build
+
+SCALE = 2.0 ** 10  # a power of two: scaling and unscaling are exact
 
 
 def _per_group_run(policy, backend="is_finite"):
@@ -104,3 +106,22 @@ def test_global_step_counts_applied_steps_only(gan):
                 feed[gan.poison_g] = np.inf
             assert sess.run([train.update_op, train.is_finite], feed)[1] == ok
         assert sess.run(gs) == sum(pattern)
+
+
+def test_skipped_steps_counts_each_skip_and_is_checkpointed(gan, tmp_path):
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(SCALE), backend="is_finite")
+    add_gan_groups(scaler, gan)
+    train = scaler.build(global_step=tf.train.get_or_create_global_step())
+    saver = tf.train.Saver()
+    poison = dict(gan.feed)
+    poison[gan.poison_g] = np.nan
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        counts = [sess.run([train.update_op, train.skipped_steps], feed)[1]
+                  for feed in (gan.feed, poison, poison, gan.feed)]
+        assert counts == [0, 0, 1, 2]  # each read precedes its own run's count
+        assert sess.run(train.skipped_steps) == 2  # alone: a read, no step
+        path = saver.save(sess, str(tmp_path / "ckpt"))
+        sess.run(tf.global_variables_initializer())
+        saver.restore(sess, path)
+        assert sess.run(train.skipped_steps) == 2
