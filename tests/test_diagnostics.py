@@ -36,6 +36,7 @@ from tensorflow.core.protobuf import config_pb2
 import npu_lossscale as nl
 from npu_lossscale import diagnostics
 from conftest import GRAPH_MODE, REPO, SHIMS, fresh_process
+from readme_blocks import run_example
 from skip_faults import (GROUPS, HUGE_GRADIENT, INF_GRADIENT, NAN_LOSS, Fault, build_model,
                          build_step, expected, fault_feed, schedule)
 
@@ -255,17 +256,8 @@ def test_reason_names_and_messages():
 def test_the_readme_diagnosis_runs_and_prints_the_message_shown(tmp_path):
     """README "Why a step skipped": the script runs as written, stops after
     five skips, and prints the message the README shows."""
-    readme = open(os.path.join(REPO, "README.md")).read()
-    code = re.search(r"<!-- diagnosis -->\s*```python\n(.*?)```", readme, re.S)
-    shown = re.search(r"<!-- diagnosis-output -->\s*```text\n(.*?)```", readme, re.S)
-    assert code and shown, "README lost its diagnosis blocks"
-    script = tmp_path / "diagnosis.py"
-    script.write_text(code.group(1))
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=300, env=env, cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == shown.group(1).split()
+    stdout, shown = run_example("diagnosis", tmp_path)
+    assert shown and stdout.split() == shown.split()
 
 
 _RANK_WORKER = r"""

@@ -1,16 +1,14 @@
 """Seed 000: float16 gradients underflow to zero unless the loss is scaled."""
 
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import REPO, fresh_process
+from conftest import fresh_process
+from readme_blocks import run_example
 
 # The loss is multiplied by this, so that every upstream gradient element
 # (TINY / 2048 ~ 5e-9) lies below float16's smallest subnormal (6e-8).
@@ -311,18 +309,10 @@ def test_the_readme_underflow_example_runs_and_prints_what_it_shows(tmp_path):
     scale 1 every gradient element underflows, the dynamic manager stays
     there, and the listening manager's raise leaves at most 1 % underflowed
     and keeps its 2-bit margin below 65504."""
-    readme = open(os.path.join(REPO, "README.md")).read()
-    code = re.search(r"<!-- underflow-example -->\s*```python\n(.*?)```", readme, re.S)
-    shown = re.search(r"<!-- underflow-example-output -->\s*```text\n(.*?)```", readme, re.S)
-    assert code and shown, "README lost its underflow example blocks"
-    script = tmp_path / "underflow_example.py"
-    script.write_text(code.group(1))
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=300, env=env, cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-3000:]
-    printed = [_EXAMPLE_LINE.match(line).groups() for line in out.stdout.splitlines()]
-    expected = [_EXAMPLE_LINE.match(line).groups() for line in shown.group(1).splitlines()]
+    stdout, shown = run_example("underflow-example", tmp_path)
+    assert shown, "README lost its underflow-example-output block"
+    printed = [_EXAMPLE_LINE.match(line).groups() for line in stdout.splitlines()]
+    expected = [_EXAMPLE_LINE.match(line).groups() for line in shown.splitlines()]
     assert [row[:3] for row in printed] == [row[:3] for row in expected]
     for row, want in zip(printed, expected):
         assert abs(int(row[3]) - int(want[3])) <= 1 and abs(int(row[4]) - int(want[4])) <= 1
