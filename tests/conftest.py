@@ -6,6 +6,15 @@ graph_mode.py).
 
 ``make test`` runs every test file under v2 and the Makefile's V1_TESTS under
 v1 too.
+
+Layout: a file per module of the step, named after it (test_plan.py,
+test_gradients.py, test_overflow.py, test_window.py, test_close.py, with the
+gate's in test_gate.py; test_update_ops.py, test_claims.py,
+test_graph_state.py, ...); the public APIs end to end in test_builder.py,
+test_optimizer.py, test_alternating.py and test_recipes.py; every refusal
+in test_misuse.py, by the module that refuses, with the managers' in
+test_manager_misuse.py. The two-group model is the ``gan`` fixture below;
+models.py holds the shared models and set-ups.
 """
 
 import os

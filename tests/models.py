@@ -1,4 +1,4 @@
-"""Tiny TF1 models shared by the tests."""
+"""Tiny TF1 models and step set-ups shared by the tests."""
 
 import collections
 
