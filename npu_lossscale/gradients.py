@@ -179,6 +179,27 @@ def scaled(loss, scale):
     return loss if scale.is_unit else scale_loss(loss, scale.value)
 
 
+def seed(loss, scale):
+    """The ``grad_ys`` that makes ``tf.gradients(loss, ...)`` the gradients
+    of ``scaled(loss, scale)``: the scale in the loss's dtype.
+
+    The same numbers as differentiating ``scale_loss``'s float32 product,
+    without it: the product's gradient with respect to the loss is the scale
+    (cast to a float16 loss's dtype by the cast's gradient), and the seed
+    starts the backprop there. TF's constant seed ``ones_like(loss)`` and
+    the product's gradient ops go; a float32 loss takes the scale as it is.
+
+    Args:
+      loss: a scalar floating loss (static shape ``[]``).
+      scale: the ``Scale``; not ``is_unit`` (the plain loss needs no seed).
+
+    Returns:
+      A scalar tensor of the loss's dtype.
+    """
+    dtype = loss.dtype.base_dtype
+    return scale.value if dtype == tf.float32 else tf.cast(scale.value, dtype, name="seed")
+
+
 def unscale(grads_and_vars, scale):
     """Multiplies each gradient by the reciprocal scale, in its own dtype.
 
@@ -226,6 +247,7 @@ def scaled_gradients(plan, scales, names, after=()):
         reach their variables).
     """
     scaled_losses = []  # (loss, manager, scaled loss): one product per pair
+    seeds = []  # (dtype, manager, seed): one cast per pair
     raw = {}
 
     def scaled_loss(loss, manager):
@@ -235,6 +257,20 @@ def scaled_gradients(plan, scales, names, after=()):
         product = scaled(loss, scales[plan.manager_use(manager).name])
         scaled_losses.append((loss, manager, product))
         return product
+
+    def backprop_of(loss, manager, variables):
+        """``tf.gradients`` of the scaled loss: the loss itself seeded with
+        the scale where its shape is known to be a scalar."""
+        scale = scales[plan.manager_use(manager).name]
+        if scale.is_unit or loss.shape.ndims != 0:
+            return tf.gradients(scaled_loss(loss, manager), variables, gate_gradients=True)
+        dtype = loss.dtype.base_dtype
+        found = [known for known_dtype, known_manager, known in seeds
+                 if known_dtype == dtype and known_manager is manager]
+        if not found:
+            found = [seed(loss, scale)]
+            seeds.append((dtype, manager, found[0]))
+        return tf.gradients(loss, variables, grad_ys=found[0], gate_gradients=True)
 
     with tf.control_dependencies(list(after)):
         for backprop in plan.backprops:
@@ -248,8 +284,7 @@ def scaled_gradients(plan, scales, names, after=()):
                     continue
                 variables = [var for name in backprop.groups
                              for var in plan.group(name).var_list]
-                grads = tf.gradients(scaled_loss(backprop.loss, backprop.manager),
-                                     variables, gate_gradients=True)
+                grads = backprop_of(backprop.loss, backprop.manager, variables)
             offset = 0
             for name in backprop.groups:
                 var_list = plan.group(name).var_list
