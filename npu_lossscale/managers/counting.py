@@ -178,7 +178,19 @@ class _CountingLossScaleManager(LossScaleManager):
         cap = [self._scale_cap(), _INF, bad_cap, _INF]
         finite.append(cap)
         overflow.append(cap)
+        if not self._ceiling_binds():
+            del finite[3], overflow[3]
         return finite, overflow
+
+    def _ceiling_binds(self):
+        """Whether the growth ceiling can change an update: only when it is
+        below the cap. From a scale at or above the ceiling the ceiling row
+        keeps the scale, clipped to the cap; without it the grown scale
+        (inf past the ceiling) is clipped to the cap too. The two differ
+        only for a scale in [ceiling, cap). Both dynamic managers' defaults
+        put the ceiling at about 2**127, above the 2**126 cap: the update
+        then has no ceiling row, and two ops fewer."""
+        return self._growth_ceiling < self._scale_cap()
 
     def _scale_cap(self):
         """The most the scale may grow to: ``min(max_loss_scale, 2**126)``."""
@@ -195,8 +207,8 @@ class _CountingLossScaleManager(LossScaleManager):
         due) is ``candidate >= limit`` anywhere, and then the state becomes
         ``candidate * factor`` clipped to [floor, cap] (one ``ClipByValue``;
         the cap is ``min(max_loss_scale, 2**126)``), with the factor falling
-        back to ``keep`` where the scale is at its growth ceiling. One read,
-        one assign.
+        back to ``keep`` where the scale is at its growth ceiling (where the
+        ceiling is below the cap: ``_ceiling_binds``). One read, one assign.
 
         Args:
           finite_grads: bool scalar tensor (or Python bool).
@@ -210,11 +222,16 @@ class _CountingLossScaleManager(LossScaleManager):
             rows = tf.unstack(tf.where(
                 finite, tf.constant(finite_table, tf.float32),
                 tf.constant(overflow_table, tf.float32)), num=len(finite_table))
-            mul, add, limit, ceiling, factor, keep, floor, cap = rows
+            if self._ceiling_binds():
+                mul, add, limit, ceiling, factor, keep, floor, cap = rows
+            else:
+                mul, add, limit, factor, _, floor, cap = rows
+                ceiling = keep = None
             state = self._state.read_value()
             candidate = state * mul + add
             no_event = tf.reduce_all(tf.less(candidate, limit))
-            factor = tf.where(tf.less(candidate, ceiling), factor, keep)
+            if ceiling is not None:
+                factor = tf.where(tf.less(candidate, ceiling), factor, keep)
             changed = tf.raw_ops.ClipByValue(t=candidate * factor, clip_value_min=floor,
                                              clip_value_max=cap)
             new_state = tf.where(no_event, candidate, changed)
