@@ -36,8 +36,9 @@ class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturatio
         scaling (empty when the step has none at hand: an accumulation
         window, or given gradients).
       grads: ordered dict from group name to the (gradient, variable) pairs
-        the overflow check read on this worker: the scaled gradients, or an
-        accumulation window's float32 sums.
+        to inspect on this worker: the unscaled gradients (the scaled ones
+        on a register backend, ``step._evidence_grads``), or an accumulation
+        window's float32 sums.
       saturation: whether a value of exactly +-65504 (or its dtype's
         largest) counts as overflowed: the gradients of a run read by a
         float-status register, which saturates.
@@ -118,7 +119,8 @@ def evidence_of(plan, scaled):
 
     Args:
       plan: the ``plan.Plan``.
-      scaled: ordered dict from group name to the scaled pairs the check read.
+      scaled: ordered dict from group name to the pairs to inspect (the
+        ``Evidence.grads``).
 
     Returns:
       An ``Evidence``.

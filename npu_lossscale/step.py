@@ -159,7 +159,7 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
     entry_ops = None  # None: the decisions are the ops every write follows
     # An accumulation window's close inspects the window's sums.
     diagnosis = None if record is None else _diagnosis.Diagnosis(
-        record, _diagnosis.evidence_of(plan, computed.scaled)
+        record, _diagnosis.evidence_of(plan, _evidence_grads(plan, computed))
         if plan.window.steps == 1 and computed.scaled else None)
     if plan.window.steps == 1:
         # Through a SyncReplicasOptimizer the worker pushes; its chief closes.
@@ -244,6 +244,22 @@ def _gradients_and_flags(plan, scales, given):
         packing = _gradients.pack(plan, scaled)
         flags = _overflow.flags(plan, scaled, packing, after=list(plan.losses))
     return _Computed(_gradients.unscale_all(plan, scales, scaled, packing), flags, scaled)
+
+
+def _evidence_grads(plan, computed):
+    """The gradients a skip branch inspects: the unscaled ones, except on a
+    register backend, which needs the scaled ones (a saturated value is
+    +-65504 only before the unscale).
+
+    Every tensor the skip branch reads is held from when it is made until
+    the gate decides, dead branch or not. A scaled gradient held so cannot
+    be unscaled in place: each unscale ``Mul`` then writes a new buffer
+    (about 100 us against 5 us per 256x256 gradient of the 16-layer
+    benchmark GAN, traced; docs/benchmarks.md). The unscaled gradients are
+    held until the applies anyway, and hold an inf or a NaN wherever the
+    scaled ones do (the inverse scale is positive and finite).
+    """
+    return computed.scaled if plan.backend.reads_register else computed.grads
 
 
 def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op, underflow):
