@@ -37,11 +37,14 @@ Group = collections.namedtuple("Group", ["name", "loss", "var_list"])
 GanModel = collections.namedtuple(
     "GanModel", ["spec", "g_vars", "d_vars", "g_loss", "d_loss", "groups"])
 
-#: Named sizes, all with 8 dense layers (16 tensors) and 2 groups.
+#: Named sizes, all with 2 groups and batch 64: three widths at 8 dense layers
+#: (16 tensors), and "deep", the medium width at 16 dense layers (32 tensors,
+#: 0.99M parameters), the 16-layer float16 model of issue 25's overhead target.
 SIZES = collections.OrderedDict([
     ("small", ModelSpec(width=64, layers=8, groups=2, batch=64)),
     ("medium", ModelSpec(width=256, layers=8, groups=2, batch=64)),
     ("large", ModelSpec(width=768, layers=8, groups=2, batch=64)),
+    ("deep", ModelSpec(width=256, layers=16, groups=2, batch=64)),
 ])
 
 
