@@ -26,6 +26,9 @@ class Collections(object):
       update_ops: set of node names in ``UPDATE_OPS``.
       global_step: set of node names in ``global_step``.
       local: set of the local and metric variables' node names.
+      collected: set of the node names of every variable some variable
+        collection holds (global, local, model). Empty when the graph
+        came without collections.
       saver_defs: list of ``SaverDef`` protos (the MetaGraphDef's saver_def
         and the ``savers`` collection).
     """
@@ -36,6 +39,7 @@ class Collections(object):
         self.update_ops = set()
         self.global_step = set()
         self.local = set()
+        self.collected = set()
         self.saver_defs = []
 
 
@@ -62,6 +66,7 @@ def of_graph(graph):
         found.trainable |= _names(v.op for v in graph.get_collection(key)
                                   if hasattr(v, "op"))
     for key in ("variables", "local_variables", "model_variables"):
+        found.collected |= _names(v.op for v in graph.get_collection(key) if hasattr(v, "op"))
         for var in graph.get_collection(key):
             initializer = getattr(var, "initializer", None)
             if initializer is not None:
@@ -103,6 +108,7 @@ def of_meta_graph(meta):
         found.trainable |= set(node_name(v.variable_name)
                                for v in _variable_defs(meta, key))
     for key in ("variables", "local_variables", "model_variables"):
+        found.collected |= set(node_name(v.variable_name) for v in _variable_defs(meta, key))
         found.initializers |= set(node_name(v.initializer_name)
                                   for v in _variable_defs(meta, key) if v.initializer_name)
     for key in ("local_variables", "metric_variables"):

@@ -122,9 +122,9 @@ class Facts(object):
         read or clear.
       seeds: dict gradient seed node (``.../grad_ys_N``) -> its loss node.
       scale_vars: loss-scale variables: non-trainable floating scalars (or small
-        state vectors) that
-        a gradient's loss reads (the scaled loss), written by an op whose
-        value or branch depends on an overflow check.
+        state vectors) that a gradient's loss (the scaled loss) or its seed
+        (a scale passed as ``grad_ys``) reads, written by an op whose value
+        or branch depends on an overflow check.
       scale_state: ``scale_vars`` plus the counters their update reads
         (non-trainable variables written depending on an overflow check and
         read by a scale variable's update), plus non-trainable variables
@@ -248,10 +248,14 @@ class Facts(object):
         """Gradient seeds and their losses.
 
         ``tf.gradients(ys, ...)`` seeds the backprop of each ``y`` with a
-        ``Fill`` named ``<scope>/gradients/grad_ys_<i>``. Its loss is the input
-        of the ``Shape`` it fills (when the shape is not folded to a constant)
-        or the forward op ``X`` that the gradient ops consuming the seed are
-        named after (``<scope>/gradients/X_grad/...``).
+        ``Fill`` named ``<scope>/gradients/grad_ys_<i>``, or with an
+        ``Identity`` of that name when the caller passes ``grad_ys`` (the
+        library seeds with the loss scale). Its loss is the input of the
+        ``Shape`` it fills (when the shape is not folded to a constant) or
+        the forward op ``X`` that the gradient ops consuming the seed are
+        named after (``<scope>/gradients/X_grad/...``): the seed's own
+        consumers first (an ``AddV2`` loss's gradient is identities named
+        after it), then those behind identities.
         """
         seeds = {}
         nodes = self.model.nodes
@@ -265,7 +269,8 @@ class Facts(object):
                 seeds[name] = shape.inputs[0][0]
                 continue
             prefix = name[:name.rindex("grad_ys_")]
-            for consumer in _consumers_through_identities(name, consumers, nodes):
+            for consumer in (list(consumers.get(name, ()))
+                             + _consumers_through_identities(name, consumers, nodes)):
                 loss = _forward_op_of(consumer, prefix, nodes)
                 if loss is not None:
                     seeds[name] = loss
@@ -279,10 +284,18 @@ class Facts(object):
                                      & self.variables)
         return self._loss_vars[loss]
 
+    def scaled_by(self, loss):
+        """Variables a loss's backprop starts from: those the loss reads (a
+        scaled loss) and those its seeds read (a scale passed as
+        ``grad_ys``)."""
+        seeds = [seed for seed, of in self.seeds.items() if of == loss]
+        return self.loss_vars(loss) | (
+            self.model.ancestors(seeds, data_only=True) & self.variables)
+
     def _find_scale_vars(self):
         read_by_losses = set()
         for loss in set(self.seeds.values()):
-            read_by_losses |= self.loss_vars(loss)
+            read_by_losses |= self.scaled_by(loss)
         result = set()
         for var in read_by_losses - self.trainable:
             if self.model.dtype_enum(var) not in _FLOATING:

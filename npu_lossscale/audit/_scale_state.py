@@ -35,7 +35,13 @@ def check_unsaved_scale(context):
     beside the one it checkpoints with.
     """
     facts, model = context.facts, context.model
-    state = facts.scale_state.union(facts.flag_vars, facts.accumulators) - model.collections.local
+    # Local variables, and variables no collection holds (the library's
+    # last-skip record: bookkeeping of one session that no default Saver
+    # saves), are not what a checkpoint should carry.
+    uncollected = (facts.variables - model.collections.collected
+                   if model.collections.collected else set())
+    state = (facts.scale_state.union(facts.flag_vars, facts.accumulators)
+             - model.collections.local - uncollected)
     if not facts.scale_state:
         return []
     savers = [saver for saver in facts.savers() if saver.saved & facts.trainable]
@@ -49,7 +55,8 @@ def check_unsaved_scale(context):
         early = [v for v in missing if model.position(v) < made]
         if late:
             others = sorted(v for v in facts.variables - saver.saved - state
-                            - model.collections.local if model.position(v) > made)
+                            - model.collections.local - uncollected
+                            if model.position(v) > made)
             fix = ("create the Saver after build() (tf.train.Saver() last, once the "
                    "whole training graph is built)")
             found.append(Finding(
@@ -108,7 +115,7 @@ def check_independent_scales(context):
     for op in context.train_updates():
         for loss in facts.losses_of_update(op):
             for scale in scales:
-                if scale in facts.loss_vars(loss):
+                if scale in facts.scaled_by(loss):
                     gates[scale] |= facts.gates(op)
     independent = set()
     for first, second in itertools.combinations(scales, 2):
