@@ -13,9 +13,8 @@ import tensorflow.compat.v1 as tf
 from npu_lossscale import gradients as _gradients
 from npu_lossscale import graph_copy as _graph_copy
 from npu_lossscale import graph_walk as _graph_walk
-
-#: float16's largest finite value: the image of +-inf in saturation mode.
-FLOAT16_MAX = float(np.finfo(np.float16).max)
+# float16's largest finite value: the image of +-inf in saturation mode.
+from npu_lossscale.managers.base import FLOAT16_MAX
 
 
 class LossHeads(object):

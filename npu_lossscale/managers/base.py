@@ -62,7 +62,9 @@ SCALE_RANGE = (2.0 ** -126, 2.0 ** 126)
 _MAX_SCALE = SCALE_RANGE[1]
 #: float16's largest finite value (IEEE 754 binary16): the top of the
 #: underflow measurement's headroom (``underflow.Underflow``), which a
-#: listening manager reads.
+#: listening manager reads; the fixed scale above which a unit float16 loss
+#: gradient is inf; the image of +-inf on a saturating register
+#: (``skip_inspection``).
 FLOAT16_MAX = 65504.0
 
 

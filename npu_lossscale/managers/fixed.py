@@ -7,12 +7,7 @@ import warnings
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import checks as _checks
-from npu_lossscale.managers.base import _MAX_SCALE, LossScaleManager
-
-# The largest finite float16 (65504): a fixed scale above it turns a unit
-# float16 loss gradient into inf (values from 65520 round to inf).
-_FLOAT16_MAX = 65504.0
-
+from npu_lossscale.managers.base import _MAX_SCALE, FLOAT16_MAX, LossScaleManager
 
 class FixedLossScaleManager(LossScaleManager):
     """A constant loss scale.
@@ -52,7 +47,7 @@ class FixedLossScaleManager(LossScaleManager):
                                   "or 1 for no scaling.")
         _checks.check_bool("enable_overflow_check", enable_overflow_check,
                            "Pass True to skip steps with inf/nan gradients.")
-        if loss_scale > _FLOAT16_MAX:
+        if loss_scale > FLOAT16_MAX:
             warnings.warn(
                 "FixedLossScaleManager: loss_scale=%r exceeds 65504, so a float16 "
                 "loss's gradient overflows on every step. Keep the loss in float32, "
