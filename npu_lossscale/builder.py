@@ -453,7 +453,7 @@ class MultiOptimizerLossScale(object):
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
-            record = _diagnosis.Record(plan.groups)
+            record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu)
             joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
                                      [op for ops in update_ops.values() for op in ops],
                                      counters, measure_underflow=measure_underflow,

@@ -16,6 +16,7 @@ gradients: such a step reads as ``register_outside_gradients``.
 from __future__ import absolute_import, division, print_function
 
 import collections
+import contextlib
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -154,11 +155,22 @@ class Record(object):
     blank record until the first write (``VarIsInitializedOp``), so no
     initializer has to run.
 
+    Off Ascend the variable lives on the host (``/device:CPU:0``, under any
+    job or task the graph's device scope names). On an NVIDIA H100 with TF
+    2.21 a skipped step whose branch wrote it on the GPU killed the process
+    (a segmentation fault in ``session.run``; applied steps ran), with the
+    functional ``If`` whole or under ``gate="cond"``; on the host it writes
+    and reads back right (measured 2026-11-26, tools/gpu_stage.sh). An
+    int64 bookkeeping vector has no business on the GPU anyway. On Ascend
+    the adapter places it, as the other variables.
+
     Args:
       groups: the builder's ``plan.Group`` records, in ``add()`` order.
+      on_host: whether to pin the variable to the host (every backend but
+        one that runs on Ascend, ``Backend.on_npu``).
     """
 
-    def __init__(self, groups):
+    def __init__(self, groups, on_host=True):
         self.group_names = tuple(group.name for group in groups)
         self.variable_names = tuple(var.op.name for group in groups for var in group.var_list)
         sizes = [("number", 1), ("global_step", 1), ("reason", 1),
@@ -170,9 +182,9 @@ class Record(object):
             offset += size
         self._blank = np.zeros([offset], np.int64)
         self._blank[self._slices["global_step"][0]] = -1
-        self.variable = tf.Variable(self._blank, trainable=False, use_resource=True,
-                                    collections=[],
-                                    name="last_skip")
+        with tf.device("/device:CPU:0") if on_host else contextlib.suppress():
+            self.variable = tf.Variable(self._blank, trainable=False, use_resource=True,
+                                        collections=[], name="last_skip")
 
     def _field(self, values, field):
         """A field of the record's ``values``: a scalar or a vector."""

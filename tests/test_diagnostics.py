@@ -196,6 +196,25 @@ def test_the_record_stays_out_of_checkpoints(graph, tmp_path):
     assert (skip.number, skip.groups, int(counts[diagnostics.LOSS_NOT_FINITE])) == (1, ("b",), 1)
 
 
+def _record_device(graph):
+    return graph.get_operation_by_name("loss_scale/last_skip").device
+
+
+def test_the_record_lives_on_the_host_off_ascend(graph, npu_shim):
+    """On an H100 (TF 2.21) a skipped step whose branch wrote the record on
+    the GPU killed the process; on the host it ran (diagnosis.Record). A
+    job/task device scope (a parameter-server cluster) is kept; on Ascend
+    (a backend that runs there) the adapter places it."""
+    with tf.device("/job:worker/task:1"):
+        build_step(build_model(), "is_finite")
+    assert tf.DeviceSpec.from_string(_record_device(graph)).to_string() == (
+        "/job:worker/task:1/device:CPU:0")
+    from npu_bridge._emulation import overflow_mode  # pylint: disable=import-outside-toplevel
+    with tf.Graph().as_default() as npu_graph, overflow_mode("saturation"):
+        build_step(build_model(), "npu")
+        assert _record_device(npu_graph) == ""
+
+
 def test_per_group_ops_write_the_shared_record(graph):
     """An alternating loop's per-group step records its skips too, with the
     builder's full name lists (the other group's entries False)."""
