@@ -68,12 +68,10 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.
-# Measured on 2026-11-26 on the 2-core machine while other engineers' test
-# runs kept its load average at 6 to 10: make test 23 min 42 s warm on a fresh
-# clone (test-fast 13 min 32 s, test-v1 5 min 8 s, test-tf215 5 min 2 s) for
-# 13.5 CPU-minutes (7.6, 2.7, 3.3), at least 6 min 45 s on two idle cores.
-# The former serial matrix, the same day at a load of 3 to 7: test-fast
-# 8 min 39 s, test-tf215 (every file) 10 min 30 s.
+# Measured on 2026-11-26 on the idle 2-core machine, fresh clone of b8bfa97:
+# make test 10 min 3 s warm (test-fast 5 min 57 s, test-v1 2 min 18 s,
+# test-tf215 1 min 33 s), 13 min 41 s cold (.ci/run, both venvs built from
+# the caches). The former serial matrix took about 24 minutes warm.
 JOBS ?= 2
 PYTEST_ARGS ?=
 pytest = $(1) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
