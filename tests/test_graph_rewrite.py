@@ -71,9 +71,9 @@ def _train(make_step, config, runs=1, model=_tanh_model):
             return results, sess.run(w)
 
 
-def _builder_step(manager, optimizer):
+def _builder_step(manager, optimizer, backend="is_finite"):
     def make(loss, w):
-        scaler = nl.MultiOptimizerLossScale(manager(), backend="is_finite")
+        scaler = nl.MultiOptimizerLossScale(manager(), backend=backend)
         scaler.add(loss, optimizer(), var_list=[w], name="w")
         train = scaler.build(global_step=tf.train.get_or_create_global_step())
         return {"update": train.update_op, "finite": train.is_finite,
@@ -331,25 +331,14 @@ def _npu_config(precision_mode=None):
 
 
 def _npu_train(make_step, precision_mode, runs=1, model=_tanh_model):
-    """``_train`` with the shim's precision mode set from the config."""
-    with tf.Graph().as_default():
-        config = _npu_config(precision_mode)
-        w, loss = model()
-        step = make_step(loss, w)
-        with tf.Session(config=config) as sess:
-            sess.run(tf.global_variables_initializer())
-            results = [sess.run(step) for _ in range(runs)]
-            return results, sess.run(w)
+    """``_train`` under the config of ``_npu_config(precision_mode)``, which
+    also sets the shim's precision mode for the ops built after it."""
+    return _train(make_step, _npu_config(precision_mode), runs, model)
 
 
 def _npu_builder_step(manager, optimizer):
-    def make(loss, w):
-        scaler = nl.MultiOptimizerLossScale(manager(), backend="auto")
-        scaler.add(loss, optimizer(), var_list=[w], name="w")
-        train = scaler.build(global_step=tf.train.get_or_create_global_step())
-        return {"update": train.update_op, "finite": train.is_finite,
-                "scale": train.loss_scale}
-    return make
+    """``_builder_step`` with the backend an Ascend script gets by default."""
+    return _builder_step(manager, optimizer, backend="auto")
 
 
 @pytest.fixture(params=["inf_nan", "saturation"])
