@@ -288,6 +288,17 @@ reset()
 
 
 # ----------------------------------------------------------------- controls
+@contextlib.contextmanager
+def _temporarily(get, set_, value):
+    """Context manager: ``set_(value)``, then the old ``get()`` back."""
+    old = get()
+    set_(value)
+    try:
+        yield
+    finally:
+        set_(old)
+
+
 def get_op_set():
     return _state["op_set"]
 
@@ -299,15 +310,9 @@ def set_op_set(name):
         _state["op_set"] = name
 
 
-@contextlib.contextmanager
 def op_set(name):
     """Context manager: temporarily emulate the given op set ("v1"/"v2")."""
-    old = get_op_set()
-    set_op_set(name)
-    try:
-        yield
-    finally:
-        set_op_set(old)
+    return _temporarily(get_op_set, set_op_set, name)
 
 
 def get_overflow_mode():
@@ -321,15 +326,9 @@ def set_overflow_mode(mode):
         _state["mode"] = mode
 
 
-@contextlib.contextmanager
 def overflow_mode(mode):
     """Context manager: temporarily use "inf_nan" or "saturation" mode."""
-    old = get_overflow_mode()
-    set_overflow_mode(mode)
-    try:
-        yield
-    finally:
-        set_overflow_mode(old)
+    return _temporarily(get_overflow_mode, set_overflow_mode, mode)
 
 
 def get_checked_dtypes():
@@ -345,14 +344,8 @@ def set_checked_dtypes(dtypes):
         _state["dtypes"] = dts
 
 
-@contextlib.contextmanager
 def checked_dtypes(dtypes):
-    old = get_checked_dtypes()
-    set_checked_dtypes(dtypes)
-    try:
-        yield
-    finally:
-        set_checked_dtypes(old)
+    return _temporarily(get_checked_dtypes, set_checked_dtypes, dtypes)
 
 
 def get_precision_mode():
@@ -369,15 +362,9 @@ def set_precision_mode(mode):
         _state["precision"] = mode
 
 
-@contextlib.contextmanager
 def precision_mode(mode):
     """Context manager: temporarily use a precision mode."""
-    old = get_precision_mode()
-    set_precision_mode(mode)
-    try:
-        yield
-    finally:
-        set_precision_mode(old)
+    return _temporarily(get_precision_mode, set_precision_mode, mode)
 
 
 def apply_session_config(config):
