@@ -100,6 +100,20 @@ def _beta_powers(before, after, ref):
     return counts
 
 
+def _generator_skipped_but_its_moving_statistics(before, after, ref):
+    """The poisoned generator run skipped every weight and slot of the
+    generator but moved its batch-norm moving statistics (the ungated TF1
+    idiom); the discriminator's run applied; one Adam beta-power pair moved."""
+    for name in _network(after, "generator"):
+        if "moving_" in name:
+            _applied(name, before, after, ref)
+        else:
+            _skipped(name, before, after, ref)
+    for name in _network(after, "discriminator"):
+        _applied(name, before, after, ref)
+    assert _beta_powers(before, after, ref) == {"applied": 2, "skipped": 2}
+
+
 BACKENDS = ["is_finite", pytest.param("npu", id="npu-saturation")]
 
 
@@ -149,14 +163,7 @@ def test_shared_manager_port_skips_g_and_moves_the_shared_scale_once_per_run(
     overflow a bad one (decr_every_n_nan_or_inf=2: no back-off yet). Batch
     norm is still the TF1 idiom here, ungated, as in the original."""
     before, after, ref = _runs(tmp_path, "lso_shared", backend_setup)
-    for name in _network(after, "generator"):
-        if "moving_" in name:
-            _applied(name, before, after, ref)
-        else:
-            _skipped(name, before, after, ref)
-    for name in _network(after, "discriminator"):
-        _applied(name, before, after, ref)
-    assert _beta_powers(before, after, ref) == {"applied": 2, "skipped": 2}
+    _generator_skipped_but_its_moving_statistics(before, after, ref)
     assert after["global_step"] == before["global_step"] + 1 == ref["global_step"]
     # The manager's [scale, good_steps, bad_steps, streak], moved by two
     # updates in the poisoned iteration: D's finite run (good + 1), then G's
@@ -192,15 +199,7 @@ def test_original_npu_bridge_script_skips_g_but_moves_its_batch_norm(tmp_path, n
     right (FAQ), but the TF1 idiom `control_dependencies(UPDATE_OPS)` runs the
     moving statistics on the skipped run too: the trap build(update_ops=) fixes."""
     before, after, ref = _runs(tmp_path, "npu_bridge", "npu")
-    moving = [n for n in _network(after, "generator") if "moving_" in n]
-    for name in _network(after, "generator"):
-        if name in moving:
-            _applied(name, before, after, ref)
-        else:
-            _skipped(name, before, after, ref)
-    for name in _network(after, "discriminator"):
-        _applied(name, before, after, ref)
-    assert _beta_powers(before, after, ref) == {"applied": 2, "skipped": 2}
+    _generator_skipped_but_its_moving_statistics(before, after, ref)
     # global_step is D's minimize's: it moved with D's applied run.
     assert after["global_step"] == before["global_step"] + 1 == ref["global_step"]
 
