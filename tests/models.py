@@ -249,3 +249,13 @@ def batch_norm(x, name, momentum=0.9):
             tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, tf.assign_sub(
                 moving, (moving - value) * (1.0 - momentum)).op)
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)
+
+
+def fed_linear_model():
+    """The global step, a fed [2] input ``x``, a weight ``w`` = [1, 2] and the
+    loss sum(w * x): the smallest model a cluster or SyncReplicas set-up
+    needs. Returns ``(global_step, x, w, loss)``."""
+    gs = tf.train.get_or_create_global_step()
+    x = tf.placeholder(tf.float32, [2], name="x")
+    w = tf.Variable([1.0, 2.0], name="w")
+    return gs, x, w, tf.reduce_sum(w * x)

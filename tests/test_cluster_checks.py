@@ -23,6 +23,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from conftest import REPO
+from models import fed_linear_model
 from npu_lossscale import distributed
 from npu_lossscale.backends import Backend
 
@@ -40,15 +41,8 @@ def one_worker(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def _model():
-    gs = tf.train.get_or_create_global_step()
-    x = tf.placeholder(tf.float32, [2], name="x")
-    w = tf.Variable([1.0, 2.0], name="w")
-    return gs, x, w, tf.reduce_sum(w * x)
-
-
 def _builder(optimizer=None, **kwargs):
-    gs, x, w, loss = _model()
+    gs, x, w, loss = fed_linear_model()
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), **kwargs)
     scaler.add(loss, optimizer or tf.train.GradientDescentOptimizer(1.0), var_list=[w])
     return scaler, gs, x
@@ -122,7 +116,7 @@ def test_builder_refused_in_a_cluster_before_any_op(graph, monkeypatch, name, va
 ])
 def test_loss_scale_optimizer_refused_in_a_cluster(graph, monkeypatch, name, value, route):
     monkeypatch.setenv(name, value)
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     opt = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
                                 nl.DynamicLossScaleManager())
     with pytest.raises(ValueError) as error:
@@ -156,19 +150,19 @@ def test_sync_replicas_on_a_parameter_server_cluster_builds(graph, monkeypatch):
     """TF_CONFIG names two workers and no distributed= is given: the three
     SyncReplicas routes build, since the chief decides for all."""
     monkeypatch.setenv("TF_CONFIG", TWO_WORKERS)
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     sync = tf.train.SyncReplicasOptimizer(tf.train.GradientDescentOptimizer(1.0), 2)
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
     scaler.add(loss, sync, var_list=[w])
     assert scaler.build(global_step=gs, count_skipped_steps=True).applied is None
     with tf.Graph().as_default():
-        gs, _, w, loss = _model()
+        gs, _, w, loss = fed_linear_model()
         outside = nl.LossScaleOptimizer(
             tf.train.SyncReplicasOptimizer(tf.train.GradientDescentOptimizer(1.0), 2),
             nl.DynamicLossScaleManager(), count_skipped_steps=True)
         outside.minimize(loss, global_step=gs)
     with tf.Graph().as_default():
-        gs, _, w, loss = _model()
+        gs, _, w, loss = fed_linear_model()
         inside = tf.train.SyncReplicasOptimizer(nl.LossScaleOptimizer(
             tf.train.GradientDescentOptimizer(1.0), nl.DynamicLossScaleManager(),
             count_skipped_steps=True), 2)

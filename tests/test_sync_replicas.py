@@ -26,6 +26,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from conftest import REPO
+from models import fed_linear_model
 
 TABLE = os.path.join(REPO, "tests", "distributed", "sync_table.py")
 PS_WORKER = os.path.join(REPO, "tests", "distributed", "ps_worker.py")
@@ -152,13 +153,6 @@ def test_the_chief_register_is_refused_under_saturation(table):
 
 # -- build-time refusals, each naming the route ---------------------------------
 
-def _model():
-    gs = tf.train.get_or_create_global_step()
-    x = tf.placeholder(tf.float32, [2], name="x")
-    w = tf.Variable([1.0, 2.0], name="w")
-    return gs, x, w, tf.reduce_sum(w * x)
-
-
 def _sync(inner=None, **kwargs):
     return tf.train.SyncReplicasOptimizer(
         inner or tf.train.GradientDescentOptimizer(1.0), replicas_to_aggregate=1, **kwargs)
@@ -169,7 +163,7 @@ def _ops(graph):
 
 
 def test_builder_without_count_skipped_steps_is_refused_before_any_op(graph):
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
     scaler.add(loss, _sync(), var_list=[w])
     before = _ops(graph)
@@ -181,7 +175,7 @@ def test_builder_without_count_skipped_steps_is_refused_before_any_op(graph):
 
 
 def test_lso_around_sync_without_count_skipped_steps_is_refused_before_any_op(graph):
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     opt = nl.LossScaleOptimizer(_sync(), nl.DynamicLossScaleManager())
     grads = opt.compute_gradients(loss, var_list=[w])
     before = _ops(graph)
@@ -192,7 +186,7 @@ def test_lso_around_sync_without_count_skipped_steps_is_refused_before_any_op(gr
 
 
 def test_lso_inside_sync_without_count_skipped_steps_is_refused(graph):
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     sync = _sync(nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
                                        nl.DynamicLossScaleManager()))
     with pytest.raises(ValueError, match="aggregated gradients with count_skipped_steps=False"
@@ -201,7 +195,7 @@ def test_lso_inside_sync_without_count_skipped_steps_is_refused(graph):
 
 
 def test_sync_without_global_step_is_refused(graph):
-    _, _, w, loss = _model()
+    _, _, w, loss = fed_linear_model()
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
     scaler.add(loss, _sync(), var_list=[w])
     with pytest.raises(ValueError, match="needs global_step, got None.*get_or_create_global_step"):
@@ -209,7 +203,7 @@ def test_sync_without_global_step_is_refused(graph):
 
 
 def test_sync_beside_another_group_is_refused(graph):
-    gs, x, w, loss = _model()
+    gs, x, w, loss = fed_linear_model()
     v = tf.Variable(1.0, name="v")
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
     scaler.add(loss, _sync(), var_list=[w], name="d")
@@ -219,7 +213,7 @@ def test_sync_beside_another_group_is_refused(graph):
 
 
 def test_sync_with_accumulation_is_refused(graph):
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
     scaler.add(loss, _sync(), var_list=[w])
     with pytest.raises(ValueError, match="accumulation_steps=3 with a SyncReplicas"):
@@ -227,7 +221,7 @@ def test_sync_with_accumulation_is_refused(graph):
 
 
 def test_sync_with_an_engine_is_refused(npu_shim, graph):
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), distributed="hccl",
                                         backend="is_finite")
     scaler.add(loss, _sync(), var_list=[w])
@@ -236,7 +230,7 @@ def test_sync_with_an_engine_is_refused(npu_shim, graph):
 
 
 def test_sync_with_update_ops_or_per_group_ops_is_refused(graph):
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     counter = tf.Variable(0.0, name="bn_mean")
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
     scaler.add(loss, _sync(), var_list=[w])
@@ -248,7 +242,7 @@ def test_sync_with_update_ops_or_per_group_ops_is_refused(graph):
 
 
 def test_sync_around_a_loss_scale_wrapper_in_the_builder_is_refused(graph):
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     inner = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
                                   nl.DynamicLossScaleManager(), count_skipped_steps=True)
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
@@ -263,7 +257,7 @@ def test_a_manager_off_the_parameter_servers_is_refused(graph):
     own: the chief would halve a copy the others never read."""
     outside = nl.DynamicLossScaleManager()
     with tf.device(tf.train.replica_device_setter(ps_tasks=1)):
-        gs, _, w, loss = _model()
+        gs, _, w, loss = fed_linear_model()
         inside = nl.DynamicLossScaleManager()
     for manager, refused in ((outside, True), (inside, False)):
         with tf.device(tf.train.replica_device_setter(ps_tasks=1)):
@@ -282,7 +276,7 @@ def test_the_workers_step_pushes_ungated_and_the_chief_gates(graph):
     gate; the chief's sync op holds the gate around the wrapped optimizer's
     apply and the manager's update."""
     from conftest import op_ancestors
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     sync = _sync()
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
     scaler.add(loss, sync, var_list=[w])
@@ -306,7 +300,7 @@ def test_the_workers_step_pushes_ungated_and_the_chief_gates(graph):
 def test_loss_scale_optimizer_counts_skipped_steps_when_asked(graph, count, steps):
     """An inf at the second of three steps: global_step skips it unless
     count_skipped_steps=True; w is skipped either way."""
-    gs, x, w, loss = _model()
+    gs, x, w, loss = fed_linear_model()
     opt = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
                                 nl.DynamicLossScaleManager(initial_scale=1024),
                                 count_skipped_steps=count)
@@ -453,7 +447,7 @@ def _stalls(graph, fetches=None):
     ("builder", False),
 ])
 def test_audit_reports_a_step_that_stops_inside_sync_replicas(graph, pattern, stalls):
-    gs, _, w, loss = _model()
+    gs, _, w, loss = fed_linear_model()
     manager = nl.DynamicLossScaleManager()
     if pattern == "builder":
         scaler = nl.MultiOptimizerLossScale(manager)
