@@ -55,7 +55,7 @@ import gan  # noqa: E402
 import harness  # noqa: E402
 import variants  # noqa: E402
 from variants import nl, nl_backends  # noqa: E402
-from npu_lossscale import gradients as nl_gradients  # noqa: E402  (the builder's own packing)
+from npu_lossscale.core import gradients as nl_gradients  # noqa: E402  (the builder's own packing)
 
 
 def _ungated_step(model, unscale=False, check=False):

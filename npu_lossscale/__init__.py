@@ -31,7 +31,7 @@ from npu_lossscale.managers.listening import ListeningLossScaleManager
 from npu_lossscale.monitoring import (CollapseMonitor, LossScaleCollapse, LossScaleHook,
                                       summaries)
 from npu_lossscale.optimizer import LossScaleOptimizer
-from npu_lossscale.overflow import all_finite
+from npu_lossscale.core.overflow import all_finite
 from npu_lossscale.underflow import summaries as underflow_summaries
 
 __version__ = "0.2.0"

@@ -22,19 +22,19 @@ import collections
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
-from npu_lossscale import checks as _checks
-from npu_lossscale import claims as _claims
-from npu_lossscale import commit as _commit
-from npu_lossscale import context as _context
-from npu_lossscale import diagnosis as _diagnosis
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import claims as _claims
+from npu_lossscale.core import commit as _commit
+from npu_lossscale.core import context as _context
+from npu_lossscale.diagnostics import record as _diagnosis
 from npu_lossscale import distributed as _distributed
-from npu_lossscale import graph_state as _graph_state
+from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale import managers as _managers
-from npu_lossscale import plan as _plan
-from npu_lossscale import step as _step
-from npu_lossscale import sync_replicas as _sync_replicas
+from npu_lossscale.core import plan as _plan
+from npu_lossscale.core import step as _step
+from npu_lossscale.distributed import sync_replicas as _sync_replicas
 from npu_lossscale import underflow as _underflow
-from npu_lossscale import update_ops as _update_ops
+from npu_lossscale.core import update_ops as _update_ops
 
 #: What makes a cluster's workers decide alike, per ``distributed.Cluster.kind``.
 _CLUSTER_ROUTES = {

@@ -13,7 +13,7 @@ import weakref
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import checks as _checks
+from npu_lossscale.core import checks as _checks
 from npu_lossscale import diagnostics as _diagnostics
 
 

@@ -14,15 +14,15 @@ import collections
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
-from npu_lossscale import checks as _checks
-from npu_lossscale import context as _context
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import context as _context
 from npu_lossscale import distributed as _distributed
-from npu_lossscale import gradients as _gradients
-from npu_lossscale import graph_state as _graph_state
+from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale import managers as _managers
-from npu_lossscale import plan as _plan
-from npu_lossscale import step as _step
-from npu_lossscale import sync_replicas as _sync_replicas
+from npu_lossscale.core import plan as _plan
+from npu_lossscale.core import step as _step
+from npu_lossscale.distributed import sync_replicas as _sync_replicas
 
 
 #: The child the release before commit c050077 tracked the wrapped optimizer

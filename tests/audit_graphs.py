@@ -13,7 +13,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from npu_lossscale import backends as _backends
-from npu_lossscale import commit as _commit
+from npu_lossscale.core import commit as _commit
 import models
 
 #: The backend that reads Ascend's float-status register: "npu" in the first
@@ -589,7 +589,7 @@ def shared_manager_steps(kind):
     sharing it (``kind="optimizers"``), one LossScaleOptimizer minimizing
     twice (``"minimize_twice"``), or two builders sharing it
     (``"builders"``). Each run of one step op updates it once; a run of both
-    is refused at run time (``npu_lossscale.claims``). Fetches: both step
+    is refused at run time (``npu_lossscale.core.claims``). Fetches: both step
     ops; ``info["steps"]`` lists them."""
     graph = tf.Graph()
     with graph.as_default():

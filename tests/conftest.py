@@ -91,7 +91,7 @@ def saturation_mode(npu_shim):
 #: The builder's skipped-steps counter: library state, like a manager's, that
 #: moves on a skipped step by design.
 SKIPPED_STEPS = "loss_scale/skipped_steps"
-#: The builder's last-skip record (npu_lossscale/diagnostics.py), a variable
+#: The builder's last-skip record (npu_lossscale/diagnostics/), a variable
 #: in no collection that a skipped step writes by design.
 LAST_SKIP = "loss_scale/last_skip"
 

@@ -88,7 +88,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 import npu_lossscale as nl  # noqa: E402
-from npu_lossscale import gradients as _gradients  # noqa: E402
+from npu_lossscale.core import gradients as _gradients  # noqa: E402
 
 #: The builder's count of skipped steps (TrainOps.skipped_steps reads it).
 SKIPPED_STEPS = "loss_scale/skipped_steps"

@@ -1,4 +1,4 @@
-"""Run-time claims (npu_lossscale/claims.py): state shared by several step
+"""Run-time claims (npu_lossscale/core/claims.py): state shared by several step
 ops moves once per session.run.
 
 The pattern of Huawei's ModelZoo GAN samples and of TF's and Keras's own

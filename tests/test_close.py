@@ -1,4 +1,4 @@
-"""Phase 4 of the step, closing it (npu_lossscale/close.py): the skip
+"""Phase 4 of the step, closing it (npu_lossscale/core/close.py): the skip
 decision per policy, the per-group managers' updates, and the step counters
 the commit moves (global_step, skipped_steps)."""
 

@@ -1,4 +1,4 @@
-"""Skip reasons (npu_lossscale/diagnostics.py): each injected fault gets its
+"""Skip reasons (npu_lossscale/diagnostics/): each injected fault gets its
 reason, its groups and exactly its variables, on the is_finite backend and
 on the npu shim in saturation and INF/NaN modes; the record is written only
 in the skip branch.

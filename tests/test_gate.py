@@ -14,8 +14,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from npu_lossscale import checks
-from npu_lossscale import plan as P
+from npu_lossscale.core import checks
+from npu_lossscale.core import plan as P
 from conftest import GRAPH_MODE, SKIPPED_STEPS, fresh_process, snapshot_globals
 from models import add_gan_groups, two_group_gan
 

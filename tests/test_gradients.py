@@ -1,4 +1,4 @@
-"""Phase 1 of the step, the gradients (npu_lossscale/gradients.py): scaled,
+"""Phase 1 of the step, the gradients (npu_lossscale/core/gradients.py): scaled,
 backpropagated once per distinct loss, unscaled, cast to the variables'
 dtype, and clipped."""
 

@@ -1,4 +1,4 @@
-"""The build transaction (npu_lossscale/graph_state.py): a build or apply
+"""The build transaction (npu_lossscale/core/graph_state.py): a build or apply
 that fails part-way leaves the graph's collections, the optimizers' slots,
 the claims and the builder as they were, and a retry trains."""
 

@@ -1,4 +1,4 @@
-"""npu_lossscale.graph_walk: the op vocabulary checked against TF's op
+"""npu_lossscale.core.graph_walk: the op vocabulary checked against TF's op
 registry, and the walk on small hand-made graphs (plain dicts, no TF), the
 form the audit and the builder both feed it through ``parents``."""
 
@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from conftest import REPO
-from npu_lossscale import graph_walk as W
+from npu_lossscale.core import graph_walk as W
 
 
 def _registered_ops():
@@ -156,7 +156,7 @@ def test_graph_walk_imports_no_tensorflow():
         package = types.ModuleType("npu_lossscale")
         package.__path__ = [%r]
         sys.modules["npu_lossscale"] = package
-        import npu_lossscale.graph_walk as walk
+        import npu_lossscale.core.graph_walk as walk
         assert not [m for m in sys.modules if m.split(".")[0] == "tensorflow"], "TF imported"
         print(walk.is_update("AssignVariableOp"))
     """ % os.path.join(REPO, "npu_lossscale"))

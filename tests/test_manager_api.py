@@ -256,7 +256,7 @@ def test_non_integral_counts_are_refused_naming_the_argument(graph, name, value,
                                              (np.int64(3), 3), (2 ** 40, 2 ** 40)])
 def test_check_count_returns_the_int(value, expected):
     """checks.check_count, the boundary's one count policy the managers use."""
-    got = nl.checks.check_count("steps", value, hint="Pass e.g. 4.")
+    got = nl.core.checks.check_count("steps", value, hint="Pass e.g. 4.")
     assert got == expected and type(got) is int
 
 
@@ -265,7 +265,7 @@ def test_check_count_returns_the_int(value, expected):
 ] + [(2, ValueError, 3), (2.0, ValueError, 3)])
 def test_check_count_refuses_with_argument_value_and_fix(value, error, minimum):
     with pytest.raises(error) as raised:
-        nl.checks.check_count("steps", value, hint="Pass e.g. 4.", minimum=minimum,
+        nl.core.checks.check_count("steps", value, hint="Pass e.g. 4.", minimum=minimum,
                               maximum=10)
     message = str(raised.value)
     assert message.startswith("steps must be ") and repr(value) in message, message

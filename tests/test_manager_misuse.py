@@ -200,7 +200,7 @@ def test_the_range_is_where_the_scale_and_its_inverse_are_normal():
     """SCALE_RANGE's ends are float32's smallest normal and its inverse. TF
     reads a subnormal as 0: one binade outside, the scale (below) or
     ``tf.reciprocal`` of it (above) is 0 in TF, while both ends are exact."""
-    from npu_lossscale.gradients import SCALE_RANGE  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.core.gradients import SCALE_RANGE  # pylint: disable=import-outside-toplevel
     low, high = SCALE_RANGE
     assert low == np.finfo(np.float32).tiny and high == 1 / low
     with tf.Graph().as_default():

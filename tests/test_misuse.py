@@ -4,7 +4,7 @@ Each misuse is rejected at graph-build time, before any op is made, with a
 ValueError or TypeError whose message names the argument, shows the value and
 says the fix (issue #20), or, where what the user meant is clear, made to do
 it. The sections follow the module that refuses: the arguments
-(npu_lossscale/checks.py), the backend (backends/), the manager passed in
+(npu_lossscale/core/checks.py), the backend (backends/), the manager passed in
 (managers/base.py), the graph context (context.py), the ``update_ops``
 argument (update_ops.py) and the environment (distributed.py). The managers'
 own refusals (their constructors' arguments, custom managers at run time) are

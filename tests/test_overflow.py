@@ -1,4 +1,4 @@
-"""Phase 2 of the step, the overflow check (npu_lossscale/overflow.py): a
+"""Phase 2 of the step, the overflow check (npu_lossscale/core/overflow.py): a
 manager that disables the check gets no flag, and every step applies."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The plan (npu_lossscale/plan.py) in plain Python: no graph, no TF objects.
+"""The plan (npu_lossscale/core/plan.py) in plain Python: no graph, no TF objects.
 
 Losses, optimizers and managers are stand-in objects; the plan only compares
 them by identity. One test proves the module needs no TensorFlow at all.
@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from conftest import REPO
-from npu_lossscale import plan as P
+from npu_lossscale.core import plan as P
 
 
 class _Manager(object):
@@ -49,7 +49,7 @@ def test_plan_module_imports_no_tensorflow():
         package = types.ModuleType("npu_lossscale")
         package.__path__ = [%r]
         sys.modules["npu_lossscale"] = package
-        import npu_lossscale.plan as plan
+        import npu_lossscale.core.plan as plan
         assert not [m for m in sys.modules if m.split(".")[0] == "tensorflow"], "TF imported"
         print(plan.make_plan.__name__)
     """ % os.path.join(REPO, "npu_lossscale"))

@@ -15,7 +15,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from npu_lossscale import diagnostics
-from npu_lossscale import gradients as nl_gradients
+from npu_lossscale.core import gradients as nl_gradients
 
 SCALE = 2.0 ** 12
 

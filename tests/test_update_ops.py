@@ -1,4 +1,4 @@
-"""The ``update_ops`` argument of ``build()`` (npu_lossscale/update_ops.py):
+"""The ``update_ops`` argument of ``build()`` (npu_lossscale/core/update_ops.py):
 what an entry stands for (the variable updates behind any wrapper, a
 variable-like, a tf.function's call) runs on applied steps only. Its
 refusals are in test_misuse.py."""

@@ -1,4 +1,4 @@
-"""Phase 3 of the step, the accumulation window (npu_lossscale/window.py):
+"""Phase 3 of the step, the accumulation window (npu_lossscale/core/window.py):
 micro-batches against one big-batch step, an overflow voiding its window, a
 restore in mid-window, and ``accumulate_op``."""
 

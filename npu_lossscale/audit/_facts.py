@@ -11,7 +11,7 @@ import re
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import graph_walk
+from npu_lossscale.core import graph_walk
 from npu_lossscale.audit import _collections
 from npu_lossscale.audit import _graph
 

@@ -25,7 +25,7 @@ import collections
 import tensorflow.compat.v1 as tf
 from tensorflow.python.framework import op_def_registry
 
-from npu_lossscale import graph_walk
+from npu_lossscale.core import graph_walk
 from npu_lossscale.audit import _collections
 
 __all__ = ["GraphModel", "Literal", "Node", "is_mutation", "is_optimizer_apply", "load"]

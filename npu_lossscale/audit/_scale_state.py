@@ -8,7 +8,7 @@ from __future__ import absolute_import, division, print_function
 import collections
 import itertools
 
-from npu_lossscale import graph_walk
+from npu_lossscale.core import graph_walk
 from npu_lossscale.audit import _facts
 from npu_lossscale.audit import _graph
 from npu_lossscale.audit._findings import Finding, _some, _sorted

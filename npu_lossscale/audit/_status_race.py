@@ -4,7 +4,7 @@ read meant to see it, in one step (Ascend's float-status register).
 
 from __future__ import absolute_import, division, print_function
 
-from npu_lossscale import graph_walk
+from npu_lossscale.core import graph_walk
 from npu_lossscale.audit import _facts
 from npu_lossscale.audit._findings import Finding, _if_run_together, _sorted
 

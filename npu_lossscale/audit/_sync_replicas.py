@@ -13,7 +13,7 @@ and every worker waits forever.
 
 from __future__ import absolute_import, division, print_function
 
-from npu_lossscale import graph_walk
+from npu_lossscale.core import graph_walk
 from npu_lossscale.audit._findings import Finding
 
 __all__ = ["check_sync_token_stall"]

@@ -9,7 +9,7 @@ from __future__ import absolute_import, division, print_function
 import collections
 import itertools
 
-from npu_lossscale import graph_walk
+from npu_lossscale.core import graph_walk
 from npu_lossscale.audit._findings import Finding, _if_run_together, _some, _sorted
 
 __all__ = ["check_double_updates", "check_foreign_loss", "check_ungated_accumulation",

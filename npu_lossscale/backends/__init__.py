@@ -10,7 +10,7 @@ from npu_lossscale.backends.is_finite import IsFiniteBackend
 from npu_lossscale.backends.npu import (NpuFloatStatusBackend, _import_npu_gen_ops,
                                         _warn_if_saturating, inf_nan_mode_enabled)
 from npu_lossscale.backends.register_order import Reader, claim_register, order_after_clear
-from npu_lossscale.gradients import SMALL_GRADIENT_ELEMENTS
+from npu_lossscale.core.gradients import SMALL_GRADIENT_ELEMENTS
 
 #: The backend names ``resolve_backend`` knows.
 BACKENDS = ("auto", "is_finite", "npu", "float_status")

@@ -7,11 +7,11 @@ import warnings
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import context as _context
-from npu_lossscale import graph_state as _graph_state
+from npu_lossscale.core import context as _context
+from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.backends.base import Backend
 from npu_lossscale.backends.register_order import order_after_clear
-from npu_lossscale.gradients import dense_values
+from npu_lossscale.core.gradients import dense_values
 
 
 class NpuFloatStatusBackend(Backend):

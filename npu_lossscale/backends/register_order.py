@@ -6,8 +6,8 @@ from __future__ import absolute_import, division, print_function
 import collections
 import warnings
 
-from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import graph_walk
+from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale.core import graph_walk
 
 
 class Reader(collections.namedtuple("Reader", ["owner", "what"])):

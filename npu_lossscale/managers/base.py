@@ -12,7 +12,7 @@ from __future__ import absolute_import, division, print_function
 import inspect
 import struct
 
-from npu_lossscale import checks as _checks
+from npu_lossscale.core import checks as _checks
 
 # The floor of 1 is contrib's, npu_bridge's (`maximum(1., loss_scale *
 # decr_ratio)` in npu_loss_scale_manager.py), Keras' (`max(scale / m, 1)`)

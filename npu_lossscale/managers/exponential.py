@@ -2,8 +2,8 @@
 
 from __future__ import absolute_import, division, print_function
 
-from npu_lossscale import checks as _checks
-from npu_lossscale import context as _context
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import context as _context
 from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
                                          _DEFAULT_MIN_LOSS_SCALE, _check_initial_scale,
                                          _check_period, _check_ratio, _float32)

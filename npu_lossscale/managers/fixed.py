@@ -6,7 +6,7 @@ import warnings
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import checks as _checks
+from npu_lossscale.core import checks as _checks
 from npu_lossscale.managers.base import _MAX_SCALE, FLOAT16_MAX, LossScaleManager
 
 class FixedLossScaleManager(LossScaleManager):

@@ -7,8 +7,8 @@ import math
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import checks as _checks
-from npu_lossscale import context as _context
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import context as _context
 from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
                                          _DEFAULT_MIN_LOSS_SCALE, FLOAT16_MAX, _check_period)
 from npu_lossscale.managers.counting import _GOOD, _SCALE

@@ -32,7 +32,7 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import graph_state as _graph_state
+from npu_lossscale.core import graph_state as _graph_state
 
 #: Names kept per claimed state; with more step ops than this, the names of
 #: step ops that share a slot may overwrite each other in a message.

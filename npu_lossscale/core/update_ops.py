@@ -6,9 +6,9 @@ from __future__ import absolute_import, division, print_function
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import checks as _checks
-from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale.core import graph_walk as _graph_walk
 
 
 def check_argument(update_ops, plan, per_group_ops):

@@ -11,8 +11,8 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
-from npu_lossscale import checks as _checks
-from npu_lossscale import gradients as _gradients
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import gradients as _gradients
 
 
 def all_finite(grads, backend="auto"):

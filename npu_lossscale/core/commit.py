@@ -8,9 +8,9 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import graph_state as _graph_state
-from npu_lossscale import graph_walk as _graph_walk
-from npu_lossscale.gradients import clip
+from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale.core import graph_walk as _graph_walk
+from npu_lossscale.core.gradients import clip
 
 
 def run_if(pred, build, name, data=None, existing=(), otherwise=None):

@@ -20,9 +20,9 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 from tensorflow.core.framework import attr_value_pb2, types_pb2
 
-from npu_lossscale import gradients as _gradients
-from npu_lossscale import graph_copy as _graph_copy
-from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import graph_copy as _graph_copy
+from npu_lossscale.core import graph_walk as _graph_walk
 
 #: Ops the float32 view never copies: they are inputs of the step (their
 #: values are fed or delivered), taken as they are.

@@ -10,9 +10,9 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import gradients as _gradients
-from npu_lossscale import graph_copy as _graph_copy
-from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import graph_copy as _graph_copy
+from npu_lossscale.core import graph_walk as _graph_walk
 # float16's largest finite value: the image of +-inf in saturation mode.
 from npu_lossscale.managers.base import FLOAT16_MAX
 

@@ -23,7 +23,7 @@ import tensorflow.compat.v1 as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.ops import cond_v2
 
-from npu_lossscale import skip_inspection as _inspection
+from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import (
     GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED, REASONS,
     REGISTER_OUTSIDE_GRADIENTS, LastSkip)

@@ -28,19 +28,19 @@ import os
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
-from npu_lossscale import checks as _checks
-from npu_lossscale import claims as _claims
-from npu_lossscale import close as _close
-from npu_lossscale import context as _context
-from npu_lossscale import diagnosis as _diagnosis
-from npu_lossscale import gradients as _gradients
-from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import claims as _claims
+from npu_lossscale.core import close as _close
+from npu_lossscale.core import context as _context
+from npu_lossscale.diagnostics import record as _diagnosis
+from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import graph_walk as _graph_walk
 from npu_lossscale import managers as _managers
-from npu_lossscale import overflow as _overflow
-from npu_lossscale import plan as _plan
-from npu_lossscale import sync_replicas as _sync_replicas
+from npu_lossscale.core import overflow as _overflow
+from npu_lossscale.core import plan as _plan
+from npu_lossscale.distributed import sync_replicas as _sync_replicas
 from npu_lossscale import underflow as _underflow
-from npu_lossscale import window as _window
+from npu_lossscale.core import window as _window
 
 
 class Options(collections.namedtuple(

@@ -13,10 +13,10 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import checks as _checks
-from npu_lossscale import commit as _commit
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import commit as _commit
 from npu_lossscale import distributed as _distributed
-from npu_lossscale import gradients as _gradients
+from npu_lossscale.core import gradients as _gradients
 
 
 class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over",

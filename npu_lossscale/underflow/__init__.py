@@ -28,9 +28,9 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import commit as _commit
-from npu_lossscale import gradients as _gradients
-from npu_lossscale.float32_view import Float32View, check_float32_view
+from npu_lossscale.core import commit as _commit
+from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
 from npu_lossscale.managers import base as _manager_base
 
 #: float16's largest finite value (IEEE 754 binary16), the top of the

@@ -43,13 +43,13 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
-from npu_lossscale import checks as _checks
-from npu_lossscale import close as _close
-from npu_lossscale import gradients as _gradients
-from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import close as _close
+from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import graph_walk as _graph_walk
 from npu_lossscale import managers as _managers
-from npu_lossscale import overflow as _overflow
-from npu_lossscale import plan as _plan
+from npu_lossscale.core import overflow as _overflow
+from npu_lossscale.core import plan as _plan
 
 #: The count a step with a SyncReplicasOptimizer needs, in the messages.
 _ROUTE = "count_skipped_steps=True"
