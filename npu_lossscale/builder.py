@@ -28,7 +28,6 @@ from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import context as _context
 from npu_lossscale.diagnostics import record as _diagnosis
 from npu_lossscale import distributed as _distributed
-from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale import managers as _managers
 from npu_lossscale.core import plan as _plan
 from npu_lossscale.core import step as _step
@@ -428,12 +427,7 @@ class MultiOptimizerLossScale(object):
             _distributed.check_cluster(
                 "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
                 aggregated=_sync_replicas.through_sync_replicas(plan))
-        # A failed build leaves the graph's variables, the control inputs of
-        # the user's ops (the pivot gate's, the register clear's), the
-        # optimizers' slots and the library's records as they were.
-        with _graph_state.transaction(optimizers=[g.optimizer for g in plan.groups]):
-            train = self._build(plan, global_step, update_ops, per_group_ops,
-                                measure_underflow)
+        train = self._build(plan, global_step, update_ops, per_group_ops, measure_underflow)
         self._built = True
         return train
 
@@ -446,8 +440,6 @@ class MultiOptimizerLossScale(object):
     def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow):
         """The joint step, then the per-group steps if asked."""
         what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
-        if plan.backend.reads_register and plan.checks:
-            _backends.claim_register(self, "a " + what)
         counters = _claims.StateKey(self, "the step counters of " + what)
         # Absolute ("loss_scale/"): a root op named "loss_scale" (npu_bridge's
         # name for the scale) must not move this scope to "loss_scale_1".
@@ -476,6 +468,8 @@ class MultiOptimizerLossScale(object):
                         alone, "per_group[%s] of %s" % (group.name, what), global_step,
                         skipped_steps, _commit.Copies(update_ops.get(group.name, ())),
                         counters, record=record).update_op
+        if plan.backend.reads_register and plan.checks:
+            _backends.claim_register(self, "a " + what)
         return TrainOps(
             update_op=joint.update_op, is_finite=joint.is_finite, loss_scale=joint.loss_scale,
             grads_and_vars=joint.grads_and_vars, applied=applied,

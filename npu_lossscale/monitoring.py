@@ -320,7 +320,7 @@ class CollapseMonitor(object):
 
 # How often FloorWarningHook reads the managers: one small device-to-host
 # copy every this many runs, instead of a check on every step.
-_DEFAULT_WARNING_EVERY_N_STEPS = 100
+DEFAULT_WARNING_EVERY_N_STEPS = 100
 
 #: What the floor warning reads of a manager: its public properties.
 _FLOOR_PROPERTIES = ("loss_scale", "overflow_streak", "min_loss_scale",
@@ -449,7 +449,7 @@ class FloorWarningHook(tf.train.SessionRunHook):
       ValueError: if ``every_n_steps`` < 1.
     """
 
-    def __init__(self, managers, every_n_steps=_DEFAULT_WARNING_EVERY_N_STEPS):
+    def __init__(self, managers, every_n_steps=DEFAULT_WARNING_EVERY_N_STEPS):
         every_n_steps = _checks.check_count("every_n_steps", every_n_steps,
                                             hint="Pass e.g. 100.")
         self._floors = [_floor(manager) for manager in managers]

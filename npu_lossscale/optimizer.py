@@ -8,9 +8,6 @@ the guarded apply and the manager update are the builder's own functions.
 
 from __future__ import absolute_import, division, print_function
 
-
-import collections
-
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
@@ -18,17 +15,12 @@ from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import context as _context
 from npu_lossscale import distributed as _distributed
 from npu_lossscale.core import gradients as _gradients
-from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale import managers as _managers
 from npu_lossscale.core import plan as _plan
 from npu_lossscale.core import step as _step
+from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.distributed import sync_replicas as _sync_replicas
 
-
-#: The child the release before commit c050077 tracked the wrapped optimizer
-#: as, in ``tf.train.Checkpoint(optimizer=LossScaleOptimizer(...))``; its
-#: checkpoints still restore (``LossScaleOptimizer._lookup_dependency``).
-_PREVIOUS_RELEASE_CHILD = "base_optimizer"
 
 #: What makes a cluster's workers decide alike, per ``distributed.Cluster.kind``.
 _CLUSTER_ROUTES = {
@@ -40,7 +32,7 @@ _CLUSTER_ROUTES = {
 }
 
 
-class LossScaleOptimizer(tf.train.Optimizer):
+class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimizer):
     """Wraps one TF1 optimizer with loss scaling and overflow skipping.
 
     ``compute_gradients`` scales the loss and returns unscaled gradients.
@@ -92,6 +84,10 @@ class LossScaleOptimizer(tf.train.Optimizer):
       ValueError: for an unknown backend name, or "npu" without npu_bridge.
     """
 
+    #: The child name under which the release before commit c050077 saved the
+    #: wrapped optimizer; such checkpoints still restore.
+    previous_child = "base_optimizer"
+
     def __init__(self, opt, loss_scale_manager, backend="auto", is_distributed=None,
                  gate="auto", count_skipped_steps=False):
         _checks.check_optimizer(opt, argument="opt")
@@ -126,64 +122,9 @@ class LossScaleOptimizer(tf.train.Optimizer):
         # dependencies (``_deferred_dependencies`` below), which the holder
         # serves when it makes the variable.
         self._holder = _state_holder(opt)
-        self._slots = self._holder._slots  # pylint: disable=protected-access
-        self._non_slot_dict = self._holder._non_slot_dict  # pylint: disable=protected-access
-        self._deferred_slot_restorations = self._holder._deferred_slot_restorations  # pylint: disable=protected-access
+        _tf_internals.share_optimizer_state(self, self._holder)
         for index, variable in enumerate(_managers.manager_variables(loss_scale_manager)):
             self._track_trackable(variable, name="loss_scale_state_%d" % index)
-
-    @property
-    def _deferred_dependencies(self):
-        """The holder's restores waiting for their variable (Trackable's hook).
-
-        Adam makes its beta powers in the holder, which then serves the
-        restores deferred in its own dict: one dict for both, so a
-        ``checkpoint.restore`` made before ``minimize`` restores them too.
-        """
-        self._holder._maybe_initialize_trackable()  # pylint: disable=protected-access
-        return self._holder._deferred_dependencies  # pylint: disable=protected-access
-
-    def _lookup_dependency(self, name, *args, **kwargs):
-        """The object a checkpoint's child ``name`` restores into (Trackable's hook).
-
-        Also reads the layout of the release before commit c050077, which
-        tracked the wrapped optimizer as the child ``base_optimizer``
-        (``optimizer/base_optimizer/beta1_power``): that child restores into
-        the wrapped optimizer. Saving is unchanged (today's layout).
-        """
-        found = super(LossScaleOptimizer, self)._lookup_dependency(name, *args, **kwargs)
-        if found is None and name == _PREVIOUS_RELEASE_CHILD:
-            return self._opt
-        if found is None:
-            found = self._wrapped_children().get(name)
-        return found
-
-    def _wrapped_children(self):
-        """The objects the wrapped optimizer tracks itself (``_track_trackable``,
-        e.g. a variable of its own), by name: this object saves and restores
-        them as its own children, as the wrapped optimizer would."""
-        children = collections.OrderedDict()
-        for holder in (self._opt, self._holder):
-            holder._maybe_initialize_trackable()  # pylint: disable=protected-access
-            for reference in holder._unconditional_checkpoint_dependencies:  # pylint: disable=protected-access
-                children.setdefault(reference.name, reference.ref)
-        return children
-
-    @property
-    def _checkpoint_dependencies(self):
-        """Trackable's children (TF 1.15's hook): the wrapper's, plus what the
-        wrapped optimizer tracks itself (``_wrapped_children``)."""
-        own = super(LossScaleOptimizer, self)._checkpoint_dependencies
-        names = set(reference.name for reference in own)
-        return own + [_trackable_base().TrackableReference(name, ref)
-                      for name, ref in self._wrapped_children().items() if name not in names]
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        """Trackable's children (TF 2.x's hook): as ``_checkpoint_dependencies``."""
-        children = super(LossScaleOptimizer, self)._trackable_children(save_type, **kwargs)
-        for name, ref in self._wrapped_children().items():
-            children.setdefault(name, ref)
-        return children
 
     @property
     def inner_optimizer(self):
@@ -287,10 +228,7 @@ class LossScaleOptimizer(tf.train.Optimizer):
                              "that the loss depends on these variables."
                              % ([v.name for _, v in grads_and_vars],))
         _managers.check_manager_graph(self._manager)
-        # A failed call leaves the graph, the optimizer's slots and the
-        # library's records as they were, so it can be retried.
-        with _graph_state.transaction(optimizers=[_state_holder(self._opt)]):
-            return self._apply(present, global_step, name)
+        return self._apply(present, global_step, name)
 
     def _apply(self, present, global_step, name):
         """``apply_gradients``' step: a one-group plan over the given
@@ -319,11 +257,12 @@ class LossScaleOptimizer(tf.train.Optimizer):
                     "LossScaleOptimizer.apply_gradients", plan, _CLUSTER_ROUTES,
                     "is_distributed=False",
                     aggregated=aggregated or _sync_replicas.through_sync_replicas(plan))
+            step = _step.build_step(
+                plan, "LossScaleOptimizer %s, step %s" % (self.get_name(), scope.rstrip("/")),
+                global_step, given=present)
             if plan.backend.reads_register and plan.checks:
                 _backends.claim_register(self, "LossScaleOptimizer %r" % self.get_name())
-            return _step.build_step(
-                plan, "LossScaleOptimizer %s, step %s" % (self.get_name(), scope.rstrip("/")),
-                global_step, given=present).update_op
+            return step.update_op
 
     def get_slot(self, var, name):
         return self._opt.get_slot(var, name)
@@ -335,15 +274,6 @@ class LossScaleOptimizer(tf.train.Optimizer):
         return self._opt.variables()
 
 
-def _trackable_base():
-    """TF's trackable base module (``TrackableReference``), where this TF keeps it."""
-    try:
-        from tensorflow.python.trackable import base  # TF 2.10 and later
-    except ImportError:
-        from tensorflow.python.training.tracking import base  # TF 1.15 to 2.9
-    return base
-
-
 def _state_holder(opt):
     """The optimizer whose slot and non-slot dicts hold ``opt``'s state.
 
@@ -352,7 +282,7 @@ def _state_holder(opt):
     in ``_optimizer``): then that one's holder.
     """
     while type(opt).get_slot is not tf.train.Optimizer.get_slot:
-        inner = getattr(opt, "_optimizer", getattr(opt, "_opt", None))
+        inner = _tf_internals.wrapped_optimizer(opt)
         if not isinstance(inner, tf.train.Optimizer):
             break
         opt = inner

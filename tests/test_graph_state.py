@@ -1,6 +1,9 @@
-"""The build transaction (npu_lossscale/core/graph_state.py): a build or apply
-that fails part-way leaves the graph's collections, the optimizers' slots,
-the claims and the builder as they were, and a retry trains."""
+"""A build or apply that fails in a user hook (a manager's
+``get_loss_scale`` or ``update_loss_scale``) leaves the graph's
+collections, the optimizers' slots, the claims and the builder as they
+were, because the step calls those hooks before it makes any state
+(npu_lossscale/core/step.py); a retry trains, and names its variables as a
+build that never failed."""
 
 import numpy as np
 import pytest
@@ -133,3 +136,39 @@ def test_one_builder_reusing_its_manager_across_groups_and_per_group_steps_is_fi
         sess.run(train.per_group["x"])
         sess.run(train.update_op)
         np.testing.assert_array_equal(sess.run(y), np.float32([0.8, 0.8]))
+
+
+@pytest.mark.parametrize("api", ["builder", "optimizer"])
+def test_a_retry_after_a_failed_build_names_its_variables_as_a_first_build(api, tmp_path):
+    """Issue 32: the retry's checkpoint holds the names a build that never
+    failed writes (no ``beta1_power_1``, no ``skipped_steps_1``), so a
+    normal build's checkpoint restores into it."""
+    from models import two_group_gan  # pylint: disable=import-outside-toplevel
+
+    def build(gan, manager):
+        gs = tf.train.get_or_create_global_step()
+        opt = tf.train.AdamOptimizer(0.01)
+        if api == "builder":
+            scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+            scaler.add(gan.g_loss, opt, var_list=gan.g_vars, name="g")
+            return scaler.build(global_step=gs).update_op
+        lso = nl.LossScaleOptimizer(opt, manager, backend="is_finite")
+        return lso.minimize(gan.g_loss, var_list=gan.g_vars, global_step=gs)
+
+    def saved_names(train, gan, path):
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            sess.run(train, gan.feed)
+            saved = tf.train.Saver().save(sess, str(path))
+        return sorted(name for name, _ in tf.train.list_variables(saved))
+
+    with tf.Graph().as_default():
+        gan = two_group_gan()
+        want = saved_names(build(gan, nl.DynamicLossScaleManager()), gan, tmp_path / "normal")
+    with tf.Graph().as_default():
+        gan = two_group_gan()
+        with pytest.raises(TypeError, match="not an op"):
+            build(gan, _UpdatesNothing(8.0))
+        got = saved_names(build(gan, nl.DynamicLossScaleManager()), gan, tmp_path / "retried")
+    assert got == want
+    assert any(name.rsplit("/", 1)[-1] == "beta1_power" for name in got), got

@@ -6,6 +6,7 @@ from __future__ import absolute_import, division, print_function
 import collections
 import warnings
 
+from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import graph_walk
 
@@ -103,7 +104,7 @@ def _passes_on_input(op, memo):
 def _inside_loop(op):
     """Whether ``op`` runs in a v1 while loop's frame: inside the loop body,
     or an Enter into a loop nested in another loop."""
-    context = op._get_control_flow_context()  # pylint: disable=protected-access
+    context = _tf_internals.control_flow_context(op)
     loop = context.GetWhileContext() if context is not None else None
     if loop is None:
         return False

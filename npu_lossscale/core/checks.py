@@ -17,7 +17,8 @@ import numbers
 import re
 
 import tensorflow.compat.v1 as tf
-from tensorflow.python.ops import resource_variable_ops
+
+from npu_lossscale import tf_internals as _tf_internals
 
 #: The skip policies ``build`` accepts.
 SKIP_POLICIES = ("all", "per_group")
@@ -46,8 +47,8 @@ def check_optimizer(optimizer, argument="optimizer"):
         raise TypeError(
             "%s must be a tf.compat.v1.train.Optimizer (not a Keras one), got %r. Pass "
             "e.g. tf.compat.v1.train.AdamOptimizer()." % (argument, optimizer))
-    if type(optimizer).__name__ == "NPUOptimizer" and getattr(optimizer, "_is_loss_scale",
-                                                              False):
+    if type(optimizer).__name__ == "NPUOptimizer" and _tf_internals.npu_optimizer_flag(
+            optimizer, "is_loss_scale"):
         # tf_adapter npu_bridge/estimator/npu/npu_optimizer.py: NPUOptimizer
         # scales the loss and reads the float status itself when asked.
         raise TypeError(
@@ -121,7 +122,7 @@ def check_global_step(global_step):
         raise TypeError(
             "global_step must be None or an integer tf.Variable, got %r. Use "
             "tf.train.get_or_create_global_step()." % (global_step,))
-    if _of_another_graph(global_step):
+    if of_another_graph(global_step):
         raise ValueError(
             "global_step %r belongs to another graph. Call "
             "tf.train.get_or_create_global_step() in the graph you train in."
@@ -131,7 +132,7 @@ def check_global_step(global_step):
 def is_variable(value):
     """True for ref and resource variables alike (TF 1.15 and 2.x)."""
     return (isinstance(value, tf.Variable)
-            or resource_variable_ops.is_resource_variable(value))
+            or _tf_internals.is_resource_variable(value))
 
 
 
@@ -164,7 +165,7 @@ def _graph_and_outer_graphs(graph):
     return graphs
 
 
-def _of_another_graph(value):
+def of_another_graph(value):
     """True when ``value`` (a variable or tensor) belongs to a graph that
     ops made now cannot use: neither the default graph nor a graph it is
     nested in (a function or control-flow body may capture its outer
@@ -240,7 +241,7 @@ def check_gradients(grads, argument="grads"):
         if not grad.dtype.base_dtype.is_floating:
             raise TypeError("%s[%d] must be a floating-point gradient, got %r. Leave it "
                             "out: only floats overflow." % (argument, index, grad))
-        if _of_another_graph(grad):
+        if of_another_graph(grad):
             raise ValueError("%s[%d] %r belongs to another graph. Call all_finite() in "
                              "that graph." % (argument, index, grad))
         present.append(grad)
@@ -305,7 +306,7 @@ def check_var_list(var_list, name, other_groups):
         if not is_variable(var):
             raise TypeError("var_list for group %r must hold variables, got %r. Pass the "
                             "variables, not tensors read from them." % (name, var))
-        if _of_another_graph(var):
+        if of_another_graph(var):
             raise ValueError("var_list for group %r holds %r of another graph. Make the "
                              "model and the builder in one graph." % (name, var.name))
         if any(var is other for other in var_list[:index]):
@@ -330,7 +331,7 @@ def check_resource_variables(var_list, name):
       name: the group's name, for the message.
     """
     for var in var_list:
-        if not resource_variable_ops.is_resource_variable(var):
+        if not _tf_internals.is_resource_variable(var):
             raise ValueError(
                 "group %r: %r is a ref variable, which the apply gate's functional If "
                 "cannot assign. Call tf.enable_resource_variables() at program start, or "
@@ -341,7 +342,7 @@ def check_no_ref_inputs(ops):
     """Raises ValueError for an update op that writes a ref variable, which a
     functional ``If`` branch cannot do (its copy runs inside the branch)."""
     for op in ops:
-        if any(tensor.dtype._is_ref_dtype for tensor in op.inputs):  # pylint: disable=protected-access
+        if _tf_internals.reference_dtype_inputs(op):
             raise ValueError(
                 "update op %r writes a ref variable, which the apply gate's functional If "
                 "cannot do. Call tf.enable_resource_variables() at program start."

@@ -71,9 +71,12 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
     on_skip = None
     if closing.diagnosis is not None and flags:  # no flags: no check, no skip
         on_skip = closing.diagnosis.skip_branch(plan, closing, flags, global_step)
+    # The managers' updates (user hooks that may fail) come before the
+    # commit makes any state; they follow the step's scale reads, which is
+    # all the step reads of the scale.
+    updates = update_managers(plan, decisions, list(closing.after))
     committed = _commit.commit(plan, grads, decisions, global_step, skipped_steps, update_ops,
                                on_skip=on_skip)
-    updates = update_managers(plan, decisions, committed.ops + list(closing.after))
     with tf.control_dependencies(committed.ops + updates):
         applied = tf.identity(committed.applied, name="applied")
     return Closed(applied, decisions, grads)

@@ -56,10 +56,11 @@ def run_if(pred, build, name, data=None, existing=(), otherwise=None):
         data = pred if data is None else data
         when_false, when_true = tf.raw_ops.Switch(data=data, pred=pred, name="switch")
         pivot = tf.identity(when_true, name="pivot_t")
+    with tf.control_dependencies([pivot]):
+        done = list(build(scope.rstrip("/"))) + list(existing)
     for op in existing:
         _graph_state.add_control_input(op, pivot.op)
     with tf.control_dependencies([pivot]):
-        done = list(build(scope.rstrip("/"))) + list(existing)
         with tf.control_dependencies(done), tf.name_scope(scope):
             ran = tf.identity(pivot, name="ran")
     if otherwise is not None:
@@ -210,16 +211,35 @@ def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
 class SkippedSteps(object):
     """The checkpointed count of steps on which some group did not apply.
 
-    ``variable`` is ``<scope>/skipped_steps`` (int64, not trainable);
-    ``before`` is its value before this run's increment, read once per run
-    (a ``Snapshot``: a ref variable's identity would alias the buffer the
-    increment overwrites).
+    ``variable`` is ``<scope>/skipped_steps`` (int64, not trainable), with
+    ``<scope>`` the name scope current at construction; ``before`` is its
+    value before this run's increment, read once per run (a ``Snapshot``: a
+    ref variable's identity would alias the buffer the increment
+    overwrites). Both are made on first use (``graph_state.outside``).
     """
 
     def __init__(self):
-        self.variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
-        self.before = tf.raw_ops.Snapshot(input=self.variable.read_value(),
-                                          name="skipped_steps_before")
+        self._scope = _graph_state.current_scope()
+        self._made = None
+
+    def _make(self):
+        if self._made is None:
+            with _graph_state.outside(self._scope):
+                variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+                before = tf.raw_ops.Snapshot(input=variable.read_value(),
+                                             name="skipped_steps_before")
+            self._made = (variable, before)
+        return self._made
+
+    @property
+    def variable(self):
+        """The counter variable."""
+        return self._make()[0]
+
+    @property
+    def before(self):
+        """Its value before this run's increment."""
+        return self._make()[1]
 
     def increment(self, by):
         """``+= by`` (a bool), after this run's ``before`` was read."""

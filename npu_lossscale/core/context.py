@@ -11,6 +11,8 @@ from __future__ import absolute_import, division, print_function
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import tf_internals as _tf_internals
+
 
 #: Function graphs that tf.cond and tf.while_loop make under control flow v2,
 #: by class name (tensorflow/python/ops/control_flow_v2_func_graphs.py).
@@ -29,7 +31,7 @@ def _inside(graph):
       None at the top level of a ``tf.Graph``, else e.g. "a tf.cond branch
       (function graph 'cond_true_3')".
     """
-    if graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
+    if _tf_internals.control_flow_context(graph) is not None:
         return "a tf.cond branch or tf.while_loop body (v1 control flow)"
     if not graph.building_function:
         return None
@@ -77,7 +79,7 @@ def require_graph_mode(what, eager_functions=False):
     inside = _inside(graph)
     if inside is None:
         return
-    if _traced_from_eager(graph) and graph._get_control_flow_context() is None:  # pylint: disable=protected-access
+    if _traced_from_eager(graph) and _tf_internals.control_flow_context(graph) is None:
         if eager_functions:
             return
         raise ValueError(

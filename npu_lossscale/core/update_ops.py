@@ -6,6 +6,8 @@ from __future__ import absolute_import, division, print_function
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import tf_internals as _tf_internals
+
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import graph_walk as _graph_walk
@@ -83,17 +85,15 @@ def _function_writes(op):
     Args:
       op: a functional control-flow op or a function call.
     """
-    get = getattr(op.graph, "_get_function", lambda name: None)
-
     def definition(name):
-        return getattr(get(name), "definition", None)
+        return getattr(_tf_internals.graph_function(op.graph, name), "definition", None)
 
     def called(name):
         """The functions that function ``name`` calls."""
         names = []
         for node in definition(name).node_def:
             names.extend(_called_functions(node))
-            if get(node.op) is not None:  # a function called by its name
+            if _tf_internals.graph_function(op.graph, node.op) is not None:  # a function called by its name
                 names.append(node.op)
         return names
 
@@ -187,7 +187,7 @@ def updates_of(op):
             "update_ops entry %r (type %s) updates no variable. Pass the ops that update "
             "state, e.g. tf.get_collection(tf.GraphKeys.UPDATE_OPS)." % (op.name, op.type))
     for update in updates:
-        if update._control_flow_context is not None:  # pylint: disable=protected-access
+        if _tf_internals.control_flow_context(update) is not None:
             raise ValueError(
                 "update op %r is inside a tf.cond or tf.while_loop, which the gate cannot "
                 "hold. Make the update at the top level of the graph." % (update.name,))

@@ -10,6 +10,7 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_copy as _graph_copy
 from npu_lossscale.core import graph_walk as _graph_walk
@@ -73,7 +74,7 @@ class LossHeads(object):
                 and op.type not in _graph_walk.FUNCTION_CALL_TYPES
                 and op.type not in _SHAPE_TYPES
                 and not op.op_def.is_stateful
-                and op._get_control_flow_context() is None)  # pylint: disable=protected-access
+                and _tf_internals.control_flow_context(op) is None)
 
 
 #: Ops that read only their input's shape.

@@ -20,9 +20,9 @@ import contextlib
 
 import numpy as np
 import tensorflow.compat.v1 as tf
-from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.ops import cond_v2
 
+from npu_lossscale import tf_internals as _tf_internals
+from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import (
     GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED, REASONS,
@@ -97,8 +97,8 @@ class Diagnosis(collections.namedtuple("Diagnosis", ["record", "evidence"])):
                                                                step)]):
                         return tf.constant(True)
 
-                done = cond_v2.cond_v2(skipped, diagnose, lambda: tf.constant(False),
-                                       name="diagnose")
+                done = _tf_internals.cond_v2(skipped, diagnose, lambda: tf.constant(False),
+                                             name="diagnose")
                 _keep_whole(done)
                 return [done]
         return build
@@ -111,8 +111,7 @@ def _keep_whole(output):
     graph_op = output.op
     while graph_op.type not in ("If", "StatelessIf"):
         graph_op = graph_op.inputs[0].op
-    graph_op._set_attr(  # pylint: disable=protected-access
-        "_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+    _tf_internals.keep_if_whole(graph_op)
 
 
 def evidence_of(plan, scaled):
@@ -182,9 +181,20 @@ class Record(object):
             offset += size
         self._blank = np.zeros([offset], np.int64)
         self._blank[self._slices["global_step"][0]] = -1
-        with tf.device("/device:CPU:0") if on_host else contextlib.suppress():
-            self.variable = tf.Variable(self._blank, trainable=False, use_resource=True,
-                                        collections=[], name="last_skip")
+        self._on_host = on_host
+        self._scope = _graph_state.current_scope()
+        self._variable = None
+
+    @property
+    def variable(self):
+        """The record's variable, made on first use (``graph_state.outside``)."""
+        if self._variable is None:
+            with _graph_state.outside(self._scope):
+                with tf.device("/device:CPU:0") if self._on_host else contextlib.suppress():
+                    self._variable = tf.Variable(self._blank, trainable=False,
+                                                 use_resource=True, collections=[],
+                                                 name="last_skip")
+        return self._variable
 
     def _field(self, values, field):
         """A field of the record's ``values``: a scalar or a vector."""

@@ -29,6 +29,8 @@ import os
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import tf_internals as _tf_internals
+
 ENGINES = ("horovod", "hccl")
 # Optimizer classes that already allreduce their gradients.
 _REDUCING_WRAPPERS = ("_DistributedOptimizer", "DistributedOptimizer",
@@ -338,7 +340,8 @@ def reduces_gradients(optimizer):
     """
     if any(cls.__name__ in _REDUCING_WRAPPERS for cls in type(optimizer).__mro__):
         return True
-    if type(optimizer).__name__ == "NPUOptimizer" and getattr(optimizer, "_is_distributed", False):
+    if type(optimizer).__name__ == "NPUOptimizer" and _tf_internals.npu_optimizer_flag(
+            optimizer, "is_distributed"):
         return True
     return "compute_gradients" in vars(optimizer)
 

@@ -43,6 +43,7 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
+from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import close as _close
 from npu_lossscale.core import gradients as _gradients
@@ -128,7 +129,7 @@ def check_plan(plan, options, global_step, api):
             "%s: count_skipped_steps=False with a SyncReplicasOptimizer, whose tokens "
             "follow global_step: a skipped step would leave every worker waiting "
             "forever. Pass %s." % (api, _ROUTE))
-    _checks.check_optimizer(group.optimizer._opt,  # pylint: disable=protected-access
+    _checks.check_optimizer(_tf_internals.sync_replicas_inner(group.optimizer),
                             argument="the optimizer the SyncReplicasOptimizer wraps")
     _check_beside(group.manager, global_step, api)
 
@@ -235,12 +236,12 @@ def _optimizer_replaced(sync, stand_in):
     calling its wrapped optimizer's ``apply_gradients`` (``_opt``, in TF 1.15
     as in 2.x); nothing else reads it then. It is put back on exit.
     """
-    wrapped = sync._opt  # pylint: disable=protected-access
-    sync._opt = stand_in  # pylint: disable=protected-access
+    wrapped = _tf_internals.sync_replicas_inner(sync)
+    _tf_internals.set_sync_replicas_inner(sync, stand_in)
     try:
         yield
     finally:
-        sync._opt = wrapped  # pylint: disable=protected-access
+        _tf_internals.set_sync_replicas_inner(sync, wrapped)
 
 
 def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
@@ -275,7 +276,7 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
                                            mark_as_used=True) + ":0",
                          global_step.device, tf.TensorShape([]))
         pushes.append((flag, slot))
-    wrapped = group.optimizer._opt  # pylint: disable=protected-access
+    wrapped = _tf_internals.sync_replicas_inner(group.optimizer)
     chief = _ChiefApply(plan, group._replace(optimizer=wrapped), slot, skipped_steps,
                         (scope + "/" if scope else "") + "sync_chief")
     with _optimizer_replaced(group.optimizer, chief):

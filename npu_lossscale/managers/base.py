@@ -240,7 +240,7 @@ def check_manager_graph(manager, argument="loss_scale_manager"):
         than the default one (or a graph the default one is nested in).
     """
     for variable in manager_variables(manager):
-        if _checks._of_another_graph(variable):  # pylint: disable=protected-access
+        if _checks.of_another_graph(variable):
             raise ValueError(
                 "%s %r keeps its state in %r of another graph. Make the manager in "
                 "the graph you train in (after tf.reset_default_graph(), or inside "

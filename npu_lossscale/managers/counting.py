@@ -264,7 +264,7 @@ class _CountingLossScaleManager(LossScaleManager):
         """
         return _monitoring.check_floor(self, session)
 
-    def floor_warning_hook(self, every_n_steps=_monitoring._DEFAULT_WARNING_EVERY_N_STEPS):  # pylint: disable=protected-access
+    def floor_warning_hook(self, every_n_steps=_monitoring.DEFAULT_WARNING_EVERY_N_STEPS):
         """A ``SessionRunHook`` that runs ``check_floor`` every N runs.
 
         Args:

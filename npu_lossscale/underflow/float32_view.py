@@ -18,7 +18,8 @@ import collections
 
 import numpy as np
 import tensorflow.compat.v1 as tf
-from tensorflow.core.framework import attr_value_pb2, types_pb2
+
+from npu_lossscale import tf_internals as _tf_internals
 
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_copy as _graph_copy
@@ -142,18 +143,18 @@ def _widened(dtype):
 def _widened_attr(value):
     """An ``AttrValue`` with every float16 type (or float16 tensor) float32."""
     which = value.WhichOneof("value")
-    if which == "type" and value.type == types_pb2.DT_HALF:
-        return attr_value_pb2.AttrValue(type=types_pb2.DT_FLOAT)
-    if which == "list" and types_pb2.DT_HALF in value.list.type:
-        widened = attr_value_pb2.AttrValue()
+    if which == "type" and value.type == _tf_internals.DT_HALF:
+        return _tf_internals.AttrValue(type=_tf_internals.DT_FLOAT)
+    if which == "list" and _tf_internals.DT_HALF in value.list.type:
+        widened = _tf_internals.AttrValue()
         widened.CopyFrom(value)
         del widened.list.type[:]
-        widened.list.type.extend(types_pb2.DT_FLOAT if item == types_pb2.DT_HALF else item
+        widened.list.type.extend(_tf_internals.DT_FLOAT if item == _tf_internals.DT_HALF else item
                                  for item in value.list.type)
         return widened
-    if which == "tensor" and value.tensor.dtype == types_pb2.DT_HALF:
+    if which == "tensor" and value.tensor.dtype == _tf_internals.DT_HALF:
         array = tf.make_ndarray(value.tensor).astype(np.float32)
-        return attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(array))
+        return _tf_internals.AttrValue(tensor=tf.make_tensor_proto(array))
     return value
 
 
