@@ -11,7 +11,7 @@ scale that has collapsed or was never set):
   float32 twin of the same net gives the reference loss. Once with the
   loss in float16, as in the seed (the backprop then starts from the scale
   in float16, which caps every scale below 2**16), once with it in float32,
-  as the README recommends;
+  as docs/managers.md recommends;
 * the demo GAN: ``examples/gan/dcgan.py`` (2000 steps, its defaults) with
   ``--loss-scale dynamic[:1]`` and ``listening[:1]``.
 

@@ -36,7 +36,7 @@ def gan(compute_dtype=tf.float16):
 
 def builder_gan(backend="is_finite", accumulation_steps=1, skip_policy="all",
                 per_group_managers=False, manager=None, saver=True):
-    """The README's pattern: one MultiOptimizerLossScale for G and D."""
+    """The documented pattern: one MultiOptimizerLossScale for G and D."""
     graph = tf.Graph()
     with graph.as_default():
         model, step = gan()
@@ -688,7 +688,7 @@ def pix2pix_like_gan():
 def per_group_port(authors_saver=True):
     """The pix2pix port of issue 24, correct: one builder, ``per_group_ops``
     for the alternating loop, every call's UPDATE_OPS given to its group
-    (the README's recipe), and a Saver made after ``build()``. With
+    (docs/porting.md's recipe), and a Saver made after ``build()``. With
     ``authors_saver`` the script's own ``tf.train.Saver()``, made before the
     loss scaling and no longer used, is still in the graph (scope ``save``;
     the port's is ``save_1``)."""

@@ -8,15 +8,13 @@ passed as ``backend=``. The numbers are worked by hand: the loss
 ``scale * x``, plain SGD moves ``w`` by ``-lr * x``.
 """
 
-import os
-import re
 
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import REPO
+from readme_blocks import block
 from npu_lossscale.backends import Backend
 
 SCALE = 4.0
@@ -188,12 +186,12 @@ def test_default_name_is_the_class_name(graph):
 
 
 def test_readme_example_plugs_in(graph):
-    """The README's "Adding a backend" class, as written, drives the builder."""
-    readme = open(os.path.join(REPO, "README.md")).read()
-    block = re.search(r"<!-- backend-example -->\s*```python\n(.*?)```", readme, re.S)
-    assert block, "README lost its backend example"
+    """The docs' "Adding a backend" class (docs/features.md), as written,
+    drives the builder."""
+    code = block("backend-example")
+    assert code, "the docs lost their backend example"
     namespace = {}
-    exec(block.group(1), namespace)  # pylint: disable=exec-used
+    exec(code, namespace)  # pylint: disable=exec-used
     xs, ws, losses = _two_groups()
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(SCALE),
                                         backend=namespace["AboveLimit"](LIMIT))

@@ -273,8 +273,8 @@ def test_reason_names_and_messages():
 
 @fresh_process
 def test_the_readme_diagnosis_runs_and_prints_the_message_shown(tmp_path):
-    """README "Why a step skipped": the script runs as written, stops after
-    five skips, and prints the message the README shows."""
+    """docs/diagnosis.md, "Why a step skipped": the script runs as written,
+    stops after five skips, and prints the message the page shows."""
     stdout, shown = run_example("diagnosis", tmp_path)
     assert shown and stdout.split() == shown.split()
 

@@ -1,9 +1,11 @@
-"""Claims the README makes about TensorFlow and about porting, checked.
+"""Claims the README and docs/ make about TensorFlow and about porting, checked.
 
-Each test finds the claim (or the snippet) in README.md and then shows, with
-TensorFlow itself as the reference, that it holds: the Saver's default
-``var_list``, ``tf.get_collection``'s scope matching, how a per-group run's
-skip shows, and how the examples are run.
+Each test finds the claim (or the snippet) in its page (the porting rules
+are docs/porting.md, the module list docs/design.md's "Architecture") and
+then shows, with TensorFlow itself as the reference, that it holds: the
+Saver's default ``var_list``, ``tf.get_collection``'s scope matching, how a
+per-group run's skip shows, how the examples are run, and which modules
+there are.
 """
 import os
 import re
@@ -16,18 +18,31 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from conftest import REPO, SKIPPED_STEPS
+from readme_blocks import pages
 from test_shim_npu_init import REAL_NAMES
 
 
-def _readme():
-    with open(os.path.join(REPO, "README.md")) as f:
+def _page(path):
+    with open(os.path.join(REPO, path)) as f:
         return f.read()
 
 
+def _readme():
+    return _page("README.md")
+
+
+def _section(text, heading):
+    """The section under ``heading`` (a ``## `` line), up to the next one."""
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
 def _porting_section():
-    text = _readme()
-    start = text.index("## Porting a TF1 script")
-    return text[start:text.index("\n## ", start + 1)]
+    """docs/porting.md, the porting rules: the whole page."""
+    text = _page("docs/porting.md")
+    assert text.startswith("# Porting a TF1 script\n")
+    return text
 
 
 def _bullet(section, title):
@@ -58,7 +73,7 @@ def _two_groups():
 
 # ---------------------------------------------------------------- Saver order
 def test_saver_saves_the_scale_state_only_when_made_after_build(graph, tmp_path):
-    # The README says it, and its porting diff makes the Saver after build().
+    # docs/porting.md says it, and its diff makes the Saver after build().
     checkpoints = _bullet(_porting_section(), "Checkpoints.")
     assert "created **after** `build()`" in checkpoints
     diff = _porting_diff()
@@ -100,13 +115,8 @@ def test_saver_saves_the_scale_state_only_when_made_after_build(graph, tmp_path)
 # ------------------------------------------------- UPDATE_OPS scope matching
 def test_update_ops_scope_is_a_prefix_match_and_the_docs_use_the_slash(graph):
     # Every scoped get_collection(UPDATE_OPS, "...") in the README and docs/
-    # ends its scope with "/", and the README explains why.
-    texts = {"README.md": _readme()}
-    docs = os.path.join(REPO, "docs")
-    for name in sorted(os.listdir(docs)):
-        if name.endswith(".md"):
-            with open(os.path.join(docs, name)) as f:
-                texts["docs/" + name] = f.read()
+    # ends its scope with "/", and docs/porting.md explains why.
+    texts = dict((path, _page(path)) for path in pages())
     pattern = re.compile(r"get_collection\(\s*tf\.GraphKeys\.UPDATE_OPS\s*,\s*r?['\"]([^'\"]*)['\"]")
     scopes = [(where, scope) for where, text in texts.items() for scope in pattern.findall(text)]
     assert scopes, "the porting diff lost its scoped UPDATE_OPS"
@@ -144,7 +154,7 @@ def test_update_ops_scope_is_a_prefix_match_and_the_docs_use_the_slash(graph):
 def test_per_group_skip_shows_in_skipped_steps_as_the_readme_shows(graph):
     bullet = _bullet(_porting_section(), "Did a run skip?")
     snippet = re.search(r"```python\n(.*?)```", bullet, re.S)
-    assert snippet, "the README lost its skipped_steps snippet"
+    assert snippet, "docs/porting.md lost its skipped_steps snippet"
     code = "\n".join(line[2:] if line.startswith("  ") else line
                      for line in snippet.group(1).splitlines())
 
@@ -178,7 +188,7 @@ def test_per_group_skip_shows_in_skipped_steps_as_the_readme_shows(graph):
 
 # ----------------------------------------------- what the star import gave
 def test_readme_names_only_what_npu_init_really_exports():
-    # The porting section's list of names a script got from
+    # The porting page's list of names a script got from
     # `from npu_bridge.npu_init import *` are all names of tf_adapter's
     # npu_init.py (REAL_NAMES, taken from the file: see test_shim_npu_init.py),
     # and it says the import patches Session (the file's last two lines:
@@ -199,9 +209,10 @@ _COMMAND = re.compile(r"^\s*(?:\$\s+)?(?P<cmd>\S*python\S*)\s+(?P<arg>examples/\
 
 
 def test_readme_runs_examples_with_the_venv_python():
-    # Every command line in the README that runs an example or the audit
-    # CLI names the project's interpreter, never a bare `python`.
-    text = _readme()
+    # Every command line in the README and docs/ that runs an example or one
+    # of the package's command lines names the project's interpreter, never
+    # a bare `python`; the README says which.
+    text = "\n".join(_page(path) for path in pages())
     blocks, inside = [], False
     for line in text.splitlines():
         if line.lstrip().startswith("```"):
@@ -216,7 +227,7 @@ def test_readme_runs_examples_with_the_venv_python():
     assert len(commands) >= 3 and inline
     bad = [c for c in commands + inline if c[0] not in (".venv/bin/python", ".venv-tf215/bin/python")]
     assert bad == []
-    assert "`.venv` interpreter" in text
+    assert "`.venv` interpreter" in _readme()
 
 
 def test_example_scripts_start_with_the_venv_python_and_no_pythonpath():
@@ -224,7 +235,8 @@ def test_example_scripts_start_with_the_venv_python_and_no_pythonpath():
     # venv's, where `make venv` installs this package in editable mode)
     # starts each example named with .venv/bin/python, from the repository
     # root, without PYTHONPATH.
-    scripts = sorted(set(re.findall(r"\.venv/bin/python (examples/\S+\.py)", _readme())))
+    text = "\n".join(_page(path) for path in pages())
+    scripts = sorted(set(re.findall(r"\.venv/bin/python (examples/\S+\.py)", text)))
     assert scripts
     env = dict((k, v) for k, v in os.environ.items() if k != "PYTHONPATH")
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -237,13 +249,11 @@ def test_example_scripts_start_with_the_venv_python_and_no_pythonpath():
 
 
 def test_readme_architecture_lists_every_module_once_and_the_phases_in_order():
-    # The "Architecture" section's blocks: one row per module of
-    # npu_lossscale/ (subpackages included), none that is not there, and the
-    # numbered phases in the order the step runs them.
-    text = _readme()
-    start = text.index("## Architecture")
-    section = text[start:text.index("\n## ", start + 1)]
-    rows = [line.split() for block in re.findall(r"```\n(.*?)```", section, re.S)
+    # The "Architecture" section's blocks (docs/design.md): one row per
+    # module of npu_lossscale/ (subpackages included), none that is not
+    # there, and the numbered phases in the order the step runs them.
+    section = _section(_page("docs/design.md"), "## Architecture")
+    rows = [line.split() for block in re.findall(r"```text\n(.*?)```", section, re.S)
             for line in block.splitlines() if line.strip()]
     package = os.path.join(REPO, "npu_lossscale")
     files = sorted(os.path.relpath(os.path.join(root, name), package).replace(os.sep, "/")

@@ -18,8 +18,6 @@ optimizer computes in float16, with our loss scaling (issue 27, item 3).
   TypeError that names it and the fix.
 """
 
-import os
-import re
 
 import numpy as np
 import pytest
@@ -27,7 +25,7 @@ import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import npu_lossscale as nl
-from conftest import REPO
+from readme_blocks import block
 
 #: The loss multiplier that puts dL/dY (2**-30 / 16 and below) under
 #: float16's smallest subnormal, 2**-24: 0 once rounded to float16.
@@ -428,19 +426,17 @@ def test_npu_underflow_is_rescued_by_the_scale(overflow_mode):
 
 
 def test_the_readme_recipe_runs_with_the_rewrite_on_cpu(graph):
-    """The README's graph-rewrite block, executed as written but for the
-    config field: auto_mixed_precision (GPU) becomes auto_mixed_precision_cpu
-    on this CPU. It trains through the rewrite: not every step skips."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    block = re.search(r"<!-- recipe: graph-rewrite -->\s*```python\n(.*?)```", readme, re.S)
-    assert block, "README lost its graph-rewrite recipe block"
-    source = block.group(1)
+    """The graph-rewrite block of docs/features.md, executed as written but
+    for the config field: auto_mixed_precision (GPU) becomes
+    auto_mixed_precision_cpu on this CPU. It trains through the rewrite: not
+    every step skips."""
+    source = block("recipe: graph-rewrite")
+    assert source, "the docs lost their graph-rewrite recipe block"
     gpu_line = "rewrite_options.auto_mixed_precision = RewriterConfig.ON"
     assert source.count(gpu_line) == 1
     source = source.replace(gpu_line, gpu_line.replace("precision =", "precision_cpu ="))
     namespace = {"__name__": "recipe"}
-    exec(compile(source, "README graph-rewrite recipe", "exec"), namespace)  # pylint: disable=exec-used
+    exec(compile(source, "docs graph-rewrite recipe", "exec"), namespace)  # pylint: disable=exec-used
     assert namespace["config"].graph_options.rewrite_options.auto_mixed_precision_cpu == (
         rewriter_config_pb2.RewriterConfig.ON)
     assert namespace["skipped"] < 20 and namespace["result"]["scale"] > 0

@@ -8,8 +8,6 @@ plain SGD with rate 0.5 moves ``w`` by ``-0.5 * x``, and an ``inf`` in ``x``
 makes the step overflow (skipped: ``w`` and the global step stay).
 """
 
-import os
-import re
 import warnings
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import REPO
+from readme_blocks import block
 
 LR = 0.5
 W0 = [1.0, 2.0]
@@ -224,12 +222,11 @@ def test_the_variables_hook_feeds_object_checkpoints(graph, tmp_path):
 
 
 def test_the_readme_manager_drives_the_builder(graph):
-    """The README's "Adding a manager" class, as written."""
-    readme = open(os.path.join(REPO, "README.md")).read()
-    block = re.search(r"<!-- manager-example -->\s*```python\n(.*?)```", readme, re.S)
-    assert block, "README lost its manager example"
+    """The docs' "Adding a manager" class (docs/managers.md), as written."""
+    code = block("manager-example")
+    assert code, "the docs lost their manager example"
     namespace = {}
-    exec(block.group(1), namespace)  # pylint: disable=exec-used
+    exec(code, namespace)  # pylint: disable=exec-used
     manager = namespace["HalvingManager"]()
     x, w, update = _step("builder", manager)
     assert _check_ops(graph) == []

@@ -1,7 +1,7 @@
 """Error messages stay short: one plain sentence plus the fix.
 
 Each message names the argument, shows the value and says the fix; longer
-explanations belong in the docs (README "Bad input"). The constant text of
+explanations belong in the docs (docs/errors.md, "Bad input"). The constant text of
 every ``raise ValueError(...)``/``raise TypeError(...)`` in the library is
 measured from the source (the formatted values are not counted). Issue 25
 measured a median of 127 and a maximum of 439 characters before the

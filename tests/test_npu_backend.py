@@ -239,8 +239,8 @@ def test_per_group_policy_serialises_reads_and_skips_only_the_broken_group(graph
 def test_per_group_policy_on_the_register_skips_later_groups_after_an_earlier_overflow(
         graph, npu_shim, saturation_mode):
     """The register is never cleared between the reads, so g's read (after
-    d's) also sees d's overflow: both skip, neither misses it (README, skip
-    policy)."""
+    d's) also sees d's overflow: both skip, neither misses it (docs/features.md,
+    skip policy)."""
     _, groups, changed, scales = _per_group_policy_step(2.0 ** 20, 2.0 ** 8)
     assert groups == {"d": False, "g": False}
     assert changed == [False] * 4

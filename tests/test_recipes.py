@@ -1,4 +1,4 @@
-"""The README's porting recipes, as real scripts use them (issue 24).
+"""The porting recipes of docs/porting.md, as real scripts use them (issue 24).
 
 * a WGAN-GP critic loop (the gradient penalty is a loss holding
   ``tf.gradients``, so its backprop is a second-order gradient; n_critic
@@ -7,7 +7,7 @@
   injected into one critic run;
 * which ``TrainOps`` tensors a per-group run may fetch;
 * the ``UPDATE_OPS`` recipe that catches every call of a network;
-* the float16 recipe block of the README, executed as written.
+* the float16 recipe block of docs/porting.md, executed as written.
 
 Runs under both graph modes (NPU_LOSSSCALE_GRAPH_MODE=v1 / v2).
 """
@@ -22,6 +22,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from conftest import REPO, SKIPPED_STEPS, snapshot_globals
+from readme_blocks import block
 
 # -- WGAN-GP --------------------------------------------------------------------
 
@@ -254,7 +255,7 @@ def _per_group_gan():
 
 
 def test_what_a_per_group_run_may_fetch():
-    """README, TrainOps: reads of state and the joint backprop may go with a
+    """docs/features.md, TrainOps: reads of state and the joint backprop may go with a
     per-group op (the run applies that group once), the joint decision
     cannot (the run fails); fetched alone, the reads and the backprop change
     nothing."""
@@ -302,15 +303,15 @@ def _assert_same(before, after, what):
 
 def test_update_ops_recipe_takes_every_call_of_the_network():
     """A discriminator called twice (reuse=True) puts its second call's
-    batch-norm updates under ``discriminator_1/``: the README's regex takes
+    batch-norm updates under ``discriminator_1/``: the docs' regex takes
     both calls' updates and no other network's, as the slice of the
     collection around the calls does; ``"discriminator/"`` drops the second
     call's. The builder gates them: a skipped critic run leaves the moving
     statistics alone, an applied one moves them."""
     import audit_graphs as ag  # pylint: disable=import-outside-toplevel
-    readme = open(os.path.join(REPO, "README.md")).read()
-    assert 'r"discriminator(_\\d+)?/"' in readme
-    assert "tf.get_collection(tf.GraphKeys.UPDATE_OPS)[start:]" in readme
+    porting = open(os.path.join(REPO, "docs", "porting.md")).read()
+    assert 'r"discriminator(_\\d+)?/"' in porting
+    assert "tf.get_collection(tf.GraphKeys.UPDATE_OPS)[start:]" in porting
 
     def discriminator(x, reuse):
         with tf.variable_scope("discriminator", reuse=reuse):
@@ -360,19 +361,18 @@ def test_update_ops_recipe_takes_every_call_of_the_network():
                        for old, new in zip(before, sess.run(moving)))
 
 
-# -- the README's float16 recipe ------------------------------------------------------
+# -- the docs' float16 recipe --------------------------------------------------------
 
 def test_float16_recipe_runs_as_written(capsys):
-    """The README's "From float32 to float16 compute" block, executed in a
-    fresh graph: it trains (the loss falls to under half), every MatMul runs
-    in float16, every variable and the loss are float32."""
-    readme = open(os.path.join(REPO, "README.md")).read()
-    block = re.search(r"<!-- recipe: float16 -->\s*```python\n(.*?)```", readme, re.S)
-    assert block, "README lost its float16 recipe block"
+    """The "From float32 to float16 compute" block of docs/porting.md,
+    executed in a fresh graph: it trains (the loss falls to under half),
+    every MatMul runs in float16, every variable and the loss are float32."""
+    code = block("recipe: float16")
+    assert code, "the docs lost their float16 recipe block"
     namespace = {"__name__": "recipe"}
     graph = tf.Graph()
     with graph.as_default():
-        exec(compile(block.group(1), "README float16 recipe", "exec"),  # pylint: disable=exec-used
+        exec(compile(code, "docs float16 recipe", "exec"),  # pylint: disable=exec-used
              namespace)
     matmuls = [op for op in graph.get_operations() if op.type == "MatMul"]
     forward = [op for op in matmuls if "gradients" not in op.name]

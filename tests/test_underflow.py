@@ -296,7 +296,7 @@ def test_measurement_on_the_npu_backend(overflow_mode, scale):
                                    rtol=1e-6)
 
 
-# -- the README's example ----------------------------------------------------
+# -- the docs' example ------------------------------------------------------
 
 _EXAMPLE_LINE = re.compile(r"(\w+) step (\d+): scale (\S+), flushed (\d+) %, subnormal (\d+) %, "
                            r"headroom (\S+) bits")
@@ -304,13 +304,13 @@ _EXAMPLE_LINE = re.compile(r"(\w+) step (\d+): scale (\S+), flushed (\d+) %, sub
 
 @fresh_process
 def test_the_readme_underflow_example_runs_and_prints_what_it_shows(tmp_path):
-    """README "Is the scale too low?": the script runs as written and prints
-    the lines shown (the scales exactly, the percentages to 1 point); from
-    scale 1 every gradient element underflows, the dynamic manager stays
-    there, and the listening manager's raise leaves at most 1 % underflowed
-    and keeps its 2-bit margin below 65504."""
+    """docs/diagnosis.md, "Is the scale too low?": the script runs as
+    written and prints the lines shown (the scales exactly, the percentages
+    to 1 point); from scale 1 every gradient element underflows, the dynamic
+    manager stays there, and the listening manager's raise leaves at most
+    1 % underflowed and keeps its 2-bit margin below 65504."""
     stdout, shown = run_example("underflow-example", tmp_path)
-    assert shown, "README lost its underflow-example-output block"
+    assert shown, "the docs lost their underflow-example-output block"
     printed = [_EXAMPLE_LINE.match(line).groups() for line in stdout.splitlines()]
     expected = [_EXAMPLE_LINE.match(line).groups() for line in shown.splitlines()]
     assert [row[:3] for row in printed] == [row[:3] for row in expected]

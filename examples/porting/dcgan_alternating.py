@@ -257,7 +257,7 @@ def main(argv=None):
         d_vars = tf.trainable_variables("discriminator")
         g_vars = tf.trainable_variables("generator")
         # Every call of the generator (generator/, generator_1/... if it were
-        # called again), and no other network's: README, "UPDATE_OPS".
+        # called again), and no other network's: docs/porting.md, "UPDATE_OPS".
         g_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, r"generator(_\d+)?/")
         global_step = tf.train.get_or_create_global_step()
         tf.summary.scalar("d_loss", d_loss, collections=["d"])

@@ -33,8 +33,8 @@ _LOSS_SCALE_WRAPPERS = ("LossScaleOptimizer", "NPULossScaleOptimizer",
 #: wraps an optimizer in (TF 1.14+, tensorflow/python/training/experimental/
 #: loss_scale_optimizer.py): it scales the loss itself, and applies in a cond.
 _GRAPH_REWRITE_WRAPPER = "MixedPrecisionLossScaleOptimizer"
-#: Where the README shows the rewrite with our loss scaling.
-_GRAPH_REWRITE_DOC = "README, 'Graph-rewrite mixed precision'"
+#: Where the docs show the rewrite with our loss scaling.
+_GRAPH_REWRITE_DOC = "docs/features.md, 'Graph-rewrite mixed precision'"
 
 
 #: Group names must be usable as TF name scopes.

@@ -10,7 +10,7 @@ and npu_bridge's managers, so the builder accepts any of them:
 ``base.LossScaleManager`` declares the protocol with its optional hooks and
 the declaration ``keeps_scale_in_range``; ``base``'s functions are the only
 step code that reads them, so a new manager is one class and needs no edit
-here (the README's "Adding a manager"). Our managers keep the scale in
+here (docs/managers.md, "Adding a manager"). Our managers keep the scale in
 [min_loss_scale, 2**126] (the floor is 1 by default, as low as 2**-126):
 beyond that range the scale or its inverse is subnormal.
 

@@ -84,8 +84,8 @@ class LossScaleManager(object):
     tensors made once, read whenever fetched), ``min_loss_scale`` (a number)
     and ``floor_warning_after`` (an int, or None never to warn).
 
-    A manager that listens to the underflow measurement (the README's "A
-    scale that listens") defines two optional methods; with both, the step
+    A manager that listens to the underflow measurement (docs/diagnosis.md,
+    "Is the scale too low?") defines two optional methods; with both, the step
     measures the manager's groups on the runs it asks for, and on no other
     (``listens_to_underflow``; without them nothing is measured for it):
 
@@ -99,8 +99,8 @@ class LossScaleManager(object):
       Its ``update_loss_scale`` of the same run follows that op, so the
       update can read the record at once.
 
-    Example, a manager written against this protocol (the README's "Adding a
-    manager")::
+    Example, a manager written against this protocol (docs/managers.md,
+    "Adding a manager")::
 
       class HalvingManager(LossScaleManager):
           keeps_scale_in_range = True  # in [1, 2**15], never fed
