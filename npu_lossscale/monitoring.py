@@ -11,10 +11,12 @@ import collections
 import warnings
 import weakref
 
+import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import checks as _checks
 from npu_lossscale import diagnostics as _diagnostics
+from npu_lossscale import graph_walk as _graph_walk
 
 
 def summaries(train_ops, family="loss_scale", step_applied=False):
@@ -49,7 +51,7 @@ def summaries(train_ops, family="loss_scale", step_applied=False):
       TypeError: if ``train_ops`` is not a ``TrainOps`` or ``step_applied``
         not a bool.
     """
-    _check_train_ops(train_ops)
+    _checks.check_train_ops(train_ops)
     _checks.check_bool("step_applied", step_applied,
                            "Pass True to also get the joint step's applied flag.")
     with tf.name_scope(None):
@@ -82,6 +84,9 @@ COLLAPSE_ACTIONS = ("warn", "stop", "raise")
 #: Consecutive skipped steps that make a collapse by default: the managers'
 #: own floor-warning count (``floor_warning_after``, managers/base.py).
 _DEFAULT_COLLAPSE_AFTER = 20
+#: Sets of fetched ops whose step op ``_StepRuns`` remembers; past it the
+#: memory starts again (a loop fetches a handful of sets).
+_MAX_KNOWN_FETCHES = 256
 
 
 class LossScaleHook(tf.train.SessionRunHook):
@@ -97,46 +102,76 @@ class LossScaleHook(tf.train.SessionRunHook):
           while not sess.should_stop():
               sess.run(train.update_op)
 
-    With ``on_collapse``, every run that fetches ``train_ops.update_op`` also
-    fetches its ``skip_reason`` and ``window_end`` (a few reads, after the
-    step) and hands them to a ``CollapseMonitor``; other runs (a per-group
-    op, an evaluation) are not watched and run nothing more. After
-    ``collapse_after`` consecutive skipped steps, or a manager of
-    ``managers`` at its floor after as many overflows, the monitor's message
-    (the reasons, groups, variables and fixes) is warned ("warn"), logged
-    and the session asked to stop ("stop": ``should_stop()`` is True after
-    that run), or raised as ``LossScaleCollapse`` from that run ("raise").
+    With ``on_collapse``, the hook watches every run that runs a step op of
+    ``train_ops``, whatever it fetches: ``update_op``, a tensor of the
+    joint step (``applied``, ``skip_reason``), an op that depends on them
+    (``tf.group(train.update_op, ...)``, an Estimator's ``train_op``), or a
+    ``per_group`` op, alone or wrapped. It finds the step op by walking
+    back from the fetched ops over data and control edges, once per set of
+    fetched ops. A run of the joint step also fetches its ``skip_reason``
+    and ``window_end`` (reads after the step). A run of a per-group op
+    fetches ``skipped_steps`` (the count before it), and the hook reads
+    the count and the record's reason in one more small run after it.
+    Runs of no step op (an evaluation, the summaries, ``accumulate_op``)
+    run nothing more. Each step op keeps its own streak (see
+    ``CollapseMonitor.observe``): in an alternating loop, the
+    discriminator's applied steps do not hide a generator that skips every
+    step. After ``collapse_after`` consecutive skipped steps of one step
+    op, or a manager of ``managers`` at its floor after as many overflows,
+    the monitor's message (the reasons, groups, variables and fixes) is
+    warned ("warn"), logged and the session asked to stop ("stop":
+    ``should_stop()`` is True after that run), or raised as
+    ``LossScaleCollapse`` from that run ("raise").
 
     Args:
       train_ops: the ``TrainOps`` of the step.
       every_n_steps: log once every this many runs of the session.
       on_collapse: None (no collapse policy), "warn", "stop" or "raise".
       collapse_after: the number of consecutive skipped steps (or
-        overflows at a manager's floor) that make a collapse.
-      managers: managers whose floor also counts (``check_floor``'s public
-        properties), read on skipped runs only; none by default.
+        overflows at a manager's floor) that make a collapse; 20 when not
+        given. Only with ``on_collapse``.
+      managers: a list of managers whose floor also counts
+        (``check_floor``'s public properties), read on skipped runs only;
+        none by default. Only with ``on_collapse``.
 
     Raises:
       TypeError: for a wrong ``train_ops``, a non-int ``every_n_steps`` or
         ``collapse_after``, or a manager without the floor properties.
-      ValueError: for ``every_n_steps`` or ``collapse_after`` < 1, or an
-        unknown ``on_collapse``.
+      ValueError: for ``every_n_steps`` or ``collapse_after`` < 1, an
+        unknown ``on_collapse``, or ``collapse_after`` or ``managers``
+        without ``on_collapse`` (they would do nothing).
     """
 
     def __init__(self, train_ops, every_n_steps=100, on_collapse=None,
-                 collapse_after=_DEFAULT_COLLAPSE_AFTER, managers=()):
-        _check_train_ops(train_ops)
+                 collapse_after=None, managers=()):
+        _checks.check_train_ops(train_ops)
         every_n_steps = _checks.check_count("every_n_steps", every_n_steps,
                                             "Pass how often to log, e.g. 100.")
+        managers = _manager_list(managers)
+        if collapse_after is None:
+            collapse_after = _DEFAULT_COLLAPSE_AFTER
+        else:
+            collapse_after = _check_collapse_after(collapse_after)
+            if on_collapse is None:
+                raise ValueError("collapse_after=%r acts only with on_collapse, got "
+                                 "on_collapse=None. Pass on_collapse='warn', 'stop' or "
+                                 "'raise'." % (collapse_after,))
+        if managers and on_collapse is None:
+            raise ValueError("managers=%r act only with on_collapse, got on_collapse=None. "
+                             "Pass on_collapse='warn', 'stop' or 'raise', or use "
+                             "FloorWarningHook(managers)." % (managers,))
         self._train = train_ops
         self._every = every_n_steps
         self._runs = 0
         self.last = None  #: the last logged values, a dict (for tests and tools)
         #: The ``CollapseMonitor`` of ``on_collapse``, or None.
         self.monitor = None
+        self._step_runs = None
+        self._step = None  # the step op of the current run, a _StepOp or None
         if on_collapse is not None:
             self.monitor = CollapseMonitor(train_ops, collapse_after=collapse_after,
                                            on_collapse=on_collapse, managers=managers)
+            self._step_runs = _StepRuns(train_ops)
 
     def before_run(self, run_context):
         self._runs += 1
@@ -144,10 +179,14 @@ class LossScaleHook(tf.train.SessionRunHook):
         if not self._runs % self._every:
             fetches.update(scale=self._train.loss_scale,
                            skipped_steps=self._train.skipped_steps)
-        if self.monitor is not None and _fetches(run_context.original_args.fetches,
-                                                 self._train.update_op):
-            fetches.update(skip_reason=self._train.skip_reason,
-                           window_end=self._train.window_end)
+        self._step = None
+        if self._step_runs is not None:
+            self._step = self._step_runs.of(run_context.original_args.fetches)
+            if self._step is not None and self._step.joint:
+                fetches.update(skip_reason=self._train.skip_reason,
+                               window_end=self._train.window_end)
+            elif self._step is not None:
+                fetches.update(skipped_before=self._train.skipped_steps)
         return tf.train.SessionRunArgs(fetches) if fetches else None
 
     def after_run(self, run_context, run_values):
@@ -156,26 +195,92 @@ class LossScaleHook(tf.train.SessionRunHook):
             self.last = {"scale": results["scale"], "skipped_steps": results["skipped_steps"]}
             tf.logging.info("loss scale %g, %d skipped steps before run %d",
                             self.last["scale"], self.last["skipped_steps"], self._runs)
-        if "skip_reason" in results:
-            collapse = self.monitor.observe(results["skip_reason"], run_context.session,
-                                            window_end=results["window_end"])
-            if collapse is not None and self.monitor.on_collapse == "stop":
-                run_context.request_stop()
+        if self._step is None:
+            return
+        session = run_context.session
+        if self._step.joint:
+            reason, window_end = results["skip_reason"], results["window_end"]
+        else:
+            # The count moved in this run iff it skipped; the record holds why.
+            after, reason = session.run([self._train.skipped_steps,
+                                         self._train.last_skip.reason])
+            window_end = True
+            if after <= results["skipped_before"]:
+                reason = _diagnostics.APPLIED
+        collapse = self.monitor.observe(reason, session, window_end=window_end,
+                                        step=self._step.key)
+        if collapse is not None and self.monitor.on_collapse == "stop":
+            run_context.request_stop()
 
 
-def _fetches(fetches, op):
-    """Whether a run's ``fetches`` (lists, tuples and dicts of ops, tensors
-    and names, as ``session.run`` takes them) hold ``op``."""
-    stack = [fetches]
-    while stack:
-        fetch = stack.pop()
-        if isinstance(fetch, dict):
-            stack.extend(fetch.values())
-        elif isinstance(fetch, (list, tuple)):
-            stack.extend(fetch)
-        elif fetch is op or getattr(fetch, "name", fetch) == op.name:
-            return True
-    return False
+class _StepOp(collections.namedtuple("_StepOp", ["key", "joint"])):
+    """A step op of a ``TrainOps``, as the hook watches it.
+
+    Attributes:
+      key: its streak's key for ``CollapseMonitor.observe``: None for the
+        joint step, "per_group['<name>']" for a per-group op.
+      joint: whether it is the joint step (``update_op``).
+    """
+
+
+class _StepRuns(object):
+    """Which step op of a ``TrainOps`` a run runs, from what it fetches.
+
+    A run runs the joint step when a fetched op or tensor depends, over
+    data and control edges, on its ``applied`` tensor (which ``update_op``,
+    ``skip_reason`` and the other reports follow); a per-group step when it
+    depends on that ``per_group`` op. The walk runs once per set of fetched
+    ops and reads the graph only, so a finalized graph is fine.
+
+    Args:
+      train_ops: a ``TrainOps`` with an ``applied`` tensor.
+    """
+
+    def __init__(self, train_ops):
+        self._graph = train_ops.update_op.graph
+        self._targets = {train_ops.applied.op: _StepOp(None, True)}
+        for name, op in train_ops.per_group.items():
+            self._targets[op] = _StepOp("per_group[%r]" % (name,), False)
+        self._known = {}
+
+    def of(self, fetches):
+        """The ``_StepOp`` a run of ``fetches`` runs, or None.
+
+        Args:
+          fetches: what the run fetches, in any form ``session.run`` takes
+            (nested lists, tuples and dicts of ops, tensors, variables,
+            sparse tensors and names).
+        """
+        ops = frozenset(self._fetched_ops(fetches))
+        if ops not in self._known:
+            if len(self._known) >= _MAX_KNOWN_FETCHES:
+                self._known.clear()
+            found = _graph_walk.first_reached(
+                ops, lambda op: [tensor.op for tensor in op.inputs] + list(op.control_inputs),
+                self._targets)
+            self._known[ops] = None if found is None else self._targets[found]
+        return self._known[ops]
+
+    def _fetched_ops(self, fetches):
+        """The ops of ``fetches``; what is not of this graph is left to
+        ``session.run`` to refuse."""
+        stack = [fetches]
+        while stack:
+            fetch = stack.pop()
+            if isinstance(fetch, dict):
+                stack.extend(fetch.values())
+            elif isinstance(fetch, (list, tuple)):
+                stack.extend(fetch)
+            elif isinstance(fetch, (tf.SparseTensor, tf.IndexedSlices)):
+                stack.extend(part for part in (fetch.indices, fetch.values, fetch.dense_shape)
+                             if part is not None)
+            else:
+                try:
+                    element = self._graph.as_graph_element(fetch, allow_tensor=True,
+                                                           allow_operation=True)
+                except (TypeError, ValueError, KeyError):
+                    continue
+                yield element if isinstance(element, tf.Operation) else element.op
 
 
 class Collapse(collections.namedtuple(
@@ -201,6 +306,22 @@ class LossScaleCollapse(RuntimeError):
         self.collapse = collapse
 
 
+class _Streak(object):
+    """One step op's consecutive skipped steps, as ``CollapseMonitor``
+    counts them.
+
+    Attributes:
+      skips: the number of consecutive skipped steps.
+      reasons: ``collections.Counter`` of their reason names.
+      collapse: the ``Collapse`` they made, or None.
+    """
+
+    def __init__(self):
+        self.skips = 0
+        self.reasons = collections.Counter()
+        self.collapse = None
+
+
 class CollapseMonitor(object):
     """Watches a plain training loop for a collapsing loss scale.
 
@@ -220,13 +341,15 @@ class CollapseMonitor(object):
           if monitor.observe(reason, sess):
               break  # monitor.collapse.message says why
 
+    It makes no op, so it may be built after ``graph.finalize()``.
+
     Args:
       train_ops: the ``TrainOps`` of ``MultiOptimizerLossScale.build``.
       collapse_after: consecutive skipped steps (or overflows at a floor)
         that make a collapse, >= 1.
       on_collapse: "warn", "stop" or "raise".
-      managers: managers whose floor also counts (the public properties of
-        ``check_floor``), read only after a skipped step.
+      managers: a list of managers whose floor also counts (the public
+        properties of ``check_floor``), read only after a skipped step.
 
     Raises:
       TypeError: for a wrong ``train_ops``, a non-int ``collapse_after`` or
@@ -237,10 +360,8 @@ class CollapseMonitor(object):
 
     def __init__(self, train_ops, collapse_after=_DEFAULT_COLLAPSE_AFTER, on_collapse="warn",
                  managers=()):
-        _check_train_ops(train_ops)
-        self._after = _checks.check_count("collapse_after", collapse_after,
-                                          "Pass the consecutive skips that make a "
-                                          "collapse, e.g. 20.")
+        _checks.check_train_ops(train_ops)
+        self._after = _check_collapse_after(collapse_after)
         if on_collapse not in COLLAPSE_ACTIONS:
             raise ValueError("on_collapse must be one of %r, got %r. Pass 'warn', 'stop' "
                              "or 'raise'." % (COLLAPSE_ACTIONS, on_collapse))
@@ -250,48 +371,82 @@ class CollapseMonitor(object):
                              "the chief's managers with FloorWarningHook instead.")
         self.on_collapse = on_collapse
         self._train = train_ops
-        self._floors = [_floor(manager) for manager in managers]
-        #: The consecutive skipped steps seen so far.
-        self.skips = 0
-        self._reasons = collections.Counter()
-        #: The current ``Collapse``, or None while the scale has not collapsed.
+        self._graph = train_ops.update_op.graph
+        # A run of update_op may close no window: build(accumulation_steps=k)
+        # without an engine (window_end is a constant True otherwise).
+        self._windows = tf.get_static_value(train_ops.window_end) is None
+        self._floors = [_floor(manager) for manager in _manager_list(managers)]
+        self._streaks = {}
+        self._last = None  # the streak key observed last
+        #: The last ``Collapse`` whose step op has not applied since, or None.
         self.collapse = None
 
-    def observe(self, skip_reason, session, window_end=True):
-        """Counts one run of ``update_op`` and acts on a collapse.
+    @property
+    def skips(self):
+        """The consecutive skipped steps of the step op observed last."""
+        streak = self._streaks.get(self._last)
+        return 0 if streak is None else streak.skips
+
+    def observe(self, skip_reason, session, window_end=None, step=None):
+        """Counts one run of a step op and acts on a collapse.
 
         Args:
-          skip_reason: the run's fetched ``TrainOps.skip_reason``.
+          skip_reason: the run's fetched ``TrainOps.skip_reason``: an int
+            code of ``diagnostics.REASONS`` (a numpy integer, as
+            ``session.run`` returns it, is fine).
           session: the session of the step; read (a run of its own) at the
             collapse, and after a skipped step when managers are watched.
-          window_end: the run's ``TrainOps.window_end``: a run inside an
-            accumulation window closes no step and is not counted.
+          window_end: the run's fetched ``TrainOps.window_end``: a run
+            inside an accumulation window closes no step and is not
+            counted. Needed with ``build(accumulation_steps=k)`` (no
+            engine), where such a run's ``skip_reason`` is 0; not needed
+            otherwise.
+          step: which step op ran, a str, when a loop runs several (the
+            hook passes "per_group['<name>']"); each has its own streak,
+            so one op's applied steps do not end another's. None for the
+            joint step.
 
         Returns:
-          The ``Collapse`` while the scale is collapsed, else None.
+          The ``Collapse`` while this step op's streak is collapsed, else
+          None.
 
         Raises:
+          TypeError: for a ``skip_reason`` that is not an int code (a bool
+            such as ``is_finite``, a float, an unfetched tensor), a
+            ``session`` that is not a session, a ``window_end`` that is not
+            a bool, or a ``step`` that is not a str.
+          ValueError: for a code out of range, a session of another graph,
+            or no ``window_end`` where it is needed.
           LossScaleCollapse: at the collapse, with ``on_collapse="raise"``.
         """
-        if not window_end:
-            return self.collapse
-        name = _diagnostics.reason_name(int(skip_reason))
-        if name == "applied":
-            self.skips, self.collapse = 0, None
-            self._reasons.clear()
+        code = _reason_code(skip_reason)
+        _checks.check_session(session, self._graph, "train_ops")
+        closes = self._closes(window_end)
+        if step is not None and not isinstance(step, str):
+            raise TypeError("step must be None or a str naming the step op, got %r. Pass "
+                            "e.g. step='g' for train.per_group['g']." % (step,))
+        streak = self._streaks.setdefault(step, _Streak())
+        self._last = step
+        if not closes:
+            return streak.collapse
+        if code == _diagnostics.APPLIED:
+            if self.collapse is not None and self.collapse is streak.collapse:
+                self.collapse = None
+            self._streaks[step] = _Streak()
             return None
-        self.skips += 1
-        self._reasons[name] += 1
-        if self.collapse is not None:
-            return self.collapse
-        floors = tuple(type(floor.manager).__name__ for floor, (scale, streak)
+        streak.skips += 1
+        streak.reasons[_diagnostics.REASONS[code]] += 1
+        if streak.collapse is not None:
+            return streak.collapse
+        floors = tuple(type(floor.manager).__name__ for floor, (scale, streak_count)
                        in zip(self._floors,
                               session.run([[f.scale, f.streak] for f in self._floors]))
-                       if floor.at_floor(scale, streak, self._after)) if self._floors else ()
-        if self.skips < self._after and not floors:
+                       if floor.at_floor(scale, streak_count, self._after)
+                       ) if self._floors else ()
+        if streak.skips < self._after and not floors:
             return None
-        self.collapse = self._collapse(_diagnostics.read_last_skip(session, self._train),
-                                       floors)
+        streak.collapse = self.collapse = self._collapse(
+            streak, step, _diagnostics.read_last_skip(session, self._train), floors)
         if self.on_collapse == "raise":
             raise LossScaleCollapse(self.collapse)
         tf.logging.warning(self.collapse.message)
@@ -299,12 +454,30 @@ class CollapseMonitor(object):
             warnings.warn(self.collapse.message, RuntimeWarning, stacklevel=2)
         return self.collapse
 
-    def _collapse(self, last_skip, floors):
-        reasons = dict(self._reasons)
+    def _closes(self, window_end):
+        """Whether the run closed a step, from its fetched ``window_end``."""
+        if window_end is None:
+            if self._windows:
+                raise ValueError(
+                    "window_end=None, but train_ops accumulates micro-batches and a run "
+                    "that closes no window reads skip_reason 0. Pass the run's fetched "
+                    "train.window_end.")
+            return True
+        if isinstance(window_end, np.ndarray) and window_end.shape == ():
+            window_end = window_end[()]
+        if not isinstance(window_end, (bool, np.bool_)):
+            raise TypeError("window_end must be the bool fetched from train.window_end, got "
+                            "%r (%s). Fetch it with update_op and pass its value."
+                            % (window_end, type(window_end).__name__))
+        return bool(window_end)
+
+    def _collapse(self, streak, step, last_skip, floors):
+        reasons = dict(streak.reasons)
         counts = ", ".join("%s %d" % (name, count) for name, count in
                            sorted(reasons.items(), key=lambda item: (-item[1], item[0])))
-        message = ["npu_lossscale: the loss scale collapsed: %d consecutive skipped steps "
-                   "(%s)" % (self.skips, counts)]
+        of = "" if step is None else " of %s" % step
+        message = ["npu_lossscale: the loss scale collapsed: %d consecutive skipped steps%s "
+                   "(%s)" % (streak.skips, of, counts)]
         if floors:
             message[0] += ", %s at the floor" % ", ".join(floors)
         message[0] += "."
@@ -315,7 +488,51 @@ class CollapseMonitor(object):
             if name not in seen:
                 message.append("Fix for %s: %s" % (
                     name, _diagnostics.FIXES[_diagnostics.REASONS.index(name)]))
-        return Collapse(self.skips, reasons, last_skip, floors, " ".join(message))
+        return Collapse(streak.skips, reasons, last_skip, floors, " ".join(message))
+
+
+def _check_collapse_after(collapse_after):
+    """``collapse_after`` as an int >= 1."""
+    return _checks.check_count("collapse_after", collapse_after,
+                               "Pass the consecutive skips that make a collapse, e.g. 20.")
+
+
+def _manager_list(managers):
+    """``managers`` as a list; a single manager is refused, not iterated."""
+    if hasattr(managers, "get_loss_scale") or not isinstance(
+            managers, (list, tuple, set, frozenset)):
+        raise TypeError("managers must be a list of managers, got %r. Pass e.g. "
+                        "managers=[manager]." % (managers,))
+    return list(managers)
+
+
+def _reason_code(skip_reason):
+    """A fetched ``skip_reason`` as an int code.
+
+    Raises:
+      TypeError: for what is not an integer: a bool (``is_finite`` or
+        ``applied`` passed instead), a float, None, a tensor not fetched.
+      ValueError: for an integer that is no code of ``diagnostics.REASONS``.
+    """
+    if isinstance(skip_reason, (tf.Tensor, tf.Operation)) or _checks.is_variable(skip_reason):
+        raise TypeError("skip_reason must be the value session.run fetched, got the tensor "
+                        "%r. Fetch train.skip_reason with update_op and pass its value."
+                        % (skip_reason.name,))
+    if isinstance(skip_reason, np.ndarray) and skip_reason.shape == ():
+        skip_reason = skip_reason[()]
+    if isinstance(skip_reason, (bool, np.bool_)):
+        raise TypeError("skip_reason must be a reason code, got the bool %r (is_finite or "
+                        "applied?). Fetch train.skip_reason and pass its value."
+                        % (skip_reason,))
+    if not isinstance(skip_reason, (int, np.integer)):
+        raise TypeError("skip_reason must be an int code of diagnostics.REASONS, got %r (%s). "
+                        "Pass the value fetched from train.skip_reason."
+                        % (skip_reason, type(skip_reason).__name__))
+    if not 0 <= int(skip_reason) < len(_diagnostics.REASONS):
+        raise ValueError("skip_reason must be a code in 0..%d, got %r. Pass the value "
+                         "fetched from train.skip_reason."
+                         % (len(_diagnostics.REASONS) - 1, skip_reason))
+    return int(skip_reason)
 
 
 # How often FloorWarningHook reads the managers: one small device-to-host
@@ -415,16 +632,7 @@ def check_floor(manager, session):
       ValueError: if ``session`` runs another graph than the manager's.
     """
     floor = _floor(manager, "manager")
-    graph = getattr(session, "graph", None)
-    if not isinstance(graph, tf.Graph) or not callable(getattr(session, "run", None)):
-        raise TypeError("session must be a tf.Session or MonitoredSession, got %r (%s). "
-                        "Pass the session that runs the training step."
-                        % (session, type(session).__name__))
-    if graph is not floor.scale.graph:
-        raise ValueError("session must run the graph of %s, got %r, which runs another "
-                         "graph. Pass the training step's session, e.g. "
-                         "tf.Session(graph=<the manager's graph>)."
-                         % (type(manager).__name__, session))
+    _checks.check_session(session, floor.scale.graph, type(manager).__name__)
     return floor.warn_if_due(*session.run([floor.scale, floor.streak]))
 
 
@@ -470,12 +678,3 @@ class FloorWarningHook(tf.train.SessionRunHook):
             return
         for floor, (scale, streak) in zip(self._floors, run_values.results):
             floor.warn_if_due(scale, streak)
-
-
-def _check_train_ops(train_ops):
-    if not all(hasattr(train_ops, field) for field in ("loss_scale", "applied",
-                                                        "skipped_steps", "clear_status",
-                                                        "skip_reason", "last_skip")):
-        raise TypeError(
-            "train_ops must be the TrainOps returned by MultiOptimizerLossScale.build(), "
-            "got %r." % (train_ops,))

@@ -271,6 +271,50 @@ def test_reason_names_and_messages():
     assert "at global step" not in diagnostics.describe(many)
 
 
+@pytest.mark.parametrize("misuse", ["swapped", "no session", "str session",
+                                    "other graph", "per-group op", "None", "last_skip"])
+def test_read_last_skip_names_a_wrong_argument(graph, misuse):
+    """Before: swapped arguments and None failed with AttributeError, a
+    per-group op with "'Operation' object has no attribute 'last_skip'",
+    and a TrainOps of another graph with TF's "not an element of this
+    graph"."""
+    model = build_model()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    for group in GROUPS:
+        scaler.add(model.losses[group], tf.train.GradientDescentOptimizer(0.01),
+                   var_list=model.var_lists[group], name=group)
+    train = scaler.build(per_group_ops=True)
+    init = tf.global_variables_initializer()
+    op = train.per_group["a"]
+    with tf.Graph().as_default() as other:
+        tf.constant(1.0)
+    other_sess = tf.Session(graph=other)
+    with tf.Session() as sess:
+        sess.run(init)
+        session, train_ops, error, fragments = {
+            "swapped": (train, sess, TypeError, [
+                "read_last_skip takes (session, train_ops), got a TrainOps first",
+                "read_last_skip(sess, train)"]),
+            "no session": (None, train, TypeError, [
+                "session must be a tf.Session or MonitoredSession, got None"]),
+            "str session": ("sess", train, TypeError, ["got 'sess' (str)"]),
+            "other graph": (other_sess, train, ValueError, [
+                "session must run the graph of train_ops", "another graph"]),
+            "per-group op": (sess, op, TypeError, [
+                "train_ops must be the TrainOps returned by build(), got the Operation "
+                "%r" % op.name, "the whole TrainOps"]),
+            "None": (sess, None, TypeError, ["train_ops must be the TrainOps", "got None"]),
+            "last_skip": (sess, train.last_skip, TypeError, [
+                "train_ops must be the TrainOps", "(LastSkip)"]),
+        }[misuse]
+        with pytest.raises(error) as raised:
+            diagnostics.read_last_skip(session, train_ops)
+        assert diagnostics.read_last_skip(sess, train) is None  # the right call works
+    other_sess.close()
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+
+
 @fresh_process
 def test_the_readme_diagnosis_runs_and_prints_the_message_shown(tmp_path):
     """docs/diagnosis.md, "Why a step skipped": the script runs as written,

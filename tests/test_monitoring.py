@@ -345,21 +345,21 @@ def test_warn_policy_warns_once_per_collapse_and_rearms_after_an_applied_step(gr
     assert "Fix for gradients_overflowed: " + nl.diagnostics.FIXES[2] in first
 
 
-def test_the_hook_watches_only_runs_of_update_op(graph):
-    """Runs that do not fetch update_op (an evaluation of the loss, a
-    per-group op) fetch nothing of the step: they run no step and count
-    as nothing."""
+def test_the_hook_does_not_count_runs_of_no_step(graph):
+    """Runs that run no step op (an evaluation of the loss, the summaries)
+    fetch nothing of the step: they run no step and count as nothing."""
     model = two_group_gan()
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
     add_gan_groups(scaler, model)
     gs = tf.train.get_or_create_global_step()
     train = scaler.build(global_step=gs, per_group_ops=True)
+    nl.summaries(train)
+    merged = tf.summary.merge_all()
     hook = nl.LossScaleHook(train, on_collapse="raise", collapse_after=1)
     nan_loss = dict(model.feed)
     nan_loss[model.poison_g] = np.nan
     with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
-        sess.run(model.g_loss, nan_loss)
-        sess.run(train.per_group["g"], nan_loss)  # a skip the hook does not watch
+        sess.run([model.g_loss, merged], nan_loss)
         sess.run({"step": train.update_op}, model.feed)
         assert hook.monitor.skips == 0 and sess.run(gs) == 1
         with pytest.raises(nl.LossScaleCollapse):
@@ -414,3 +414,287 @@ def test_a_step_without_skip_reason_cannot_be_watched(graph):
     with pytest.raises(ValueError, match=r"train_ops has no skip_reason: its step goes "
                                          r"through a SyncReplicasOptimizer"):
         nl.CollapseMonitor(train._replace(skip_reason=None))
+
+
+# -- the collapse policy watches what it is given, or refuses it (issue 32) ---
+
+def _per_group_train():
+    model = two_group_gan()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    add_gan_groups(scaler, model)
+    gs = tf.train.get_or_create_global_step()
+    return model, scaler.build(global_step=gs, per_group_ops=True), gs
+
+
+@pytest.mark.parametrize("kwargs,error,fragments", [
+    ({"collapse_after": 5}, ValueError,
+     ["collapse_after=5 acts only with on_collapse", "on_collapse='warn'"]),
+    ({"collapse_after": 0}, ValueError, ["collapse_after must be >= 1, got 0"]),
+    ({"collapse_after": "twenty"}, TypeError,
+     ["collapse_after must be a whole number, got 'twenty'", "e.g. 20"]),
+    ({"managers": "manager"}, ValueError,
+     ["managers=[<", "act only with on_collapse", "FloorWarningHook"]),
+    ({"on_collapse": "warn", "managers": "manager"}, TypeError,
+     ["managers must be a list of managers", "managers=[manager]"]),
+])
+def test_collapse_arguments_that_would_do_nothing_are_refused(graph, kwargs, error,
+                                                                fragments):
+    """Before: without on_collapse, collapse_after and managers were taken
+    and ignored (a hook that never acts), and collapse_after=0 or 'twenty'
+    went unchecked."""
+    manager = nl.DynamicLossScaleManager()
+    _, train = _train(manager)
+    if "managers" in kwargs:
+        kwargs = dict(kwargs, managers=[manager] if "on_collapse" not in kwargs else manager)
+    with pytest.raises(error) as raised:
+        nl.LossScaleHook(train, **kwargs)
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+
+
+def test_the_default_hook_still_takes_no_policy(graph):
+    _, train = _train()
+    assert nl.LossScaleHook(train, every_n_steps=10, managers=[]).monitor is None
+
+
+def test_the_hook_watches_alternating_per_group_runs(graph):
+    """An alternating loop, one per-group op per run: from run 4 the
+    generator's loss is NaN, the discriminator still applies. The
+    generator's third consecutive skip stops the session, though a D step
+    applied between each; an evaluation run counts as nothing. Before, no
+    per-group run was watched and the loop ran to its end."""
+    model, train, _ = _per_group_train()
+    hook = nl.LossScaleHook(train, on_collapse="stop", collapse_after=3)
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    runs = []
+    with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        while not sess.should_stop() and len(runs) < 20:
+            name = "d" if len(runs) % 2 == 0 else "g"
+            if len(runs) == 5:
+                sess.run(model.g_loss, nan_loss)  # an evaluation run, no step
+            sess.run(train.per_group[name], nan_loss if len(runs) >= 4 else model.feed)
+            runs.append(name)
+    # G's skips were runs 6, 8 and 10 (1-based), the stop right after; the
+    # last at global step 7 (runs 1-5, 7 and 9 applied).
+    assert runs == ["d", "g"] * 5
+    collapse = hook.monitor.collapse
+    assert (collapse.skips, collapse.reasons) == (3, {"loss_not_finite": 3})
+    assert collapse.last_skip == nl.diagnostics.Skip(
+        3, 7, "loss_not_finite", ("g",), ("generator/w", "generator/b"))
+    assert collapse.message.startswith(
+        "npu_lossscale: the loss scale collapsed: 3 consecutive skipped steps of "
+        "per_group['g'] (loss_not_finite 3). Last skip #3 at global step 7")
+
+
+def test_a_per_group_streak_ends_with_its_own_applied_step(graph):
+    """G skips twice, applies, skips twice: with collapse_after=3 no
+    collapse, whatever D does in between."""
+    model, train, _ = _per_group_train()
+    hook = nl.LossScaleHook(train, on_collapse="raise", collapse_after=3)
+    wrapped_g = tf.group(train.per_group["g"])
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        for g_feed in (nan_loss, nan_loss, model.feed, nan_loss, nan_loss):
+            sess.run(train.per_group["d"], model.feed)
+            sess.run(train.per_group["g"], g_feed)
+        assert hook.monitor.skips == 2 and hook.monitor.collapse is None
+        with pytest.raises(nl.LossScaleCollapse, match=r"3 consecutive skipped steps of "
+                                                       r"per_group\['g'\]"):
+            sess.run(wrapped_g, nan_loss)
+
+
+@pytest.mark.parametrize("wrap", ["group", "control_dependency", "dict_of_group"])
+def test_the_hook_watches_an_op_around_update_op(graph, wrap):
+    """A loop that fetches tf.group(train.update_op, ...) (or an op built
+    under its control dependency, as an Estimator's train_op) is watched as
+    update_op is. Before, only a fetch of update_op itself was."""
+    model, train = _train()
+    counter = tf.Variable(0, name="loop_counter")
+    if wrap == "control_dependency":
+        with tf.control_dependencies([train.update_op]):
+            train_op = tf.assign_add(counter, 1).op
+    else:
+        train_op = tf.group(train.update_op, tf.assign_add(counter, 1))
+    fetch = {"train": [train_op]} if wrap == "dict_of_group" else train_op
+    hook = nl.LossScaleHook(train, on_collapse="stop", collapse_after=2)
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    made = 0
+    with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        while not sess.should_stop() and made < 10:
+            sess.run(fetch, nan_loss if made >= 3 else model.feed)
+            made += 1
+    assert made == 5
+    assert hook.monitor.collapse.skips == 2
+
+
+def test_the_hook_counts_closed_windows_only(graph):
+    """With accumulation the hook reads window_end itself: two windows of
+    two NaN micro-batches make a collapse of 2 at the fourth run."""
+    model = two_group_gan()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    add_gan_groups(scaler, model)
+    train = scaler.build(accumulation_steps=2)
+    hook = nl.LossScaleHook(train, on_collapse="stop", collapse_after=2)
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    made = 0
+    with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        while not sess.should_stop() and made < 10:
+            sess.run(train.update_op, nan_loss)
+            made += 1
+    assert made == 4 and hook.monitor.collapse.skips == 2
+
+
+def _observe_misuses(train, model):
+    """What loops hand CollapseMonitor.observe instead of a reason code."""
+    return {
+        "is_finite True": (True, TypeError, ["skip_reason must be a reason code",
+                                             "the bool True", "is_finite"]),
+        "numpy bool": (np.bool_(False), TypeError, ["got the bool",
+                                                    "train.skip_reason"]),
+        "numpy float": (np.float32(1.0), TypeError, ["skip_reason must be an int code",
+                                                     "float32", "train.skip_reason"]),
+        "float": (2.0, TypeError, ["got 2.0 (float)"]),
+        "None": (None, TypeError, ["got None (NoneType)"]),
+        "tensor": (train.skip_reason, TypeError, ["the value session.run fetched",
+                                                   repr(train.skip_reason.name)]),
+        "out of range": (7, ValueError, ["skip_reason must be a code in 0..4, got 7"]),
+    }
+
+
+@pytest.mark.parametrize("misuse", ["is_finite True", "numpy bool", "numpy float", "float",
+                                    "None", "tensor", "out of range"])
+def test_observe_refuses_what_is_not_a_reason_code(graph, misuse):
+    """Before: is_finite (True on applied steps) counted as loss_not_finite
+    and False as applied, so real skips were missed and a false alarm came;
+    a float counted as its int, a tensor or None failed in int()."""
+    model, train = _train()
+    monitor = nl.CollapseMonitor(train, collapse_after=1)
+    value, error, fragments = _observe_misuses(train, model)[misuse]
+    with tf.Session() as sess:
+        with pytest.raises(error) as raised:
+            monitor.observe(value, sess)
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+    assert monitor.skips == 0
+
+
+def test_observe_takes_what_session_run_returns(graph):
+    """Numpy integers (what session.run returns for an int32 scalar), a 0-d
+    array and Python ints are reason codes; numpy bools for window_end."""
+    model, train = _train()
+    monitor = nl.CollapseMonitor(train, collapse_after=5, on_collapse="stop")
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        reason = sess.run([train.update_op, train.skip_reason], model.feed)[1]
+        assert isinstance(reason, np.integer)
+        assert monitor.observe(reason, sess) is None
+        for code in (np.int32(1), np.int64(2), np.array(1, np.int32), 3):
+            assert monitor.observe(code, sess, window_end=np.bool_(True)) is None
+        assert monitor.skips == 4 and monitor.collapse is None
+        assert monitor.observe(0, sess, window_end=np.array(True)) is None
+    assert monitor.skips == 0
+
+
+@pytest.mark.parametrize("session", [None, "sess", "other graph"])
+def test_observe_checks_the_session_on_every_run(graph, session):
+    """Before: a None session went unnoticed until the collapse read the
+    record, collapse_after runs later."""
+    model, train = _train()
+    monitor = nl.CollapseMonitor(train, collapse_after=20)
+    if session == "other graph":
+        with tf.Graph().as_default() as other:
+            tf.constant(1.0)
+        session = tf.Session(graph=other)
+        error, fragments = ValueError, ["session must run the graph of train_ops",
+                                        "another graph"]
+    else:
+        error, fragments = TypeError, ["session must be a tf.Session", repr(session)]
+    with pytest.raises(error) as raised:
+        monitor.observe(0, session)
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+
+
+def test_observe_refuses_a_step_name_that_is_not_a_str(graph):
+    _, train = _train()
+    monitor = nl.CollapseMonitor(train)
+    with tf.Session() as sess:
+        with pytest.raises(TypeError, match=r"step must be None or a str .*, got 1\."):
+            monitor.observe(0, sess, step=1)
+
+
+def test_accumulation_without_window_end_is_refused(graph):
+    """A run inside a window reads skip_reason 0 as an applied step does, so
+    without window_end the monitor would never see a collapse (before: the
+    window's inner runs re-armed it, and it never fired)."""
+    model = two_group_gan()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    add_gan_groups(scaler, model)
+    train = scaler.build(accumulation_steps=2)
+    monitor = nl.CollapseMonitor(train, collapse_after=2, on_collapse="stop")
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        _, reason, end = sess.run([train.update_op, train.skip_reason, train.window_end],
+                                  nan_loss)
+        with pytest.raises(ValueError) as raised:
+            monitor.observe(reason, sess)
+        assert "window_end=None" in str(raised.value)
+        assert "Pass the run's fetched train.window_end" in str(raised.value)
+        with pytest.raises(TypeError, match="window_end must be the bool fetched"):
+            monitor.observe(reason, sess, window_end=train.window_end)
+        assert monitor.observe(reason, sess, window_end=end) is None
+
+
+def test_without_accumulation_window_end_is_optional(graph):
+    """update_op closes every step: window_end is a constant True."""
+    model, train = _train()
+    monitor = nl.CollapseMonitor(train, collapse_after=1, on_collapse="stop")
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        reason = sess.run([train.update_op, train.skip_reason], nan_loss)[1]
+        assert monitor.observe(reason, sess).skips == 1
+
+
+def test_the_monitor_takes_a_finalized_graph(graph):
+    """It makes no op: a loop may build it after graph.finalize()."""
+    model, train = _train()
+    init = tf.global_variables_initializer()
+    graph.finalize()
+    monitor = nl.CollapseMonitor(train, collapse_after=1, on_collapse="stop")
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    with tf.Session() as sess:
+        sess.run(init)
+        reason = sess.run([train.update_op, train.skip_reason], nan_loss)[1]
+        assert monitor.observe(reason, sess) is not None
+
+
+def test_a_plain_alternating_loop_watches_each_group_as_documented(graph):
+    """docs/monitoring_notes.md's plain loop over per-group ops: the count
+    before the run, then the count and the record's reason after it."""
+    model, train, _ = _per_group_train()
+    monitor = nl.CollapseMonitor(train, collapse_after=2, on_collapse="stop")
+    nan_loss = dict(model.feed)
+    nan_loss[model.poison_g] = np.nan
+    made = []
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for name in ["d", "g"] * 5:
+            feed = nan_loss if len(made) >= 2 else model.feed
+            before, _ = sess.run([train.skipped_steps, train.per_group[name]], feed)
+            after, reason = sess.run([train.skipped_steps, train.last_skip.reason])
+            made.append(name)
+            if monitor.observe(reason if after > before else 0, sess, step=name):
+                break
+    assert made == ["d", "g"] * 3
+    assert monitor.collapse.message.startswith(
+        "npu_lossscale: the loss scale collapsed: 2 consecutive skipped steps of g "
+        "(loss_not_finite 2).")

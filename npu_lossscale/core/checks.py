@@ -129,6 +129,64 @@ def check_global_step(global_step):
             % (global_step,))
 
 
+#: The fields a ``TrainOps`` (builder.py) has that the monitoring and the
+#: skip record's readers use; checked by name, as builder.py imports this
+#: module.
+_TRAIN_OPS_FIELDS = ("update_op", "loss_scale", "applied", "skipped_steps", "clear_status",
+                     "skip_reason", "last_skip", "per_group", "window_end")
+
+
+def check_train_ops(train_ops, argument="train_ops"):
+    """Raises TypeError unless ``train_ops`` is a ``TrainOps`` of ``build()``.
+
+    Args:
+      train_ops: the value to check.
+      argument: the argument's name, for the message.
+    """
+    if isinstance(train_ops, tuple) and all(hasattr(train_ops, field)
+                                            for field in _TRAIN_OPS_FIELDS):
+        return
+    if isinstance(train_ops, (tf.Operation, tf.Tensor)):
+        raise TypeError("%s must be the TrainOps returned by build(), got the %s %r. Pass "
+                        "the whole TrainOps (train, not one of its ops)."
+                        % (argument, type(train_ops).__name__, train_ops.name))
+    raise TypeError("%s must be the TrainOps returned by MultiOptimizerLossScale.build(), "
+                    "got %r (%s). Pass the TrainOps that build() returned."
+                    % (argument, train_ops, type(train_ops).__name__))
+
+
+def is_session(value):
+    """True for a session: an object with ``run`` and a ``tf.Graph`` as
+    ``graph`` (``tf.Session``, ``MonitoredSession``, a hook's session), not
+    a ``tf.Operation`` (which has both)."""
+    return (not isinstance(value, tf.Operation)
+            and isinstance(getattr(value, "graph", None), tf.Graph)
+            and callable(getattr(value, "run", None)))
+
+
+def check_session(session, graph, owner):
+    """Raises unless ``session`` is a session (``tf.Session``,
+    ``MonitoredSession``...) that runs ``graph``.
+
+    Args:
+      session: the value to check.
+      graph: the ``tf.Graph`` it must run.
+      owner: what ``graph`` belongs to, for the message (e.g. "train_ops").
+
+    Raises:
+      TypeError: for an object without ``run`` and a ``tf.Graph`` ``graph``.
+      ValueError: for a session of another graph.
+    """
+    if not is_session(session):
+        raise TypeError("session must be a tf.Session or MonitoredSession, got %r (%s). "
+                        "Pass the session that runs the training step."
+                        % (session, type(session).__name__))
+    if session.graph is not graph:
+        raise ValueError("session must run the graph of %s, got %r, which runs another "
+                         "graph. Pass the training step's session, e.g. "
+                         "tf.Session(graph=<the graph of %s>)." % (owner, session, owner))
+
+
 def is_variable(value):
     """True for ref and resource variables alike (TF 1.15 and 2.x)."""
     return (isinstance(value, tf.Variable)

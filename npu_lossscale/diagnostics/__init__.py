@@ -33,6 +33,8 @@ import collections
 
 import numpy as np
 
+from npu_lossscale import checks as _checks
+
 #: The reason codes, by name; ``TrainOps.skip_reason`` is an index into it.
 REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
            "other_worker_overflowed", "register_outside_gradients")
@@ -166,7 +168,19 @@ def read_last_skip(session, train_ops):
 
     Returns:
       A ``Skip``, or None when no step has skipped yet.
+
+    Raises:
+      TypeError: for arguments in the wrong order, a ``session`` that is
+        not a session, or a ``train_ops`` that is not a ``TrainOps`` (a
+        step op of it, None).
+      ValueError: for a session of another graph than ``train_ops``'s.
     """
+    if _checks.is_session(train_ops) and not _checks.is_session(session):
+        raise TypeError("read_last_skip takes (session, train_ops), got a %s first and the "
+                        "session %r second. Call read_last_skip(sess, train)."
+                        % (type(session).__name__, train_ops))
+    _checks.check_train_ops(train_ops)
+    _checks.check_session(session, train_ops.update_op.graph, "train_ops")
     return decode(session.run(train_ops.last_skip))
 
 
