@@ -16,7 +16,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import checks as _checks
 from npu_lossscale import diagnostics as _diagnostics
-from npu_lossscale import graph_walk as _graph_walk
+from npu_lossscale.core import graph_walk as _graph_walk
 
 
 def summaries(train_ops, family="loss_scale", step_applied=False):

@@ -33,7 +33,7 @@ import collections
 
 import numpy as np
 
-from npu_lossscale import checks as _checks
+from npu_lossscale.core import checks as _checks
 
 #: The reason codes, by name; ``TrainOps.skip_reason`` is an index into it.
 REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
