@@ -34,6 +34,7 @@ from npu_lossscale.core import step as _step
 from npu_lossscale.distributed import sync_replicas as _sync_replicas
 from npu_lossscale import underflow as _underflow
 from npu_lossscale.core import update_ops as _update_ops
+from npu_lossscale.transforms import clip as _clip
 
 #: What makes a cluster's workers decide alike, per ``distributed.Cluster.kind``.
 _CLUSTER_ROUTES = {
@@ -43,9 +44,9 @@ _CLUSTER_ROUTES = {
                  "chief decides on the aggregated gradients",
 }
 
-# The clip_norm values for which clip_by_global_norm stays exact: clip_norm
-# and 1 / clip_norm are both normal float32 numbers.
-CLIP_NORM_RANGE = (2.0 ** -126, 2.0 ** 126)
+#: The clip_norm values for which clip_by_global_norm stays exact
+#: (``transforms.clip.CLIP_NORM_RANGE``).
+CLIP_NORM_RANGE = _clip.CLIP_NORM_RANGE
 
 
 class TrainOps(collections.namedtuple(
@@ -325,8 +326,9 @@ class MultiOptimizerLossScale(object):
         own_backprop = (type(optimizer).compute_gradients
                         is not tf.train.Optimizer.compute_gradients
                         or "compute_gradients" in vars(optimizer))
+        transforms = () if clip_norm is None else (_clip.ClipByGlobalNorm(clip_norm),)
         self._groups.append(_plan.Group(
-            name, loss, optimizer, var_list, clip_norm, loss_scale_manager,
+            name, loss, optimizer, var_list, transforms, loss_scale_manager,
             _managers.overflow_check_enabled(loss_scale_manager), own_backprop))
         return name
 
@@ -426,15 +428,17 @@ class MultiOptimizerLossScale(object):
         if self._engine is None and not self._independent:
             _distributed.check_cluster(
                 "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
-                aggregated=_sync_replicas.through_sync_replicas(plan))
+                aggregated=plan.mode == "chief")
         train = self._build(plan, global_step, update_ops, per_group_ops, measure_underflow)
         self._built = True
         return train
 
     def _options(self, accumulation_steps=1, count_skipped_steps=False):
+        engine = _sync_replicas.engine_for([group.optimizer for group in self._groups],
+                                           self._engine)
         return _step.Options(
             backend=self._requested_backend, gate=self._gate, skip_policy=self._skip_policy,
-            engine=self._engine, allreduce_gradients=self._allreduce_gradients,
+            engine=engine, allreduce_gradients=self._allreduce_gradients,
             accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps)
 
     def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow):
@@ -446,12 +450,16 @@ class MultiOptimizerLossScale(object):
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
             record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu)
+            observers = [_diagnosis.SkipDiagnosis(record)]
+            if _underflow.listens(plan):
+                observers.append(_underflow.Hearing())
+            measurement = _underflow.Measurement() if measure_underflow else None
             joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
                                      [op for ops in update_ops.values() for op in ops],
-                                     counters, measure_underflow=measure_underflow,
-                                     record=record)
+                                     counters, observers=observers + [
+                                         item for item in [measurement] if item is not None])
             clear_status = plan.backend.clear_status()
-            applied = None if _sync_replicas.through_sync_replicas(plan) else joint.applied
+            applied = None if plan.mode == "chief" else joint.applied
             skip_reason, groups_overflowed = (None, {}) if applied is None else record.report(
                 skipped_steps, applied)
             last_skip = record.last_skip()
@@ -461,13 +469,14 @@ class MultiOptimizerLossScale(object):
                 alone = _plan.make_plan(
                     [group], group.manager, plan.backend, engine=plan.reduction.engine,
                     allreduce_gradients=plan.reduction.allreduce_gradients,
-                    count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind)
+                    count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind,
+                    conditions=[item.condition for item in plan.conditions])
                 with tf.name_scope("loss_scale_%s" % group.name):
                     # Copies: the originals already belong to update_op's gate.
                     per_group[group.name] = _step.build_step(
                         alone, "per_group[%s] of %s" % (group.name, what), global_step,
                         skipped_steps, _commit.Copies(update_ops.get(group.name, ())),
-                        counters, record=record).update_op
+                        counters, observers=observers).update_op
         if plan.backend.reads_register and plan.checks:
             _backends.claim_register(self, "a " + what)
         return TrainOps(
@@ -476,5 +485,6 @@ class MultiOptimizerLossScale(object):
             window_end=joint.window_end, group_is_finite=joint.group_is_finite,
             loss_scales=joint.loss_scales, accumulate_op=joint.accumulate_op,
             per_group=per_group, skipped_steps=skipped_steps.before, clear_status=clear_status,
-            underflow=joint.underflow, skip_reason=skip_reason,
+            underflow=joint.reports[-1] if measurement is not None else {},
+            skip_reason=skip_reason,
             groups_overflowed=groups_overflowed, last_skip=last_skip)

@@ -236,14 +236,15 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
         with tf.name_scope(name, "loss_scale_apply") as scope:
             group = _plan.Group(
                 name=name or self._opt.get_name(), loss=None, optimizer=self._opt,
-                var_list=tuple(var for _, var in present), clip_norm=None,
+                var_list=tuple(var for _, var in present), transforms=(),
                 manager=self._manager,
                 checked=_managers.overflow_check_enabled(self._manager), own_backprop=False)
             # The backend and the gate are decided here, at apply_gradients,
             # as npu_bridge's NPULossScaleOptimizer decides.
             options = _step.Options(
                 backend=self._requested_backend, gate=self._gate, skip_policy="all",
-                engine=self._engine, allreduce_gradients=False, accumulation_steps=1,
+                engine=_sync_replicas.engine_for([self._opt], self._engine),
+                allreduce_gradients=False, accumulation_steps=1,
                 count_skipped_steps=self._count_skipped_steps)
             plan = _step.plan_step([group], self._manager, options, global_step,
                                    "LossScaleOptimizer.apply_gradients")
@@ -256,7 +257,7 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
                 _distributed.check_cluster(
                     "LossScaleOptimizer.apply_gradients", plan, _CLUSTER_ROUTES,
                     "is_distributed=False",
-                    aggregated=aggregated or _sync_replicas.through_sync_replicas(plan))
+                    aggregated=aggregated or plan.mode == "chief")
             step = _step.build_step(
                 plan, "LossScaleOptimizer %s, step %s" % (self.get_name(), scope.rstrip("/")),
                 global_step, given=present)

@@ -20,14 +20,20 @@ class _Manager(object):
         self.checked = checked
 
 
-def _group(name, loss=None, manager=None, checked=True, own_backprop=False, clip_norm=None):
+def _group(name, loss=None, manager=None, checked=True, own_backprop=False, transforms=()):
     return P.Group(name=name, loss=loss if loss is not None else object(),
-                   optimizer=object(), var_list=(object(),), clip_norm=clip_norm,
+                   optimizer=object(), var_list=(object(),), transforms=transforms,
                    manager=manager if manager is not None else _SHARED,
                    checked=checked, own_backprop=own_backprop)
 
 
 _SHARED = _Manager()
+
+
+class _Engine(object):
+    """A stand-in engine across workers: the plan reads ``mode`` only."""
+
+    mode = "workers"
 
 
 class _Backend(object):
@@ -137,7 +143,7 @@ def test_unchecked_group_is_in_no_check_and_its_gate_always_opens():
 def test_window_is_closed_by_update_op_only_with_an_engine():
     groups = [_group("a")]
     assert P.make_plan(groups, _SHARED, _IS_FINITE, accumulation_steps=4).window == P.Window(4, False)
-    engine = object()
+    engine = _Engine()
     plan = P.make_plan(groups, _SHARED, _IS_FINITE, engine=engine, accumulation_steps=4)
     assert plan.window == P.Window(4, True)
     assert plan.reduction.active and plan.reduction.engine is engine

@@ -1,5 +1,5 @@
-"""Phase 4 of the step, closing it: reduce across workers, decide, commit
-(``commit``), update the managers.
+"""Phase 4 of the step, closing it: reduce across replicas, transform the
+gradients, decide, update the managers, commit (``commit``).
 
 ``close`` runs on the run that closes a step (every run without
 accumulation; the window's last one with it). It takes a ``Closing`` record,
@@ -13,18 +13,20 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import seams as _seams
+
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import commit as _commit
-from npu_lossscale import distributed as _distributed
 from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import overflow as _overflow
 
 
-class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over",
-                                                 "diagnosis"], defaults=(None,))):
+class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over"])):
     """What closing a step needs.
 
     Attributes:
-      flags: ordered dict from check name to float32 flag (0.0 finite).
+      flags: ordered dict from flag name (each check's, each condition's)
+        to float32 flag (0.0 to apply).
       grads: ordered dict from group name to the (gradient, variable) pairs:
         this run's unscaled gradients, or an accumulation window's float32
         sums.
@@ -33,8 +35,6 @@ class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mea
       mean_over: the number of micro-batches ``grads`` sum, 1 without
         accumulation: the applied gradients are their mean, taken after the
         reduction across workers, in each variable's dtype.
-      diagnosis: the ``diagnosis.Diagnosis`` whose skip branch the commit
-        builds, or None (the default) for no diagnosis.
     """
 
 
@@ -49,8 +49,9 @@ class Closed(collections.namedtuple("Closed", ["applied", "decisions", "grads"])
     """
 
 
-def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
-    """Reduces, decides, commits and updates the managers.
+def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observers=(),
+          state=None):
+    """Reduces, transforms, decides, updates the managers and commits.
 
     Args:
       plan: the ``plan.Plan``.
@@ -59,27 +60,83 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
       skipped_steps: the ``commit.SkippedSteps`` counter, or None.
       update_ops: ops that run only when every group applies (or
         ``commit.Copies`` of them).
+      observers: the step's ``seams.StepObserver``s; their ``on_skip`` ops
+        make the gate's skip branch.
+      state: the ``seams.StepState`` so far (the plan's alone if None).
 
     Returns:
       A ``Closed``.
     """
-    flags, grads = _distributed.reduce_across_workers(plan.reduction, closing.flags,
-                                                      closing.grads)
+    engine = plan.reduction.engine
+    flags, grads = engine.reduce(closing.flags, closing.grads,
+                                 plan.reduction.allreduce_gradients)
     if closing.mean_over > 1:
         grads = _gradients.means(grads, closing.mean_over)
+    grads = transformed(plan, grads)
+    flags = _overflow.transformed_flags(plan, flags, grads)
     decisions = Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
-    on_skip = None
-    if closing.diagnosis is not None and flags:  # no flags: no check, no skip
-        on_skip = closing.diagnosis.skip_branch(plan, closing, flags, global_step)
+    state = (state if state is not None else _seams.StepState(plan, global_step))._replace(
+        closing=closing, reduced_flags=flags)
+    def skip_branch(scope):
+        del scope
+        return [op for observer in observers for op in observer.on_skip(state)]
+
+    def on_apply():
+        return [op for item in plan.conditions for op in item.condition.on_apply(state)]
+
+    on_skip = skip_branch if flags and observers else None  # no flag: nothing skips
+
     # The managers' updates (user hooks that may fail) come before the
     # commit makes any state; they follow the step's scale reads, which is
     # all the step reads of the scale.
     updates = update_managers(plan, decisions, list(closing.after))
     committed = _commit.commit(plan, grads, decisions, global_step, skipped_steps, update_ops,
-                               on_skip=on_skip)
+                               on_skip=on_skip, on_apply=on_apply if plan.conditions else None)
     with tf.control_dependencies(committed.ops + updates):
         applied = tf.identity(committed.applied, name="applied")
     return Closed(applied, decisions, grads)
+
+
+def transformed(plan, grads):
+    """Each group's pairs through its ``seams.GradientTransform``s, in order.
+
+    Args:
+      plan: the ``plan.Plan``.
+      grads: ordered dict from group name to unscaled pairs.
+
+    Returns:
+      A new ordered dict.
+
+    Raises:
+      TypeError: when a transform returns anything but (gradient, variable)
+        pairs over the group's variables.
+    """
+    result = collections.OrderedDict()
+    for name, pairs in grads.items():
+        group = plan.group(name)
+        for transform in group.transforms:
+            with tf.name_scope("%s/%s" % (name, transform.name)):
+                pairs = _checked_pairs(transform, group, pairs,
+                                       transform.transform(group, list(pairs)))
+        result[name] = pairs
+    return result
+
+
+def _checked_pairs(transform, group, given, returned):
+    """``returned``, refused unless pairs of gradients over ``given``'s
+    variables."""
+    try:
+        pairs = [(grad, var) for grad, var in returned]
+    except (TypeError, ValueError):
+        pairs = None
+    variables = set(id(var) for _, var in given)
+    if (pairs is None or any(id(var) not in variables for _, var in pairs)
+            or any(not isinstance(grad, (tf.Tensor, tf.IndexedSlices)) for grad, _ in pairs)):
+        raise TypeError(
+            "group %r: %s returned %r, not a list of (gradient, variable) pairs over the "
+            "variables it was given. Return e.g. [(tf.clip_by_norm(g, 1.0), v) for g, v "
+            "in grads_and_vars]." % (group.name, transform.name, returned))
+    return pairs
 
 
 class Decisions(object):
@@ -182,7 +239,9 @@ def update_managers(plan, decisions, after):
     """Every used manager's update, fed with its groups' decision.
 
     A manager no group uses (the builder's, when every group brings its own)
-    is read for ``TrainOps.loss_scale`` but never updated.
+    is read for ``TrainOps.loss_scale`` but never updated. A skip condition
+    that does not move the scale holds the updates: on a step it skips while
+    the overflow checks pass, no manager updates.
 
     Args:
       plan: the ``plan.Plan``.
@@ -193,5 +252,18 @@ def update_managers(plan, decisions, after):
     Returns:
       A list of ops.
     """
-    return [update_manager(use.manager, decisions.all_of(use.checks), after)
-            for use in plan.managers if use.groups]
+    moving = [item.name for item in plan.conditions if item.condition.moves_scale]
+    holding = [item.name for item in plan.conditions if not item.condition.moves_scale]
+    updates = []
+    for use in plan.managers:
+        if not use.groups:
+            continue
+        finite = decisions.all_of(list(use.checks) + moving)
+        if not holding:
+            updates.append(update_manager(use.manager, finite, after))
+            continue
+        free = tf.logical_or(decisions.all_of(holding), tf.logical_not(finite))
+        updates.append(_commit.run_if(
+            free, lambda scope, manager=use.manager, finite=finite: [
+                update_manager(manager, finite, after)], "update_%s" % use.name).op)
+    return updates

@@ -10,7 +10,6 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import graph_walk as _graph_walk
-from npu_lossscale.core.gradients import clip
 
 
 def run_if(pred, build, name, data=None, existing=(), otherwise=None):
@@ -74,15 +73,13 @@ def run_if(pred, build, name, data=None, existing=(), otherwise=None):
         return tf.raw_ops.Merge(inputs=[when_false, ran], name="merge")[0]
 
 
-class Apply(collections.namedtuple("Apply", ["name", "optimizer", "grads_and_vars",
-                                             "clip_norm"])):
+class Apply(collections.namedtuple("Apply", ["name", "optimizer", "grads_and_vars"])):
     """One optimizer's apply behind a gate.
 
     Attributes:
       name: the group's name (the apply op is ``<gate>/<name>``).
       optimizer: the optimizer.
-      grads_and_vars: the unscaled (gradient, variable) pairs.
-      clip_norm: global-norm clip, applied inside the gate; None not to clip.
+      grads_and_vars: the (gradient, variable) pairs to apply.
     """
 
 
@@ -174,12 +171,12 @@ def _mark_gate(applied):
 
 
 def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
-                  kind="pivot", update_ops=(), on_skip=None):
+                  kind="pivot", update_ops=(), on_skip=None, on_apply=None):
     """Applies every ``Apply``, or nothing at all when not finite (``run_if``).
 
     Args:
       is_finite: bool scalar.
-      applies: list of ``Apply``; gradients are clipped on finite steps only.
+      applies: list of ``Apply``.
       global_step: a variable advanced by one on finite steps, or None.
       name: the name scope of the gate.
       kind: "pivot" or "cond" (``gate``).
@@ -187,6 +184,8 @@ def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
         when the gate applies.
       on_skip: None, or the builder of the ops that run only when the gate
         skips (the gate's ``otherwise``).
+      on_apply: None, or a function returning further ops to run only
+        when the gate applies.
 
     Returns:
       A bool scalar tensor: True when this run applied the updates.
@@ -198,8 +197,9 @@ def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
         # update ops still go under this scope through `name`.
         with tf.name_scope(None):
             updates = [item.optimizer.apply_gradients(
-                clip(item.grads_and_vars, item.clip_norm),
-                name="%s/%s" % (scope, item.name)) for item in applies]
+                item.grads_and_vars, name="%s/%s" % (scope, item.name)) for item in applies]
+        if on_apply is not None:
+            updates = updates + list(on_apply())
         if global_step is not None:
             with tf.control_dependencies(updates):
                 updates = [_increment(global_step)]
@@ -258,8 +258,9 @@ class Committed(collections.namedtuple("Committed", ["applied", "ops"])):
 
 
 def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(),
-           on_skip=None):
-    """The plan's gates, each applying its groups when its checks pass.
+           on_skip=None, on_apply=None):
+    """The plan's gates, each applying its groups when its checks and the
+    step's skip conditions pass.
 
     This is the only place the step counters move: ``global_step`` by one
     inside the gate with a single gate, by one if any gate applied with
@@ -281,31 +282,34 @@ def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(
         of the gate of ``update_ops`` (or of one of its own), so that an
         applied step runs none of it. Any ``global_step`` increment follows
         it.
+      on_apply: None, or a function returning ops to run only on steps
+        where every group applies (the skip conditions' ``on_apply``).
 
     Returns:
       A ``Committed``.
     """
     def applies(item):
-        return [Apply(name, plan.group(name).optimizer, grads[name],
-                      plan.group(name).clip_norm) for name in item.groups]
+        return [Apply(name, plan.group(name).optimizer, grads[name]) for name in item.groups]
 
+    conditions = [item.name for item in plan.conditions]
     counted_inside = None if plan.count_skipped_steps else global_step
     if len(plan.gates) == 1:
         item = plan.gates[0]
-        applied = guarded_apply(decisions.all_of(item.checks), applies(item),
-                                counted_inside, item.name, plan.gate_kind, update_ops,
-                                on_skip=on_skip)
+        applied = guarded_apply(decisions.all_of(list(item.checks) + conditions),
+                                applies(item), counted_inside, item.name, plan.gate_kind,
+                                update_ops, on_skip=on_skip, on_apply=on_apply)
         ops, every_group = [applied], applied
     else:
-        ops = [guarded_apply(decisions.all_of(item.checks), applies(item), name=item.name,
-                             kind=plan.gate_kind)
+        ops = [guarded_apply(decisions.all_of(list(item.checks) + conditions), applies(item),
+                             name=item.name, kind=plan.gate_kind)
                for item in plan.gates]
         applied = tf.reduce_any(tf.stack(ops[:len(plan.gates)]))
         every_group = tf.reduce_all(tf.stack(ops[:len(plan.gates)]))
-        if update_ops:
-            every = decisions.all_of([check.name for check in plan.checks], name="all_finite")
-            ops.append(gate(plan.gate_kind, every, lambda scope: [], "update_ops_if_finite",
-                            existing=update_ops, otherwise=on_skip))
+        if update_ops or on_apply is not None:
+            every = decisions.all_of(list(plan.flag_names), name="all_finite")
+            ops.append(gate(plan.gate_kind, every,
+                            lambda scope: [] if on_apply is None else list(on_apply()),
+                            "update_ops_if_finite", existing=update_ops, otherwise=on_skip))
         elif on_skip is not None:
             skip_gate = cond_if if plan.gate_kind == "cond" else run_if
             ops.append(skip_gate(every_group, lambda scope: [], "diagnose_if_skipped",

@@ -148,18 +148,20 @@ def read_scale(manager):
     return Scale(value, _prevent_feeding(tf.reciprocal(value, name="inv_scale")), False)
 
 
-def read_scales(plan):
+def read_scales(plan, after=()):
     """Each manager's ``Scale``, read once under its own name scope.
 
     Args:
       plan: the ``plan.Plan``.
+      after: ops every read must follow (an observer's work before the
+        scale read).
 
     Returns:
       Ordered dict from ``ManagerUse.name`` to ``Scale``, the builder's first.
     """
     scales = collections.OrderedDict()
     for use in plan.managers:
-        with tf.name_scope(use.name):
+        with tf.name_scope(use.name), tf.control_dependencies(list(after)):
             scales[use.name] = read_scale(use.manager)
     return scales
 
@@ -227,10 +229,12 @@ def unscale(grads_and_vars, scale):
 def scaled_gradients(plan, scales, names, after=()):
     """The scaled (gradient, variable) pairs of the groups called ``names``.
 
-    Each ``plan.Backprop`` serving those groups is computed once: one
-    ``tf.gradients`` over the union of its groups' variables, or the group
-    optimizer's own ``compute_gradients``. Pairs with a None gradient are
-    dropped.
+    Each ``plan.Backprop`` serving those groups is computed once per
+    replica of its loss (``seams.ReductionEngine.replica_losses``, one
+    replica but for in-graph towers): one ``tf.gradients`` over the union of
+    its groups' variables, or the group optimizer's own
+    ``compute_gradients``, in the engine's ``replica_scope``; the engine
+    combines the replicas' pairs. Pairs with a None gradient are dropped.
 
     Args:
       plan: the ``plan.Plan``.
@@ -246,9 +250,10 @@ def scaled_gradients(plan, scales, names, after=()):
         custom ``compute_gradients``; ``add()`` rejects losses that do not
         reach their variables).
     """
+    engine = plan.reduction.engine
     scaled_losses = []  # (loss, manager, scaled loss): one product per pair
     seeds = []  # (dtype, manager, seed): one cast per pair
-    raw = {}
+    per_replica = collections.defaultdict(list)  # group name -> one pair list per replica
 
     def scaled_loss(loss, manager):
         for known_loss, known_manager, product in scaled_losses:
@@ -258,44 +263,53 @@ def scaled_gradients(plan, scales, names, after=()):
         scaled_losses.append((loss, manager, product))
         return product
 
-    def backprop_of(loss, manager, variables):
+    def backprop_of(loss, manager, variables, colocate):
         """``tf.gradients`` of the scaled loss: the loss itself seeded with
-        the scale where its shape is known to be a scalar."""
+        the scale where its shape is known to be a scalar; with several
+        replicas, each gradient op beside its forward op."""
         scale = scales[plan.manager_use(manager).name]
         if scale.is_unit or loss.shape.ndims != 0:
-            return tf.gradients(scaled_loss(loss, manager), variables, gate_gradients=True)
+            return tf.gradients(scaled_loss(loss, manager), variables, gate_gradients=True,
+                                colocate_gradients_with_ops=colocate)
         dtype = loss.dtype.base_dtype
         found = [known for known_dtype, known_manager, known in seeds
                  if known_dtype == dtype and known_manager is manager]
         if not found:
             found = [seed(loss, scale)]
             seeds.append((dtype, manager, found[0]))
-        return tf.gradients(loss, variables, grad_ys=found[0], gate_gradients=True)
+        return tf.gradients(loss, variables, grad_ys=found[0], gate_gradients=True,
+                            colocate_gradients_with_ops=colocate)
 
     with tf.control_dependencies(list(after)):
         for backprop in plan.backprops:
             if backprop.groups[0] not in names:
                 continue
             first = plan.group(backprop.groups[0])
-            with tf.name_scope(first.name):
-                if first.own_backprop:
-                    raw[first.name] = first.optimizer.compute_gradients(
-                        scaled_loss(first.loss, first.manager), var_list=list(first.var_list))
-                    continue
-                variables = [var for name in backprop.groups
-                             for var in plan.group(name).var_list]
-                grads = backprop_of(backprop.loss, backprop.manager, variables)
-            offset = 0
-            for name in backprop.groups:
-                var_list = plan.group(name).var_list
-                raw[name] = list(zip(grads[offset:offset + len(var_list)], var_list))
-                offset += len(var_list)
+            replicas = engine.replica_losses(first)
+            for index, loss in enumerate(replicas):
+                with tf.name_scope(first.name), engine.replica_scope(first, index):
+                    if first.own_backprop:
+                        per_replica[first.name].append(first.optimizer.compute_gradients(
+                            scaled_loss(loss, first.manager), var_list=list(first.var_list)))
+                        continue
+                    variables = [var for name in backprop.groups
+                                 for var in plan.group(name).var_list]
+                    grads = backprop_of(loss, backprop.manager, variables, len(replicas) > 1)
+                offset = 0
+                for name in backprop.groups:
+                    var_list = plan.group(name).var_list
+                    per_replica[name].append(
+                        list(zip(grads[offset:offset + len(var_list)], var_list)))
+                    offset += len(var_list)
 
     result = collections.OrderedDict()
     for name in names:
-        pairs = [(grad, var) for grad, var in raw[name] if grad is not None]
+        group = plan.group(name)
+        replicas = [[(grad, var) for grad, var in pairs if grad is not None]
+                    for pairs in per_replica[name]]
+        pairs = (replicas[0] if len(replicas) == 1
+                 else engine.combine_replicas(group, replicas))
         if not pairs:
-            group = plan.group(name)
             raise ValueError(
                 "group %r: its optimizer's compute_gradients returned no gradient for its "
                 "%d variables. Check its var_list." % (name, len(group.var_list)))
@@ -318,31 +332,6 @@ def means(grads, steps):
     return collections.OrderedDict(
         (name, [(tf.cast(total * inverse, var.dtype.base_dtype), var) for total, var in pairs])
         for name, pairs in grads.items())
-
-
-def clip(grads_and_vars, clip_norm):
-    """The pairs with gradients clipped by their global norm (None: as given).
-
-    The norm is taken in float32: float16 squares overflow past a norm of
-    about 256, and TF's clip turns every gradient into NaN then, on a step
-    the check found finite. float32 gradients are clipped exactly as
-    ``tf.clip_by_global_norm`` clips them; others are cast back.
-    """
-    if clip_norm is None:
-        return grads_and_vars
-    wide = [_cast(grad, tf.float32) for grad, _ in grads_and_vars]
-    clipped, _ = tf.clip_by_global_norm(wide, clip_norm)
-    return [(_cast(new, grad.dtype.base_dtype), var)
-            for new, (grad, var) in zip(clipped, grads_and_vars)]
-
-
-def _cast(grad, dtype):
-    """``grad`` (a tensor or IndexedSlices) in ``dtype``; itself if already so."""
-    if grad.dtype.base_dtype == dtype:
-        return grad
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices, grad.dense_shape)
-    return tf.cast(grad, dtype)
 
 
 class _Row(collections.namedtuple("_Row", ["pack", "row"])):

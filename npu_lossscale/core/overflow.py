@@ -69,3 +69,55 @@ def flags(plan, grads, packing, after, checks=None):
         with scope:
             result[item.name] = _backends.checked_flag(plan.backend, tensors, after=list(after))
     return result
+
+
+def condition_flags(plan, state):
+    """One flag per skip condition after the overflow check.
+
+    Args:
+      plan: the ``plan.Plan``.
+      state: the ``seams.StepState`` the conditions read.
+
+    Returns:
+      Ordered dict from the condition's flag name to a float32 scalar, 0.0
+      to apply.
+
+    Raises:
+      TypeError: when a condition's flag is not a float32 scalar tensor.
+    """
+    result = collections.OrderedDict()
+    for item in plan.conditions:
+        with tf.name_scope(item.name):
+            flag = item.condition.flag(state)
+        if not (isinstance(flag, tf.Tensor) and flag.dtype == tf.float32
+                and flag.shape.ndims == 0):
+            raise TypeError(
+                "skip condition %r returned %r from flag(state); return a float32 scalar "
+                "tensor (0.0 to apply)." % (item.condition.name, flag))
+        result[item.name] = flag
+    return result
+
+
+def transformed_flags(plan, before, after):
+    """The checks' flags, each also covering its groups' transformed
+    gradients where a transform may turn finite values into non-finite ones
+    (``seams.GradientTransform.keeps_finite`` False).
+
+    Args:
+      plan: the ``plan.Plan``.
+      before: ordered dict from flag name to float32 flag.
+      after: ordered dict from group name to the transformed pairs.
+
+    Returns:
+      A new ordered dict of the same names.
+    """
+    result = collections.OrderedDict(before)
+    for item in plan.checks:
+        tensors = [grad for name in item.groups
+                   if not all(t.keeps_finite for t in plan.group(name).transforms)
+                   for grad, _ in after[name]]
+        if tensors and item.name in result:
+            with tf.name_scope("transformed"):
+                result[item.name] = result[item.name] + _backends.checked_flag(
+                    plan.backend, tensors)
+    return result

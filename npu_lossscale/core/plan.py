@@ -12,18 +12,21 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 
+from npu_lossscale import seams as _seams
+
 
 class Group(collections.namedtuple(
-        "Group", ["name", "loss", "optimizer", "var_list", "clip_norm", "manager",
+        "Group", ["name", "loss", "optimizer", "var_list", "transforms", "manager",
                   "checked", "own_backprop"])):
     """One ``add()``: a loss minimised by an optimizer over variables.
 
     Attributes:
       name: the group's name (a valid name scope).
-      loss: the scalar loss tensor.
+      loss: the scalar loss tensor (with in-graph replicas, their mean).
       optimizer: the group's own optimizer.
       var_list: tuple of the variables it updates.
-      clip_norm: global-norm clip of the unscaled gradients, or None.
+      transforms: tuple of ``seams.GradientTransform``, applied in order to
+        the unscaled gradients before the apply.
       manager: the loss-scale manager the group uses.
       checked: whether the manager wants overflowing steps skipped.
       own_backprop: whether the optimizer overrides ``compute_gradients``
@@ -79,6 +82,10 @@ class Gate(collections.namedtuple("Gate", ["name", "groups", "checks"])):
     """
 
 
+class Condition(collections.namedtuple("Condition", ["name", "condition"])):
+    """A ``seams.SkipCondition`` of the step and the name of its flag."""
+
+
 class Window(collections.namedtuple("Window", ["steps", "closed_by_update_op"])):
     """The accumulation window.
 
@@ -92,23 +99,23 @@ class Window(collections.namedtuple("Window", ["steps", "closed_by_update_op"]))
 
 
 class Reduction(collections.namedtuple("Reduction", ["engine", "allreduce_gradients"])):
-    """The cross-worker reduction.
+    """How replicas combine (``seams.ReductionEngine``).
 
     Attributes:
-      engine: the distributed engine, or None on a single worker.
-      allreduce_gradients: whether the gradients are averaged by the engine.
+      engine: the ``seams.ReductionEngine`` (one worker by default).
+      allreduce_gradients: whether the engine averages the gradients.
     """
 
     @property
     def active(self):
-        """Whether anything crosses workers."""
-        return self.engine is not None
+        """Whether anything crosses workers before the gate."""
+        return self.engine.mode == "workers"
 
 
 class Plan(collections.namedtuple(
         "Plan", ["groups", "backprops", "checks", "serial_reads", "managers", "gates",
                  "skip_policy", "window", "reduction", "count_skipped_steps",
-                 "gate_kind", "backend"])):
+                 "gate_kind", "backend", "conditions"])):
     """Everything ``build()`` will make, as plain records.
 
     Attributes:
@@ -126,7 +133,22 @@ class Plan(collections.namedtuple(
       count_skipped_steps: whether ``global_step`` advances on skipped steps.
       gate_kind: "pivot" or "cond" (see ``checks.GATES``).
       backend: the overflow backend every check of the step uses.
+      conditions: tuple of ``Condition``: the skip conditions after the
+        overflow check, each with its flag's name.
     """
+
+    @property
+    def mode(self):
+        """How the step closes: "local", "workers" or "chief"
+        (``seams.ReductionEngine.mode``); the one place it is asked."""
+        return self.reduction.engine.mode
+
+    @property
+    def flag_names(self):
+        """The names of every flag of the step: the checks', then the
+        conditions'."""
+        return tuple(item.name for item in self.checks) + tuple(
+            item.name for item in self.conditions)
 
     def group(self, name):
         """The ``Group`` called ``name``."""
@@ -201,7 +223,7 @@ def choose_gate(gate, on_npu, force_v2_control, control_flow_v2):
 
 def make_plan(groups, manager, backend, skip_policy="all", engine=None,
               allreduce_gradients=True, accumulation_steps=1,
-              count_skipped_steps=False, gate_kind="pivot"):
+              count_skipped_steps=False, gate_kind="pivot", conditions=()):
     """Decides who shares what in the step, without making any op.
 
     Args:
@@ -216,6 +238,7 @@ def make_plan(groups, manager, backend, skip_policy="all", engine=None,
       accumulation_steps: micro-batches per applied step, an int >= 1.
       count_skipped_steps: whether ``global_step`` advances on skipped steps.
       gate_kind: "pivot" or "cond", from ``choose_gate``.
+      conditions: the ``seams.SkipCondition``s after the overflow check.
 
     Returns:
       A ``Plan``.
@@ -236,6 +259,7 @@ def make_plan(groups, manager, backend, skip_policy="all", engine=None,
     if serial_reads:
         _check_no_shared_loss(groups)
     checks = _checks(groups, skip_policy, reads_register, serial_reads)
+    engine = _seams.ReductionEngine() if engine is None else engine
     return Plan(
         groups=groups,
         backprops=_backprops(groups),
@@ -244,11 +268,26 @@ def make_plan(groups, manager, backend, skip_policy="all", engine=None,
         managers=_managers(groups, manager, checks),
         gates=_gates(groups, skip_policy, checks),
         skip_policy=skip_policy,
-        window=Window(accumulation_steps, engine is not None and accumulation_steps > 1),
+        window=Window(accumulation_steps, engine.mode != "local" and accumulation_steps > 1),
         reduction=Reduction(engine, allreduce_gradients),
         backend=backend,
         count_skipped_steps=count_skipped_steps,
-        gate_kind=gate_kind)
+        gate_kind=gate_kind,
+        conditions=_conditions(conditions, checks))
+
+
+def _conditions(conditions, checks):
+    """Each condition with a flag name unlike any check's or other
+    condition's."""
+    taken = set(item.name for item in checks)
+    result = []
+    for condition in conditions:
+        name, index = condition.name, 1
+        while name in taken:
+            name, index = "%s_%d" % (condition.name, index), index + 1
+        taken.add(name)
+        result.append(Condition(name, condition))
+    return tuple(result)
 
 
 def _check_no_shared_loss(groups):

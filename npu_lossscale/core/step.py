@@ -9,15 +9,22 @@ module, called in order; none calls back:
    resource variables, losses that reach their variables), then
    ``plan.make_plan``; no op made;
 1. ``gradients``: each scale read once, the scaled losses, one backprop per
-   distinct loss (or the gradients given), unscaled;
+   distinct loss and replica, unscaled;
 2. ``overflow``: one flag per check (with per-group reads of the
-   float-status register, each group's backprop follows the previous read);
+   float-status register, each group's backprop follows the previous read),
+   then one per skip condition;
 3. ``window`` (with accumulation): the run adds its micro-batch; the run that
    closes the window closes the step with the window's sums and flags;
-4. ``close``: reduce across workers, decide, commit (the gate and the
-   counters), update the managers;
+4. ``close``: reduce across replicas, transform, decide, update the
+   managers, commit (the gate and the counters);
 5. ``claims``: the state the step moves is claimed per run, when another
    step op moves it too.
+
+What the step does beyond that plugs into the four seams (``seams``): the
+groups' gradient transforms, the plan's skip conditions and reduction
+engine, and the observers handed to ``build_step``. A user hook that can
+fail (a manager's ``get_loss_scale``, ``update_loss_scale``) is called
+before the step makes any state, so a failed build leaves nothing behind.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -28,24 +35,22 @@ import os
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
+from npu_lossscale import managers as _managers
+from npu_lossscale import seams as _seams
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import claims as _claims
 from npu_lossscale.core import close as _close
 from npu_lossscale.core import context as _context
-from npu_lossscale.diagnostics import record as _diagnosis
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_walk as _graph_walk
-from npu_lossscale import managers as _managers
 from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.core import plan as _plan
-from npu_lossscale.distributed import sync_replicas as _sync_replicas
-from npu_lossscale import underflow as _underflow
 from npu_lossscale.core import window as _window
 
 
 class Options(collections.namedtuple(
         "Options", ["backend", "gate", "skip_policy", "engine", "allreduce_gradients",
-                    "accumulation_steps", "count_skipped_steps"])):
+                    "accumulation_steps", "count_skipped_steps", "conditions"])):
     """A step's options, as the public API took (and checked) them.
 
     Attributes:
@@ -53,24 +58,26 @@ class Options(collections.namedtuple(
         ``backends.Backend`` instance.
       gate: "auto", "pivot" or "cond".
       skip_policy: "all" or "per_group".
-      engine: the distributed engine, or None.
+      engine: the ``seams.ReductionEngine``, or None for one worker.
       allreduce_gradients: whether the engine averages the gradients.
       accumulation_steps: micro-batches per applied step.
       count_skipped_steps: whether ``global_step`` advances on skipped steps.
+      conditions: the ``seams.SkipCondition``s after the overflow check.
     """
+
+    def __new__(cls, backend, gate, skip_policy, engine, allreduce_gradients,
+                accumulation_steps, count_skipped_steps, conditions=()):
+        return super(Options, cls).__new__(cls, backend, gate, skip_policy, engine,
+                                           allreduce_gradients, accumulation_steps,
+                                           count_skipped_steps, tuple(conditions))
 
 
 class Step(collections.namedtuple(
         "Step", ["update_op", "is_finite", "applied", "window_end", "group_is_finite",
                  "grads_and_vars", "loss_scale", "loss_scales", "accumulate_op",
-                 "underflow"])):
-    """What ``build_step`` made (``TrainOps`` documents each field)."""
-
-
-class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled"])):
-    """Phases 1 and 2: ordered dicts from group name to unscaled pairs, from
-    check name to float32 flag, and from group name to scaled pairs (empty
-    for given gradients)."""
+                 "reports"])):
+    """What ``build_step`` made (``TrainOps`` documents each field);
+    ``reports`` holds each observer's ``report``, in their order."""
 
 
 def plan_step(groups, manager, options, global_step, api):
@@ -92,8 +99,8 @@ def plan_step(groups, manager, options, global_step, api):
     Raises:
       ValueError: for a register read outside the top level, ref variables
         under a functional ``If``, a loss that reaches none of its
-        variables, a plan rule, or a SyncReplicasOptimizer step that
-        cannot work (``sync_replicas.check_plan``).
+        variables, a plan rule, or a plan the engine cannot run
+        (``seams.ReductionEngine.check_plan``).
     """
     backend = _backends.resolve_backend(options.backend)
     if backend.reads_register and any(group.checked for group in groups):
@@ -105,8 +112,9 @@ def plan_step(groups, manager, options, global_step, api):
         groups, manager, backend, skip_policy=options.skip_policy, engine=options.engine,
         allreduce_gradients=options.allreduce_gradients,
         accumulation_steps=options.accumulation_steps,
-        count_skipped_steps=options.count_skipped_steps, gate_kind=gate_kind)
-    _sync_replicas.check_plan(plan, options, global_step, api)
+        count_skipped_steps=options.count_skipped_steps, gate_kind=gate_kind,
+        conditions=options.conditions)
+    plan.reduction.engine.check_plan(plan, options, global_step, api)
     # Applies inside a functional If (the cond gate, or the accumulation
     # window's cond) cannot assign ref variables.
     if cf_v2 and (gate_kind == "cond" or plan.window.steps > 1):
@@ -124,7 +132,7 @@ def plan_step(groups, manager, options, global_step, api):
 
 
 def build_step(plan, description, global_step, skipped_steps=None, update_ops=(),
-               counters=None, given=None, measure_underflow=False, record=None):
+               counters=None, given=None, observers=()):
     """Builds one step op of ``plan``, phase after phase.
 
     Args:
@@ -140,42 +148,44 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
         for none.
       given: for a one-group plan, the group's unscaled (gradient, variable)
         pairs, checked and applied as they are (no scale, no backprop).
-      measure_underflow: also build each group's ``underflow.Underflow``
-        (``Step.underflow``), ops that run only when fetched.
-      record: the ``diagnosis.Record`` a skipped step writes (in its skip
-        branch only), or None.
+      observers: the ``seams.StepObserver``s of the step.
 
     Returns:
       A ``Step``.
     """
-    scales = collections.OrderedDict() if given is not None else _gradients.read_scales(plan)
+    state = _seams.StepState(plan, global_step)
+    before_read = [observer.before_scale_read(state) for observer in observers]
+    scales = collections.OrderedDict()
+    if given is None:
+        scales = _gradients.read_scales(plan, after=[op for hooked in before_read
+                                                     for op in hooked.ops])
     computed = _gradients_and_flags(plan, scales, given)
-    grads, flags = computed.grads, computed.flags
-    # Listening managers hear their groups' measurement before they update.
-    listening = _underflow.listen(plan, scales, computed.scaled, flags)
-    after = [scale.value for scale in scales.values()] + listening.ops
+    state = state._replace(scales=scales, scaled=computed.scaled, grads=computed.grads)
+    flags = collections.OrderedDict(computed.flags)
+    flags.update(_overflow.condition_flags(plan, state))
+    state = state._replace(flags=flags)
+    heard = [observer.before_update(state) for observer in observers]
+    after = [scale.value for scale in scales.values()] + [op for hooked in heard
+                                                          for op in hooked.ops]
+    grads = computed.grads
     window_end = None
     accumulate_op = None
     entry_ops = None  # None: the decisions are the ops every write follows
-    # An accumulation window's close inspects the window's sums.
-    diagnosis = None if record is None else _diagnosis.Diagnosis(
-        record, _diagnosis.evidence_of(plan, _evidence_grads(plan, computed))
-        if plan.window.steps == 1 and computed.scaled else None)
     if plan.window.steps == 1:
-        # Through a SyncReplicasOptimizer the worker pushes; its chief closes.
-        close = (_sync_replicas.close if _sync_replicas.through_sync_replicas(plan)
-                 else _close.close)
-        closed = close(plan, _close.Closing(flags, grads, after, 1, diagnosis), global_step,
-                       skipped_steps, update_ops)
+        closing = _close.Closing(flags, grads, after, 1)
+        if plan.mode == "chief":
+            closed = plan.reduction.engine.close(plan, closing, global_step, skipped_steps)
+        else:
+            closed = _close.close(plan, closing, global_step, skipped_steps, update_ops,
+                                  observers, state)
         applied, decisions, reported = closed.applied, closed.decisions, closed.grads
     else:
         opened = _window.open_window(plan, grads, flags)
         accumulate_op = opened.accumulate_op
         if plan.window.closed_by_update_op:
             sums, entry = _window.close_by_update_op(plan, opened, grads)
-            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps,
-                                                       diagnosis),
-                                  global_step, skipped_steps, update_ops)
+            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps),
+                                  global_step, skipped_steps, update_ops, observers, state)
             applied = _window.finish(opened, closed)
             decisions, reported, entry_ops = closed.decisions, closed.grads, [entry]
         else:
@@ -184,8 +194,8 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
             def at_window_end():
                 sums = _window.sums_at_window_end(plan, opened, this_run, grads)
                 return _window.finish(opened, _close.close(
-                    plan, _close.Closing(sums.flags, sums.grads, [], sums.steps, diagnosis),
-                    global_step, skipped_steps, update_ops))
+                    plan, _close.Closing(sums.flags, sums.grads, [], sums.steps),
+                    global_step, skipped_steps, update_ops, observers, state))
 
             applied = tf.cond(this_run.window_end, at_window_end,
                               lambda: _window.advance(opened), name="window")
@@ -194,17 +204,14 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
             decisions = _close.Decisions(flags, [g for pairs in grads.values()
                                                  for g, _ in pairs])
             reported, entry_ops = grads, this_run.adds
-    underflow = {}
-    if measure_underflow and computed.scaled:
-        with tf.name_scope("underflow"):
-            underflow = dict(_underflow.measure(plan, scales, computed.scaled,
-                                                list(computed.scaled), after=flags.values()))
+    reports = [observer.report(state) for observer in observers]
     step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op,
-                   underflow)
-    # A SyncReplicasOptimizer's workers move nothing: its chief's sync op does.
-    states = [] if _sync_replicas.through_sync_replicas(plan) else _moved_state(plan, counters)
+                   reports)
+    # With mode "chief" the workers move nothing: the chief's sync op does.
+    states = [] if plan.mode == "chief" else _moved_state(plan, counters)
     _claims.claim(states, description,
-                  (decisions.ops if entry_ops is None else entry_ops) + listening.entry_ops)
+                  (decisions.ops if entry_ops is None else entry_ops)
+                  + [op for hooked in heard for op in hooked.entry_ops])
     if accumulate_op is not None:
         _claims.claim(states, description.replace("update_op", "accumulate_op", 1),
                       [opened.accumulate_entry])
@@ -246,23 +253,13 @@ def _gradients_and_flags(plan, scales, given):
     return _Computed(_gradients.unscale_all(plan, scales, scaled, packing), flags, scaled)
 
 
-def _evidence_grads(plan, computed):
-    """The gradients a skip branch inspects: the unscaled ones, except on a
-    register backend, which needs the scaled ones (a saturated value is
-    +-65504 only before the unscale).
-
-    Every tensor the skip branch reads is held from when it is made until
-    the gate decides, dead branch or not. A scaled gradient held so cannot
-    be unscaled in place: each unscale ``Mul`` then writes a new buffer
-    (about 100 us against 5 us per 256x256 gradient of the 16-layer
-    benchmark GAN, traced; docs/benchmarks.md). The unscaled gradients are
-    held until the applies anyway, and hold an inf or a NaN wherever the
-    scaled ones do (the inverse scale is positive and finite).
-    """
-    return computed.scaled if plan.backend.reads_register else computed.grads
+class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled"])):
+    """Phases 1 and 2: ordered dicts from group name to unscaled pairs, from
+    check name to float32 flag, and from group name to scaled pairs (empty
+    for given gradients)."""
 
 
-def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op, underflow):
+def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op, reports):
     """The step's tensors, as ``TrainOps`` reports them."""
     is_finite = tf.identity(decisions.all_of([item.name for item in plan.checks]),
                             name="is_finite")
@@ -276,7 +273,7 @@ def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op, 
         window_end=tf.constant(True, name="window_end") if window_end is None else window_end,
         group_is_finite=group_is_finite, grads_and_vars=dict(grads),
         loss_scale=scales[plan.managers[0].name].value if scales else None,
-        loss_scales=loss_scales, accumulate_op=accumulate_op, underflow=underflow)
+        loss_scales=loss_scales, accumulate_op=accumulate_op, reports=reports)
 
 
 def _moved_state(plan, counters):

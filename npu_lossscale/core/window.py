@@ -34,15 +34,16 @@ class GradientAccumulator(object):
     Args:
       groups: ordered mapping from group name to its (gradient, variable) pairs.
       steps: the window length, an int >= 2.
+      flags: the length of the window's flag vector (``_flag_vector``).
     """
 
-    def __init__(self, groups, steps):
+    def __init__(self, groups, steps, flags):
         self.steps = steps
         self._slots = {}
         with tf.name_scope("accumulate"):
             self.micro_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                           name="micro_step")
-            self.window_flags = tf.Variable(tf.zeros([len(groups)], tf.float32),
+            self.window_flags = tf.Variable(tf.zeros([flags], tf.float32),
                                             trainable=False, name="window_flags")
             for name, pairs in groups.items():
                 with tf.name_scope(name):
@@ -134,7 +135,8 @@ def open_window(plan, grads, flags):
     Returns:
       An ``Opened``.
     """
-    accumulator = GradientAccumulator(grads, plan.window.steps)
+    accumulator = GradientAccumulator(grads, plan.window.steps,
+                                      len(plan.groups) + len(plan.conditions))
     vector = _flag_vector(plan, flags)
     with tf.name_scope("accumulate_only"):
         check = _window_position_check(accumulator, last=False)
@@ -242,16 +244,22 @@ def advance(opened):
 
 
 def _flag_vector(plan, flags):
-    """One float32 flag per group, in group order (0 for an unchecked group)."""
+    """One float32 flag per group, in group order (0 for an unchecked group),
+    then one per skip condition."""
     return tf.stack([flags[plan.check_of(name)] if plan.check_of(name) else tf.zeros([])
-                     for name in plan.group_names], name="flags")
+                     for name in plan.group_names]
+                    + [flags[item.name] for item in plan.conditions], name="flags")
 
 
 def _check_flags(plan, window_flags):
-    """The window's flag of each check (that of the check's first group)."""
-    return collections.OrderedDict(
+    """The window's flag of each check (that of the check's first group),
+    then of each skip condition."""
+    result = collections.OrderedDict(
         (item.name, window_flags[plan.group_names.index(item.groups[0])])
         for item in plan.checks)
+    for index, item in enumerate(plan.conditions):
+        result[item.name] = window_flags[len(plan.groups) + index]
+    return result
 
 
 def _window_position_check(accumulator, last):

@@ -36,10 +36,12 @@ import numpy as np
 from npu_lossscale.core import checks as _checks
 
 #: The reason codes, by name; ``TrainOps.skip_reason`` is an index into it.
+#: ``register_reason`` appends a skip condition's own reason.
 REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
-           "other_worker_overflowed", "register_outside_gradients")
+           "other_worker_overflowed", "register_outside_gradients", "requested",
+           "loss_spike")
 APPLIED, LOSS_NOT_FINITE, GRADIENTS_OVERFLOWED, OTHER_WORKER_OVERFLOWED, \
-    REGISTER_OUTSIDE_GRADIENTS = range(len(REASONS))
+    REGISTER_OUTSIDE_GRADIENTS, REQUESTED, LOSS_SPIKE = range(len(REASONS))
 
 #: What to do about each reason, as the collapse message says it.
 FIXES = (
@@ -56,7 +58,38 @@ FIXES = (
     "outside the gradients overflowed, usually a forward op or the input data. "
     "Find it with npu_lossscale.audit or by checking the forward outputs, and "
     "keep it in float32.",
+    "the step was asked to be skipped (build(skip_global_steps=...)): nothing to fix.",
+    "a loss exceeded skip_loss_spikes times its moving average: check the batch "
+    "behind it; the weights and the loss scale stayed as they were.",
 )
+
+
+def register_reason(name, fix):
+    """The code of a skip condition's reason, added to ``REASONS`` if new.
+
+    Args:
+      name: the reason's name, a non-empty str.
+      fix: what to do about a skip for this reason, one sentence.
+
+    Returns:
+      The int code (``REASONS.index(name)``).
+
+    Raises:
+      TypeError: unless ``name`` and ``fix`` are str.
+      ValueError: for an empty name.
+    """
+    global REASONS, FIXES  # pylint: disable=global-statement
+    if not isinstance(name, str) or not isinstance(fix, str):
+        raise TypeError("a skip condition's reason and fix must be str, got reason=%r, "
+                        "fix=%r. Set e.g. reason = 'negative_loss' and fix = 'check the "
+                        "data.' on the class." % (name, fix))
+    if not name:
+        raise ValueError("a skip condition's reason must be a non-empty name, got %r. Set "
+                         "e.g. reason = 'negative_loss' on the class." % (name,))
+    if name not in REASONS:
+        REASONS = REASONS + (name,)
+        FIXES = FIXES + (fix,)
+    return REASONS.index(name)
 
 
 def reason_name(code):

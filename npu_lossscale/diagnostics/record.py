@@ -21,12 +21,14 @@ import contextlib
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import (
-    GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED, REASONS,
+    GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED,
     REGISTER_OUTSIDE_GRADIENTS, LastSkip)
+from npu_lossscale import diagnostics as _diagnostics
 
 
 class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturation"])):
@@ -38,7 +40,7 @@ class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturatio
         window, or given gradients).
       grads: ordered dict from group name to the (gradient, variable) pairs
         to inspect on this worker: the unscaled gradients (the scaled ones
-        on a register backend, ``step._evidence_grads``), or an accumulation
+        on a register backend), or an accumulation
         window's float32 sums.
       saturation: whether a value of exactly +-65504 (or its dtype's
         largest) counts as overflowed: the gradients of a run read by a
@@ -46,62 +48,56 @@ class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturatio
     """
 
 
-class Diagnosis(collections.namedtuple("Diagnosis", ["record", "evidence"])):
-    """The record a step writes when it skips, and what it inspects.
+class SkipDiagnosis(_seams.StepObserver):
+    """The observer that diagnoses a skipped step in the gate's skip branch
+    and writes the builder's ``Record``.
 
-    Attributes:
+    What it inspects (``Evidence``): on a run that closes its own step, the
+    losses and the unscaled gradients (the scaled ones on a register
+    backend: a saturated value is +-65504 only before the unscale); at the
+    close of an accumulation window, or for given gradients, the gradients
+    the close is handed.
+
+    The diagnosis is the body of one functional ``If`` that TF does not
+    lower into Switch/Merge: under the gate's false side it is one dead
+    node on an applied step, where its own ops, one or more per gradient,
+    would each be a dead node the executor passes over.
+
+    Args:
       record: the builder's ``Record``.
-      evidence: the ``Evidence``, or None to inspect the gradients the close
-        is handed (an accumulation window's sums).
     """
 
-    def skip_branch(self, plan, closing, reduced_flags, global_step):
-        """The builder of the skip branch's ops, for ``commit.commit``.
+    name = "skip_diagnosis"
 
-        The diagnosis is the body of one functional ``If`` that TF does not
-        lower into Switch/Merge: under the gate's false side it is one dead
-        node on an applied step, where its own ops, one or more per
-        gradient, would each be a dead node the executor passes over (about
-        as dear as running a small op: 16 % of a step of a model of 200
-        small variables, measured).
+    def __init__(self, record):
+        self.record = record
 
-        Args:
-          plan: the ``plan.Plan``.
-          closing: the ``close.Closing`` (this worker's flags and gradients,
-            before the reduction across workers).
-          reduced_flags: ordered dict from check name to the flag summed
-            across workers (``closing.flags`` on one worker).
-          global_step: an integer variable, or None.
-
-        Returns:
-          A function taking the branch's name scope and returning the ops
-          to follow; call it only under the gate's false side.
-        """
-        evidence = self.evidence
-        if evidence is None:
+    def on_skip(self, state):
+        plan, closing = state.plan, state.closing
+        if plan.window.steps == 1 and state.scaled:
+            evidence = evidence_of(
+                plan, state.scaled if plan.backend.reads_register else state.grads)
+        else:
             evidence = Evidence(collections.OrderedDict(), closing.grads, False)
-        record = self.record
+        record, global_step = self.record, state.global_step
+        with tf.name_scope("diagnose"):
+            # True on every run that gets here (flags are >= 0, and one is
+            # set); a value, not a constant, so that nothing folds it.
+            skipped = tf.greater(tf.add_n(list(state.reduced_flags.values())), 0.0)
+            # Read out here: a ref variable cannot enter a function.
+            step = (tf.constant(-1, tf.int64) if global_step is None
+                    else tf.cast(global_step.read_value(), tf.int64))
+            reduced = state.reduced_flags
 
-        def build(scope):
-            del scope
-            with tf.name_scope("diagnose"):
-                # True on every run that gets here (flags are >= 0, and one
-                # is set); a value, not a constant, so that nothing folds it.
-                skipped = tf.greater(tf.add_n(list(reduced_flags.values())), 0.0)
-                # Read out here: a ref variable cannot enter a function.
-                step = (tf.constant(-1, tf.int64) if global_step is None
-                        else tf.cast(global_step.read_value(), tf.int64))
+            def diagnose():
+                with tf.control_dependencies([record.write(plan, evidence, closing.flags,
+                                                           reduced, step)]):
+                    return tf.constant(True)
 
-                def diagnose():
-                    with tf.control_dependencies([record.write(plan, evidence, closing.flags,
-                                                               step)]):
-                        return tf.constant(True)
-
-                done = _tf_internals.cond_v2(skipped, diagnose, lambda: tf.constant(False),
-                                             name="diagnose")
-                _keep_whole(done)
-                return [done]
-        return build
+            done = _tf_internals.cond_v2(skipped, diagnose, lambda: tf.constant(False),
+                                         name="diagnose")
+            _keep_whole(done)
+            return [done.op]
 
 
 def _keep_whole(output):
@@ -145,7 +141,8 @@ class Record(object):
     (``LastSkip`` reads it back by field):
 
     ``[number, global_step, reason, reason_counts..., group_counts...,
-    groups..., variables...]``, with ``len(REASONS)`` reason counts, one
+    groups..., variables...]``, with one count per reason code known at
+    construction (``diagnostics.REASONS``), one
     count and one 0/1 entry per group and one 0/1 entry per variable.
 
     The variable is in no collection, as the run-time claims' tables
@@ -173,7 +170,8 @@ class Record(object):
         self.group_names = tuple(group.name for group in groups)
         self.variable_names = tuple(var.op.name for group in groups for var in group.var_list)
         sizes = [("number", 1), ("global_step", 1), ("reason", 1),
-                 ("reason_counts", len(REASONS)), ("group_counts", len(self.group_names)),
+                 ("reason_counts", len(_diagnostics.REASONS)),
+                 ("group_counts", len(self.group_names)),
                  ("groups", len(self.group_names)), ("variables", len(self.variable_names))]
         self._slices, offset = {}, 0
         for field, size in sizes:
@@ -223,7 +221,7 @@ class Record(object):
                 reason_counts=self._field(values, "reason_counts"),
                 group_counts=self._field(values, "group_counts"))
 
-    def write(self, plan, evidence, local_flags, step):
+    def write(self, plan, evidence, local_flags, reduced_flags, step):
         """The op that diagnoses a skipped step and writes the record.
 
         Build it only in a skip branch. Every op made here is a node the
@@ -234,9 +232,10 @@ class Record(object):
         Args:
           plan: the ``plan.Plan`` of the step (the builder's, or one group's).
           evidence: the ``Evidence``.
-          local_flags: ordered dict from check name to this worker's flag,
+          local_flags: ordered dict from flag name to this worker's flag,
             before the sum across workers (the branch runs only when the
-            summed flags say overflow).
+            summed flags say skip).
+          reduced_flags: the same flags summed across workers.
           step: int64 scalar, the global step's value (-1 without one).
 
         Returns:
@@ -268,16 +267,31 @@ class Record(object):
         if grads:
             reason = tf.where(tf.reduce_any(bad[len(losses):]),
                               tf.constant(GRADIENTS_OVERFLOWED, tf.int64), reason)
-        if plan.reduction.active and local_flags:
-            clear = tf.reduce_all(tf.equal(tf.stack(list(local_flags.values())), 0.0))
+        checks = [item.name for item in plan.checks]
+        if plan.reduction.active and checks:
+            clear = tf.reduce_all(tf.equal(tf.stack([local_flags[name] for name in checks]),
+                                           0.0))
             reason = tf.where(clear, tf.constant(OTHER_WORKER_OVERFLOWED, tf.int64), reason)
         if losses:
             reason = tf.where(tf.reduce_any(bad[:len(losses)]),
                               tf.constant(LOSS_NOT_FINITE, tf.int64), reason)
+        if plan.conditions:
+            # A condition is the reason only where no check says overflow;
+            # the first condition that fired names it.
+            fired = tf.constant(GRADIENTS_OVERFLOWED, tf.int64)
+            for item in reversed(plan.conditions):
+                code = _diagnostics.register_reason(item.condition.reason, item.condition.fix)
+                fired = tf.where(tf.greater(reduced_flags[item.name], 0.0),
+                                 tf.constant(code, tf.int64), fired)
+            overflowed = (tf.reduce_any(tf.greater(
+                tf.stack([reduced_flags[name] for name in checks]), 0.0))
+                          if checks else tf.constant(False))
+            reason = tf.where(overflowed, reason, fired)
         old = self._values()
+        counts = self._slices["reason_counts"]
         new = tf.concat([
             tf.stack([self._field(old, "number") + 1, step, reason]),
-            self._field(old, "reason_counts") + tf.one_hot(reason, len(REASONS),
+            self._field(old, "reason_counts") + tf.one_hot(reason, counts[1] - counts[0],
                                                            dtype=tf.int64),
             self._field(old, "group_counts") + groups, groups, variables], 0)
         return self.variable.assign(new, read_value=False)

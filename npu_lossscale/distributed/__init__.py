@@ -29,6 +29,7 @@ import os
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
 
 ENGINES = ("horovod", "hccl")
@@ -37,7 +38,47 @@ _REDUCING_WRAPPERS = ("_DistributedOptimizer", "DistributedOptimizer",
                       "NPUDistributedOptimizer")
 
 
-class HorovodEngine(object):
+class CollectiveEngine(_seams.ReductionEngine):
+    """Workers that reach one decision with collectives: the flags summed
+    (one collective), the gradients averaged, both at the top level of the
+    graph, never inside a cond or the gate. Subclasses give ``sum`` and
+    ``mean_gradient``."""
+
+    mode = "workers"
+
+    def sum(self, tensor):
+        """Allreduce-sum of a dense float32 tensor across workers."""
+        raise NotImplementedError
+
+    def mean_gradient(self, grad):
+        """Allreduce-average of one gradient across workers."""
+        raise NotImplementedError
+
+    def reduce(self, flags, grads, allreduce_gradients):
+        """Sums the flags across workers and averages the gradients.
+
+        Args:
+          flags: ordered dict from flag name to float32 flag.
+          grads: ordered dict from group name to (gradient, variable) pairs.
+          allreduce_gradients: whether to average the gradients too.
+
+        Returns:
+          ``(flags, grads)``: new ordered dicts.
+        """
+        if flags:
+            with tf.name_scope("reduce_overflow_flags"):
+                summed = self.sum(tf.stack(list(flags.values())))
+                flags = collections.OrderedDict(
+                    (name, summed[index]) for index, name in enumerate(flags))
+        if allreduce_gradients:
+            with tf.name_scope("allreduce_gradients"):
+                grads = collections.OrderedDict(
+                    (name, [(self.mean_gradient(grad), var) for grad, var in pairs])
+                    for name, pairs in grads.items())
+        return flags, grads
+
+
+class HorovodEngine(CollectiveEngine):
     """Horovod's allreduce (MPI, Gloo or NCCL), after ``hvd.init()``."""
 
     name = "horovod"
@@ -56,7 +97,7 @@ class HorovodEngine(object):
         return widened(grad, lambda wide: self._hvd.allreduce(wide, op=self._hvd.Average))
 
 
-class HcclEngine(object):
+class HcclEngine(CollectiveEngine):
     """Ascend's HCCL allreduce from npu_bridge, across ``RANK_SIZE`` devices."""
 
     name = "hccl"
@@ -134,35 +175,6 @@ def resolve_engine(distributed):
             "failed to import: %s. Install it, or pass distributed=None." % (error,))
     rank_size = rank_size_from_environment()
     return HcclEngine(hccl_ops, rank_size)
-
-
-def reduce_across_workers(reduction, flags, grads):
-    """Sums the flags across workers (one collective) and averages the
-    gradients, at the top level of the graph: never inside a cond or gate.
-
-    Args:
-      reduction: the ``plan.Reduction``.
-      flags: ordered dict from check name to float32 flag.
-      grads: ordered dict from group name to (gradient, variable) pairs.
-
-    Returns:
-      ``(flags, grads)``: new ordered dicts, reduced; the inputs unchanged
-      without an engine.
-    """
-    if not reduction.active:
-        return flags, grads
-    engine = reduction.engine
-    if flags:
-        with tf.name_scope("reduce_overflow_flags"):
-            summed = engine.sum(tf.stack(list(flags.values())))
-            flags = collections.OrderedDict(
-                (name, summed[index]) for index, name in enumerate(flags))
-    if reduction.allreduce_gradients:
-        with tf.name_scope("allreduce_gradients"):
-            grads = collections.OrderedDict(
-                (name, [(engine.mean_gradient(grad), var) for grad, var in pairs])
-                for name, pairs in grads.items())
-    return flags, grads
 
 
 #: The environment variables Ascend's launchers set to the number of devices.

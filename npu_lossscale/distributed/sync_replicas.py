@@ -43,6 +43,7 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
+from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import close as _close
@@ -61,10 +62,13 @@ def is_sync_replicas(optimizer):
     return isinstance(optimizer, tf.train.SyncReplicasOptimizer)
 
 
-def through_sync_replicas(plan):
-    """Whether the plan's step pushes to a SyncReplicasOptimizer's chief
-    (its group's optimizer is one; ``check_plan`` allows no other group)."""
-    return any(is_sync_replicas(group.optimizer) for group in plan.groups)
+def engine_for(optimizers, requested):
+    """The engine of a step over ``optimizers``: a ``SyncReplicasEngine``
+    when one of them is a ``SyncReplicasOptimizer`` (which refuses a
+    ``requested`` engine beside it), else ``requested``."""
+    if any(is_sync_replicas(optimizer) for optimizer in optimizers):
+        return SyncReplicasEngine(requested)
+    return requested
 
 
 def aggregated(grads):
@@ -86,7 +90,7 @@ def aggregated(grads):
     return False
 
 
-def check_plan(plan, options, global_step, api):
+def _check_plan(plan, options, global_step, api):
     """Refuses a step with a SyncReplicasOptimizer group that cannot work.
 
     Args:
@@ -102,8 +106,6 @@ def check_plan(plan, options, global_step, api):
         beside ``global_step`` (the parameter servers).
       TypeError: when the SyncReplicasOptimizer wraps a loss-scale wrapper.
     """
-    if not through_sync_replicas(plan):
-        return
     group = [g for g in plan.groups if is_sync_replicas(g.optimizer)][0]
     if len(plan.groups) > 1:
         raise ValueError(
@@ -116,10 +118,11 @@ def check_plan(plan, options, global_step, api):
             "%s: accumulation_steps=%r with a SyncReplicasOptimizer; it aggregates "
             "replicas_to_aggregate pushes itself. Pass accumulation_steps=1."
             % (api, options.accumulation_steps))
-    if options.engine is not None:
+    if options.engine.requested is not None:
         raise ValueError(
             "%s: distributed=%r with a SyncReplicasOptimizer, which aggregates on the "
-            "parameter servers already. Leave distributed unset." % (api, options.engine.name))
+            "parameter servers already. Leave distributed unset."
+            % (api, options.engine.requested.name))
     if global_step is None:
         raise ValueError(
             "%s: a SyncReplicasOptimizer needs global_step, got None. Pass "
@@ -244,7 +247,7 @@ def _optimizer_replaced(sync, stand_in):
         _tf_internals.set_sync_replicas_inner(sync, wrapped)
 
 
-def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
+def _close_worker(plan, closing, global_step, skipped_steps=None):
     """The close of a worker's step through a SyncReplicasOptimizer.
 
     The worker pushes its gradients and its summed overflow flag, ungated,
@@ -257,13 +260,11 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=()):
       global_step: the integer variable SyncReplicasOptimizer needs.
       skipped_steps: the ``commit.SkippedSteps`` counter (the chief counts
         skipped aggregated steps), or None.
-      update_ops: must be empty (the builder refuses them here).
 
     Returns:
       A ``close.Closed`` whose ``applied`` is this worker's own decision,
       after its push and its token.
     """
-    del update_ops  # refused by check_builder_options
     group = plan.groups[0]
     pairs = list(closing.grads[group.name])
     graph = tf.get_default_graph()
@@ -296,7 +297,7 @@ def check_builder_options(plan, update_ops, per_group_ops):
       ValueError: for ``update_ops`` (the skip is decided on the chief, after
         this worker's run) or ``per_group_ops``.
     """
-    if not through_sync_replicas(plan):
+    if plan.mode != "chief":
         return
     if any(update_ops.values()):
         raise ValueError(
@@ -307,3 +308,21 @@ def check_builder_options(plan, update_ops, per_group_ops):
         raise ValueError(
             "build: per_group_ops=True with a SyncReplicasOptimizer group, which is the "
             "only group. Pass per_group_ops=False.")
+
+
+class SyncReplicasEngine(_seams.ReductionEngine):
+    """The workers push to a ``SyncReplicasOptimizer``'s chief, which
+    decides on the aggregate (the module docstring)."""
+
+    name = "sync_replicas"
+    mode = "chief"
+
+    def __init__(self, requested=None):
+        #: The engine the caller asked for beside it (refused), or None.
+        self.requested = requested
+
+    def check_plan(self, plan, options, global_step, api):
+        _check_plan(plan, options, global_step, api)
+
+    def close(self, plan, closing, global_step, skipped_steps):
+        return _close_worker(plan, closing, global_step, skipped_steps)

@@ -28,6 +28,7 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import seams as _seams
 from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
@@ -304,18 +305,6 @@ def combine(records):
         tf.reduce_max(tf.stack([item.float32_max_abs for item in records])), by_raise)
 
 
-class Listening(collections.namedtuple("Listening", ["ops", "entry_ops"])):
-    """The gated measurements of listening managers.
-
-    Attributes:
-      ops: one tensor per listening manager: live every run, after its
-        measurement and ``observe_underflow`` on the runs it asked for. The
-        manager updates follow them.
-      entry_ops: the ops every write of the measurement follows (for
-        ``claims``).
-    """
-
-
 def listen(plan, scales, scaled, flags):
     """Feeds each listening manager its measurement, on the runs it asks for.
 
@@ -334,7 +323,10 @@ def listen(plan, scales, scaled, flags):
       flags: ordered dict from check name to float32 flag.
 
     Returns:
-      A ``Listening``.
+      A ``seams.Hooked``: one tensor per listening manager, live every run,
+      after its measurement and ``observe_underflow`` on the runs it asked
+      for (the manager updates follow them), and the ops every write of the
+      measurement follows (the ``due`` reads).
     """
     ops, entries = [], []
     for use in plan.managers:
@@ -355,7 +347,7 @@ def listen(plan, scales, scaled, flags):
             else:
                 ops.append(_commit.run_if(due, observe, "observe"))
         entries.append(due.op)
-    return Listening(ops, entries)
+    return _seams.Hooked(ops, entries)
 
 
 def _measured_in_one_call(plan, scales, scaled, names):
@@ -424,3 +416,35 @@ def summaries(underflow, family="underflow"):
                 result.append(tf.summary.scalar("%s/%s/%s" % (family, name, field),
                                                 getattr(record, field), collections=[]))
     return result
+
+
+class Measurement(_seams.StepObserver):
+    """``build(measure_underflow=True)``: each group's ``Underflow``, ops
+    that run only when fetched, after the step's overflow flags (their
+    float32 ops never reach a float-status register read)."""
+
+    name = "underflow"
+
+    def report(self, state):
+        if not state.scaled:
+            return {}
+        with tf.name_scope("underflow"):
+            return dict(measure(state.plan, state.scales, state.scaled, list(state.scaled),
+                                after=state.flags.values()))
+
+
+class Hearing(_seams.StepObserver):
+    """The listening managers' hearing (``listen``): on the runs a manager
+    asks for, its groups' measurement, before its update."""
+
+    name = "listening"
+
+    def before_update(self, state):
+        if not state.scaled:
+            return _seams.Hooked()
+        return listen(state.plan, state.scales, state.scaled, state.flags)
+
+
+def listens(plan):
+    """Whether a manager of ``plan`` listens to the measurement."""
+    return any(_manager_base.listens_to_underflow(use.manager) for use in plan.managers)

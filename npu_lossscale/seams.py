@@ -1,0 +1,280 @@
+"""The step's four declared extension points.
+
+The step (``core``) names no optional capability. Each one plugs into one
+of these seams, and a new one is a subclass, passed in, with no edit to the
+library:
+
+* ``GradientTransform``: a group's unscaled gradients, changed before they
+  are applied (``add(transform_grads_fn=...)``, ``clip_norm``);
+* ``SkipCondition``: a further reason to skip a step, through the same gate
+  (``build(skip_global_steps=..., skip_loss_spikes=...)``); the overflow
+  check is the first of them;
+* ``StepObserver``: what reads the step: the skip diagnosis, the underflow
+  measurement, the listening manager's hearing, the measured first scale;
+* ``ReductionEngine``: how the flags and gradients of replicas combine:
+  in-graph towers, Horovod, HCCL, a SyncReplicasOptimizer's chief.
+
+Each hook receives a ``StepState``: what the step has made so far.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+import contextlib
+
+__all__ = ["GradientTransform", "SkipCondition", "StepObserver", "ReductionEngine",
+           "StepState", "Hooked"]
+
+
+class _ClassName(object):
+    """The class's name, until a subclass or an instance sets its own."""
+
+    def __get__(self, instance, owner):
+        return owner.__name__
+
+
+class StepState(collections.namedtuple(
+        "StepState", ["plan", "global_step", "scales", "scaled", "grads", "flags",
+                      "closing", "reduced_flags"])):
+    """What the step has made when a hook is called (None: not yet).
+
+    Attributes:
+      plan: the ``core.plan.Plan``: its ``groups`` (``name``, ``loss``,
+        ``optimizer``, ``var_list``, ``manager``) and ``group_names``.
+      global_step: the integer variable the step advances, or None.
+      scales: ordered dict from the plan's manager-use name to the
+        ``core.gradients.Scale`` read this run (empty for given gradients).
+      scaled: ordered dict from group name to its (gradient, variable)
+        pairs, still multiplied by the loss scale (empty for given
+        gradients).
+      grads: ordered dict from group name to this run's unscaled pairs.
+      flags: ordered dict from check or condition name to this run's
+        float32 flag, 0.0 to apply.
+      closing: at the close, the ``core.close.Closing`` it decides on (this
+        run's, or an accumulation window's sums and flags).
+      reduced_flags: at the close, the flags after the reduction across
+        replicas and workers.
+    """
+
+    def __new__(cls, plan, global_step=None, scales=None, scaled=None, grads=None,
+                flags=None, closing=None, reduced_flags=None):
+        return super(StepState, cls).__new__(cls, plan, global_step, scales, scaled, grads,
+                                             flags, closing, reduced_flags)
+
+
+class Hooked(collections.namedtuple("Hooked", ["ops", "entry_ops"])):
+    """Ops an observer added, and the ops every write of them follows (the
+    step's run-time claim attaches there; empty when they write nothing)."""
+
+    def __new__(cls, ops=(), entry_ops=()):
+        return super(Hooked, cls).__new__(cls, tuple(ops), tuple(entry_ops))
+
+
+class GradientTransform(object):
+    """Changes one group's unscaled gradients before the apply.
+
+    Called per group at the close, after the reduction across replicas (and
+    the mean of an accumulation window), before the decision: on a step
+    that skips, what it returns is never applied, and when ``keeps_finite``
+    is False the step's overflow check also covers what it returns.
+
+    Example::
+
+      class Scale(GradientTransform):
+          keeps_finite = True
+
+          def __init__(self, factor):
+              self.factor = factor
+
+          def transform(self, group, grads_and_vars):
+              return [(g * self.factor, v) for g, v in grads_and_vars]
+
+    Attributes:
+      name: names the transform in messages; the class name by default.
+      keeps_finite: True when finite gradients in always give finite
+        gradients out (a clip by a finite norm), so no check of the output
+        is needed. Default False.
+    """
+
+    name = _ClassName()
+    keeps_finite = False
+
+    def transform(self, group, grads_and_vars):
+        """The pairs to apply.
+
+        Args:
+          group: the ``core.plan.Group`` (its ``name``, ``var_list``...).
+          grads_and_vars: list of (gradient, variable) pairs, unscaled.
+
+        Returns:
+          A list of (gradient, variable) pairs over the same variables.
+        """
+        raise NotImplementedError("%s must implement transform(group, grads_and_vars)."
+                                  % type(self).__name__)
+
+
+class SkipCondition(object):
+    """A further in-graph reason to skip a step, through the step's gate.
+
+    Its flag joins the overflow flags: summed across replicas and the
+    micro-batches of an accumulation window, and a step applies only when
+    every flag is 0.0. A step that it skips is counted in
+    ``skipped_steps``, diagnosed with its reason, and, unless
+    ``moves_scale``, leaves every loss scale where it was.
+
+    Example::
+
+      class SkipWhenNegative(SkipCondition):
+          reason = "negative_loss"
+          fix = "the loss went negative: check the data."
+
+          def flag(self, state):
+              loss = tf.cast(state.plan.groups[0].loss, tf.float32)
+              return tf.cast(loss < 0.0, tf.float32)
+
+    Attributes:
+      name: names its flag (a name scope); the class name by default.
+      reason: the reason code's name, a str: one of
+        ``diagnostics.REASONS`` or a new one.
+      fix: what to do about a skip for this reason, one sentence.
+      moves_scale: whether a skip for this reason counts as an overflow
+        for the loss-scale managers. Default False.
+    """
+
+    name = _ClassName()
+    reason = None
+    fix = ""
+    moves_scale = False
+
+    def flag(self, state):
+        """This run's flag: a float32 scalar, 0.0 to apply, > 0 to skip.
+
+        Built at the top level of the graph, after the gradients.
+
+        Args:
+          state: the ``StepState`` (``plan``, ``global_step``, ``grads``).
+
+        Returns:
+          A float32 scalar tensor.
+        """
+        raise NotImplementedError("%s must implement flag(state)." % type(self).__name__)
+
+    def on_apply(self, state):
+        """Ops to run only on steps where every group applies (e.g. a
+        moving average of the loss). Default: none.
+
+        Returns:
+          A list of ops.
+        """
+        del state
+        return []
+
+
+class StepObserver(object):
+    """Reads the step where it runs today: before the scale read, before the
+    managers' updates, in the skip branch, or when fetched.
+
+    Each hook may return nothing. An applied step pays only for what
+    ``before_scale_read`` and ``before_update`` add.
+
+    Attributes:
+      name: names the observer; the class name by default.
+    """
+
+    name = _ClassName()
+
+    def before_scale_read(self, state):
+        """Ops every scale read of this run follows. Default: none.
+
+        Returns:
+          A ``Hooked``.
+        """
+        del state
+        return Hooked()
+
+    def before_update(self, state):
+        """Ops the managers' updates follow, built after the overflow
+        flags. Default: none.
+
+        Returns:
+          A ``Hooked``.
+        """
+        del state
+        return Hooked()
+
+    def on_skip(self, state):
+        """Ops built in the gate's skip branch: they run only on a step
+        that skips. Default: none.
+
+        Returns:
+          A list of ops.
+        """
+        del state
+        return []
+
+    def report(self, state):
+        """Tensors for the user to fetch (run only when fetched), built
+        after the overflow flags. Default: None.
+
+        Returns:
+          Anything; the builder hands it back.
+        """
+        del state
+        return None
+
+
+class ReductionEngine(object):
+    """How the flags and gradients of replicas combine into one decision.
+
+    The default is one replica on one worker. In-graph replicas (towers)
+    give each group one loss per replica, each differentiated in
+    ``replica_scope``, combined by ``combine_replicas``; workers sum their
+    flags and average their gradients in ``reduce``, at the top level of the
+    graph (never inside a cond: workers that disagree would deadlock).
+
+    Attributes:
+      name: names the engine in messages; the class name by default.
+      mode: "local" (one worker), "workers" (``reduce`` combines workers
+        before the gate) or "chief" (``close`` hands each worker's step to a
+        chief, which decides on the aggregate).
+    """
+
+    name = _ClassName()
+    mode = "local"
+
+    def check_plan(self, plan, options, global_step, api):
+        """Refuses a plan the engine cannot run (ValueError), before any op."""
+
+    def replica_losses(self, group):
+        """The group's loss per in-graph replica. Default: its one loss."""
+        return (group.loss,)
+
+    def replica_scope(self, group, index):
+        """Where replica ``index``'s backprop is built. Default: as is."""
+        del group, index
+        return contextlib.suppress()
+
+    def combine_replicas(self, group, per_replica):
+        """One list of pairs from the replicas' lists. Default: the one."""
+        del group
+        return per_replica[0]
+
+    def reduce(self, flags, grads, allreduce_gradients):
+        """The flags summed and the gradients averaged across workers.
+
+        Args:
+          flags: ordered dict from name to float32 flag.
+          grads: ordered dict from group name to (gradient, variable) pairs.
+          allreduce_gradients: whether to average the gradients too.
+
+        Returns:
+          ``(flags, grads)``, new ordered dicts. Default: as given.
+        """
+        del allreduce_gradients
+        return flags, grads
+
+    def close(self, plan, closing, global_step, skipped_steps):
+        """With mode "chief": this worker's close (push and wait). Returns a
+        ``core.close.Closed``."""
+        raise NotImplementedError("%s has mode %r but no close()." % (type(self).__name__,
+                                                                     self.mode))

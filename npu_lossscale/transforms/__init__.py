@@ -1,0 +1,2 @@
+"""Gradient transforms (``seams.GradientTransform``): what a group's
+unscaled gradients go through before the apply."""
