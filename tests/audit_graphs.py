@@ -613,6 +613,28 @@ def shared_manager_steps(kind):
     return Case(graph, list(steps), {"steps": steps})
 
 
+def listening_builders(shared=False):
+    """The GAN trained through a ``ListeningLossScaleManager``, whose one
+    update writes ``dynamic_loss_scale/state`` twice in sequence (the
+    dynamic rule, then the measurement's correction): one builder, or with
+    ``shared`` two builders (D's, G's) sharing the manager. Fetches: the
+    step ops, one per builder."""
+    graph = tf.Graph()
+    with graph.as_default():
+        model, step = gan()
+        manager = nl.ListeningLossScaleManager()
+        groups = [(model.d_loss, model.d_vars, "d"), (model.g_loss, model.g_vars, "g")]
+        builders = [groups[:1], groups[1:]] if shared else [groups]
+        steps = []
+        for index, members in enumerate(builders):
+            scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+            for loss, variables, name in members:
+                scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=variables, name=name)
+            steps.append(scaler.build(global_step=step if index == 0 else None).update_op)
+        tf.train.Saver()
+    return Case(graph, steps, {})
+
+
 def builder_per_group_ops(skip_policy="all"):
     """The builder with ``per_group_ops=True``: ``update_op`` and
     ``per_group["d"]``/``["g"]`` each update the one manager."""

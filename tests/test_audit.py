@@ -472,6 +472,24 @@ def test_an_unused_early_saver_is_named_beside_the_one_that_saves():
         found[0].message)
 
 
+def test_bare_graph_def_leaves_the_session_bookkeeping_out():
+    """A GraphDef has no collections, so it does not say that the last-skip
+    record and the claims' tables are in none: the audit tells them by
+    their shape (read only behind their own is-initialized check; the
+    claims' counting) and reports neither as unsaved state, while the
+    manager's state a Saver leaves out still is."""
+    for case in (ag.builder_gan(), ag.shared_manager_steps("builders"),
+                 ag.per_group_port(authors_saver=False)):
+        graph_def = case.graph.as_graph_def()
+        assert codes(audit(graph_def)) == []
+        assert_clean(audit(graph_def, [case.fetches[0].name]))
+    missing = ag.saver_without_scale()
+    finding = only(audit(missing.graph.as_graph_def(), [f.name for f in missing.fetches]),
+                   "NLS006-unsaved-scale")
+    assert len(finding) == 1 and "dynamic_loss_scale/state" in finding[0].ops
+    assert not any("last_skip" in op or "claims" in op for op in finding[0].ops)
+
+
 def test_saver_def_of_meta_graph_is_read():
     case = ag.builder_gan(saver=False)
     with case.graph.as_default():
@@ -614,6 +632,43 @@ def test_per_group_port_without_fetches_is_precise():
     # Two step ops in one run are still errors: the claims fail that run.
     both = audit(case.graph, [train.per_group["d"], train.update_op])
     assert {"NLS010-double-update", "NLS011-double-scale-update"} <= set(codes(both, ("error",)))
+
+
+def test_listening_manager_updates_its_state_once_per_run(tmp_path, capsys):
+    """ListeningLossScaleManager's update writes its state twice, the second
+    write following the first on the same decision: one update, not two. A
+    manager shared by two builders fetched together still is two."""
+    case = ag.listening_builders()
+    assert_clean(audit(case.graph, case.fetches))
+    findings = audit(case.graph)
+    assert [f.code for f in findings] == ["NLS000-needs-fetches"]
+    path = tmp_path / "listening.meta"
+    tf.train.export_meta_graph(filename=str(path), graph=case.graph)
+    assert main([str(path), "--fetch", case.fetches[0].name]) == 0
+    assert "no findings" in capsys.readouterr().out
+    shared = ag.listening_builders(shared=True)
+    double = only(audit(shared.graph, shared.fetches), "NLS011-double-scale-update")
+    assert [f.severity for f in double] == ["error"]
+    assert "updated by 2 update ops in one step" in double[0].message
+    assert len(set(double[0].ops[1:])) == 2, double[0].ops  # two names, one per update
+    for alone in shared.fetches:
+        assert codes(audit(shared.graph, [alone])) == []
+
+
+def test_step_ops_are_the_fetched_ops_not_the_diagnosis_reads():
+    """NLS011's info names the step ops a user fetches, and nothing else:
+    not the skip diagnosis (skip_reason, groups_overflowed, the last-skip
+    record's reads) nor, under v1 behaviour, a cond's pivot (switch_t)."""
+    for kind in ("builders", "optimizers"):
+        case = ag.shared_manager_steps(kind)
+        note = only(audit(case.graph), "NLS011-double-scale-update")
+        steps = [op.name for op in case.info["steps"]]
+        assert sorted(note[0].ops) == sorted(steps + ["dynamic_loss_scale/state"]), kind
+    port = ag.per_group_port(authors_saver=False)
+    train = port.info["train"]
+    steps = [op.name for op in [train.update_op] + list(train.per_group.values())]
+    note = only(audit(port.graph), "NLS011-double-scale-update")
+    assert sorted(note[0].ops) == sorted(steps + ["dynamic_loss_scale/state"])
 
 
 def test_two_managers_are_not_a_double_update():
