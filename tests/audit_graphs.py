@@ -364,6 +364,47 @@ def batch_norm_beside_gate(gated=False, compute_dtype=tf.float16):
     return Case(graph, fetches, {})
 
 
+def batch_norm_around_step(step="builder", fixed=False):
+    """The TF1 idiom ``with tf.control_dependencies(tf.get_collection(
+    tf.GraphKeys.UPDATE_OPS)):`` around the step (``step``: the builder's
+    ``build()``, or ``LossScaleOptimizer.minimize``), on a float16 classifier
+    with batch norm: the moving-statistics updates become control inputs of
+    the step's own ops, so every run runs them, skipped or not. ``fixed``:
+    no control_dependencies, the ops passed to ``build(update_ops=...)``."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.placeholder(tf.float32, [16, 8], name="x")
+        y = tf.placeholder(tf.float32, [16, 1], name="y")
+        w1 = tf.get_variable("w1", [8, 8])
+        w2 = tf.get_variable("w2", [8, 1])
+        global_step = tf.train.get_or_create_global_step()
+        h, _ = _batch_norm(tf.matmul(tf.cast(x, tf.float16), tf.cast(w1, tf.float16)), "bn")
+        logits = tf.cast(tf.matmul(tf.nn.relu(h), tf.cast(w2, tf.float16)), tf.float32)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
+        statistics = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+        assert statistics
+        if fixed:
+            scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                                backend="is_finite")
+            scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=[w1, w2], name="net")
+            train = scaler.build(global_step=global_step, update_ops=statistics).update_op
+        else:
+            with tf.control_dependencies(statistics):
+                if step == "builder":
+                    scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                                        backend="is_finite")
+                    scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=[w1, w2],
+                               name="net")
+                    train = scaler.build(global_step=global_step).update_op
+                else:
+                    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(1e-3),
+                                                nl.DynamicLossScaleManager(),
+                                                backend="is_finite")
+                    train = opt.minimize(loss, global_step=global_step)
+        tf.train.Saver()
+    return Case(graph, [train, loss], {})
+
+
 def batch_norm_in_place(compute_dtype=tf.float16):
     """contrib's ``batch_norm(..., updates_collections=None)`` in training
     mode: the moving averages are updated in place, inside the forward pass

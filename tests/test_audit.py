@@ -357,10 +357,38 @@ def test_batch_norm_updated_in_place_says_to_use_update_ops(compute_dtype, sever
     assert "updates_collections=None" in finding[0].message
     assert "default updates_collections" in finding[0].message
     assert "build(update_ops=...)" in finding[0].message
+    assert "control_dependencies" not in finding[0].message
+    graph_def = only(audit(case.graph.as_graph_def(), [f.name for f in case.fetches]),
+                     "NLS005-ungated-update")
+    assert [f.message for f in graph_def] == [finding[0].message]
     # The UPDATE_OPS form keeps its advice, which names the in-place case too.
     beside = only(audit(*ag.batch_norm_beside_gate()[:2]), "NLS005-ungated-update")[0]
     assert "beside the loss-scale gate" in beside.message
     assert "updates_collections=None" in beside.message
+
+
+@pytest.mark.parametrize("step", ["builder", "optimizer"])
+def test_control_dependencies_on_update_ops_around_the_step(step):
+    """tf.control_dependencies(UPDATE_OPS) around build() or minimize(): the
+    batch-norm updates are control inputs of the step's own ops, so they
+    run on skipped steps too. The finding gives that cause and its fix
+    (build(update_ops=...) without the control_dependencies), not batch
+    norm's updates_collections=None nor a wrapper, from a GraphDef too; the
+    fix audits clean."""
+    case = ag.batch_norm_around_step(step)
+    for graph, fetches in ((case.graph, case.fetches),
+                           (case.graph.as_graph_def(), [f.name for f in case.fetches])):
+        found = only(audit(graph, fetches), "NLS005-ungated-update")
+        assert len(found) == 1 and found[0].severity == "error", found
+        message = found[0].message
+        assert "are control inputs of the step's own ops" in message
+        assert "tf.control_dependencies(tf.get_collection(tf.GraphKeys.UPDATE_OPS))" in message
+        assert "drop that control_dependencies" in message
+        assert "build(update_ops=...)" in message
+        assert "updates_collections" not in message and "wrap" not in message
+        assert len([op for op in found[0].ops if op.startswith("bn/")]) == 2, found[0].ops
+    fixed = ag.batch_norm_around_step(fixed=True)
+    assert_clean(audit(fixed.graph, fixed.fetches))
 
 
 @pytest.mark.parametrize("wrap", sorted(models.UPDATE_WRAPPERS))
