@@ -676,6 +676,43 @@ def listening_builders(shared=False):
     return Case(graph, steps, {})
 
 
+def shared_optimizer(kind, separate=False):
+    """One ``AdamOptimizer`` object for D and G across two steps: two
+    builders (``kind="builders"``), a builder and a plain ``minimize``
+    (``"builder_and_minimize"``), one ``LossScaleOptimizer`` minimizing
+    twice (``"minimize_twice"``), or plain TF's two ``minimize`` calls
+    (``"plain"``). Its ``beta1_power`` and ``beta2_power`` advance on each
+    step. ``separate``: an optimizer per step instead. Fetches: both steps."""
+    graph = tf.Graph()
+    with graph.as_default():
+        model, global_step = gan()
+        shared = tf.train.AdamOptimizer(1e-3)
+
+        def adam():
+            return tf.train.AdamOptimizer(1e-3) if separate else shared
+        steps = []
+        for index, (loss, variables, name) in enumerate(
+                ((model.d_loss, model.d_vars, "d"), (model.g_loss, model.g_vars, "g"))):
+            step = global_step if index == 0 else None
+            if kind == "builders" or kind == "builder_and_minimize" and index == 0:
+                scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                                    backend="is_finite")
+                scaler.add(loss, adam(), var_list=variables, name=name)
+                steps.append(scaler.build(global_step=step).update_op)
+            elif kind == "minimize_twice":
+                if index == 0:
+                    wrapper = nl.LossScaleOptimizer(adam(), nl.DynamicLossScaleManager(),
+                                                    backend="is_finite")
+                elif separate:
+                    wrapper = nl.LossScaleOptimizer(adam(), nl.DynamicLossScaleManager(),
+                                                    backend="is_finite")
+                steps.append(wrapper.minimize(loss, var_list=variables, global_step=step))
+            else:
+                steps.append(adam().minimize(loss, var_list=variables, global_step=step))
+        tf.train.Saver()
+    return Case(graph, steps, {})
+
+
 def builder_per_group_ops(skip_policy="all"):
     """The builder with ``per_group_ops=True``: ``update_op`` and
     ``per_group["d"]``/``["g"]`` each update the one manager."""

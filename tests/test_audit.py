@@ -48,6 +48,13 @@ def test_finding_is_a_named_record_with_documented_codes():
     assert Finding._fields == ("code", "severity", "message", "ops")
 
 
+def test_every_code_has_its_row_in_the_docs():
+    with open(os.path.join(REPO, "docs", "audit.md")) as docs:
+        text = docs.read()
+    for code in CODES:
+        assert "| `%s` |" % code in text, code
+
+
 def test_accepts_graph_graphdef_metagraphdef_and_names():
     case = ag.per_optimizer_wrappers(backend="is_finite")
     names = [f.name for f in case.fetches]
@@ -620,8 +627,10 @@ def test_one_manager_shared_by_two_of_our_step_ops(kind):
     """The alternating-GAN pattern with this library's classes (issue 24):
     two step ops updating one manager. Fetched together: an error that says
     the run-time claims refuse the run; each alone or without fetches: one
-    info naming both step ops, no warning."""
+    info naming both step ops, no warning but NLS013's where one
+    LossScaleOptimizer (so one Adam) minimizes twice."""
     case = ag.shared_manager_steps(kind)
+    shared_adam = ["NLS013-shared-optimizer"] if kind == "minimize_twice" else []
     steps = sorted(op.name for op in case.info["steps"])
     double = only(audit(case.graph, case.fetches), "NLS011-double-scale-update")
     assert [f.severity for f in double] == ["error"]
@@ -630,7 +639,7 @@ def test_one_manager_shared_by_two_of_our_step_ops(kind):
     assert "fails with an InvalidArgumentError" in double[0].message
     for fetches in ([case.info["steps"][0]], [case.info["steps"][1]], None):
         findings = audit(case.graph, fetches)
-        assert codes(findings) == [], fetches
+        assert codes(findings) == shared_adam, fetches
         note = only(findings, "NLS011-double-scale-update")
         assert len(note) == 1 and note[0].severity == "info"
         assert set(steps + ["dynamic_loss_scale/state"]) <= set(note[0].ops)
@@ -703,6 +712,43 @@ def test_two_managers_are_not_a_double_update():
     """One manager per optimizer (independent scales) updates each once."""
     case = ag.per_optimizer_wrappers(backend="is_finite")
     assert "NLS011-double-scale-update" not in codes(audit(case.graph, case.fetches))
+
+
+# -- NLS013: one optimizer object in two steps -------------------------------------
+
+@pytest.mark.parametrize("kind", ["builders", "builder_and_minimize", "minimize_twice",
+                                  "plain"])
+def test_one_optimizer_object_in_two_steps(kind):
+    """One AdamOptimizer for D's step and G's: its beta powers advance on
+    each. Both steps in one run: an error (twice per step); each alone or
+    without fetches: a warning (each network's bias correction counts the
+    other's steps too). An optimizer per step: nothing."""
+    case = ag.shared_optimizer(kind)
+    steps = sorted(op.name for op in case.fetches)
+    both = only(audit(case.graph, case.fetches), "NLS013-shared-optimizer")
+    assert [f.severity for f in both] == ["error"]
+    assert both[0].ops == ("beta1_power", "beta2_power") + tuple(steps)
+    assert "advances 2 times in one step" in both[0].message
+    assert "give each its own optimizer object" in both[0].message
+    for fetches in ([case.fetches[0]], [case.fetches[1]], None):
+        alone = only(audit(case.graph, fetches), "NLS013-shared-optimizer")
+        assert [f.severity for f in alone] == ["warning"], fetches
+        assert alone[0].ops == both[0].ops
+        assert "also counts the other network's steps" in alone[0].message
+    separate = ag.shared_optimizer(kind, separate=True)
+    for fetches in (separate.fetches, None):
+        assert "NLS013-shared-optimizer" not in codes(audit(separate.graph, fetches),
+                                                      ("error", "warning", "info"))
+
+
+def test_per_group_op_and_update_op_share_their_group_optimizer():
+    """A builder's update_op and per_group["d"] both apply D's optimizer:
+    alternatives for the same variables, not a shared optimizer."""
+    case = ag.builder_per_group_ops()
+    train = case.info["train"]
+    for fetches in (None, [train.update_op], [train.per_group["d"]]):
+        assert "NLS013-shared-optimizer" not in codes(audit(case.graph, fetches),
+                                                      ("error", "warning", "info"))
 
 
 # -- no false positives on the repository's models -------------------------------

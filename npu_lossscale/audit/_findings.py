@@ -56,6 +56,10 @@ CODES = collections.OrderedDict([
     ("NLS012-sync-token-stall", ("error", "a SyncReplicasOptimizer whose global "
                                  "step, its workers' token, advances only on "
                                  "applied steps: a skip hangs every worker")),
+    ("NLS013-shared-optimizer", ("error or warning (warning)", "one optimizer's own "
+                                 "state (Adam's beta powers) advanced by two step ops "
+                                 "that train different variables (error: both in one "
+                                 "step)")),
 ])
 
 
