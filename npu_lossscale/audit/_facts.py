@@ -29,8 +29,8 @@ STATUS_TYPES = STATUS_READ_TYPES | STATUS_CLEAR_TYPES
 #: Ops that tell whether a variable holds a value (resource and ref variables).
 _INITIALIZED_CHECK_TYPES = frozenset(["VarIsInitializedOp", "IsVariableInitialized"])
 #: Ops a variable's ref, or its resource handle, passes through unread.
-_REF_PASS_TYPES = graph_walk.SWITCH_TYPES | graph_walk.ENTER_TYPES
-_HANDLE_PASS_TYPES = _REF_PASS_TYPES | graph_walk.IDENTITY_TYPES
+_REF_PASS_TYPES = graph_walk.SWITCH_TYPES.union(graph_walk.ENTER_TYPES)
+_HANDLE_PASS_TYPES = _REF_PASS_TYPES.union(graph_walk.IDENTITY_TYPES)
 #: Takes no input (tf_adapter ops/aicore/npu_mixed_precesion_ops.cc), so it
 #: counts as a graph input, whatever a stand-in builds it from.
 STATUS_ALLOC_TYPES = frozenset(["NpuAllocFloatStatus"])

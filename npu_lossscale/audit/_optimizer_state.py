@@ -42,8 +42,8 @@ def check_shared_optimizer_state(context):
                   if _graph.is_optimizer_apply(model.nodes[op].type))
     if not applies:
         return []
-    skip = (facts.trainable | facts.scale_state | facts.flag_vars | facts.accumulators
-            | facts.bookkeeping | model.collections.local)
+    skip = facts.trainable.union(facts.scale_state, facts.flag_vars, facts.accumulators,
+                                 facts.bookkeeping, model.collections.local)
     found = collections.OrderedDict()  # (step ops, clashing) -> [variable]
     for var in sorted(facts.mutations):
         writes = facts.mutations[var]
