@@ -364,6 +364,47 @@ def batch_norm_beside_gate(gated=False, compute_dtype=tf.float16):
     return Case(graph, fetches, {})
 
 
+def batch_norm_around_step(step="builder", fixed=False):
+    """The TF1 idiom ``with tf.control_dependencies(tf.get_collection(
+    tf.GraphKeys.UPDATE_OPS)):`` around the step (``step``: the builder's
+    ``build()``, or ``LossScaleOptimizer.minimize``), on a float16 classifier
+    with batch norm: the moving-statistics updates become control inputs of
+    the step's own ops, so every run runs them, skipped or not. ``fixed``:
+    no control_dependencies, the ops passed to ``build(update_ops=...)``."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.placeholder(tf.float32, [16, 8], name="x")
+        y = tf.placeholder(tf.float32, [16, 1], name="y")
+        w1 = tf.get_variable("w1", [8, 8])
+        w2 = tf.get_variable("w2", [8, 1])
+        global_step = tf.train.get_or_create_global_step()
+        h, _ = _batch_norm(tf.matmul(tf.cast(x, tf.float16), tf.cast(w1, tf.float16)), "bn")
+        logits = tf.cast(tf.matmul(tf.nn.relu(h), tf.cast(w2, tf.float16)), tf.float32)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
+        statistics = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+        assert statistics
+        if fixed:
+            scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                                backend="is_finite")
+            scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=[w1, w2], name="net")
+            train = scaler.build(global_step=global_step, update_ops=statistics).update_op
+        else:
+            with tf.control_dependencies(statistics):
+                if step == "builder":
+                    scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                                        backend="is_finite")
+                    scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=[w1, w2],
+                               name="net")
+                    train = scaler.build(global_step=global_step).update_op
+                else:
+                    opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(1e-3),
+                                                nl.DynamicLossScaleManager(),
+                                                backend="is_finite")
+                    train = opt.minimize(loss, global_step=global_step)
+        tf.train.Saver()
+    return Case(graph, [train, loss], {})
+
+
 def batch_norm_in_place(compute_dtype=tf.float16):
     """contrib's ``batch_norm(..., updates_collections=None)`` in training
     mode: the moving averages are updated in place, inside the forward pass
@@ -611,6 +652,65 @@ def shared_manager_steps(kind):
                 steps.append(opt.minimize(loss, var_list=variables, global_step=global_step))
         tf.train.Saver()
     return Case(graph, list(steps), {"steps": steps})
+
+
+def listening_builders(shared=False):
+    """The GAN trained through a ``ListeningLossScaleManager``, whose one
+    update writes ``dynamic_loss_scale/state`` twice in sequence (the
+    dynamic rule, then the measurement's correction): one builder, or with
+    ``shared`` two builders (D's, G's) sharing the manager. Fetches: the
+    step ops, one per builder."""
+    graph = tf.Graph()
+    with graph.as_default():
+        model, step = gan()
+        manager = nl.ListeningLossScaleManager()
+        groups = [(model.d_loss, model.d_vars, "d"), (model.g_loss, model.g_vars, "g")]
+        builders = [groups[:1], groups[1:]] if shared else [groups]
+        steps = []
+        for index, members in enumerate(builders):
+            scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+            for loss, variables, name in members:
+                scaler.add(loss, tf.train.AdamOptimizer(1e-3), var_list=variables, name=name)
+            steps.append(scaler.build(global_step=step if index == 0 else None).update_op)
+        tf.train.Saver()
+    return Case(graph, steps, {})
+
+
+def shared_optimizer(kind, separate=False):
+    """One ``AdamOptimizer`` object for D and G across two steps: two
+    builders (``kind="builders"``), a builder and a plain ``minimize``
+    (``"builder_and_minimize"``), one ``LossScaleOptimizer`` minimizing
+    twice (``"minimize_twice"``), or plain TF's two ``minimize`` calls
+    (``"plain"``). Its ``beta1_power`` and ``beta2_power`` advance on each
+    step. ``separate``: an optimizer per step instead. Fetches: both steps."""
+    graph = tf.Graph()
+    with graph.as_default():
+        model, global_step = gan()
+        shared = tf.train.AdamOptimizer(1e-3)
+
+        def adam():
+            return tf.train.AdamOptimizer(1e-3) if separate else shared
+        steps = []
+        for index, (loss, variables, name) in enumerate(
+                ((model.d_loss, model.d_vars, "d"), (model.g_loss, model.g_vars, "g"))):
+            step = global_step if index == 0 else None
+            if kind == "builders" or kind == "builder_and_minimize" and index == 0:
+                scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                                    backend="is_finite")
+                scaler.add(loss, adam(), var_list=variables, name=name)
+                steps.append(scaler.build(global_step=step).update_op)
+            elif kind == "minimize_twice":
+                if index == 0:
+                    wrapper = nl.LossScaleOptimizer(adam(), nl.DynamicLossScaleManager(),
+                                                    backend="is_finite")
+                elif separate:
+                    wrapper = nl.LossScaleOptimizer(adam(), nl.DynamicLossScaleManager(),
+                                                    backend="is_finite")
+                steps.append(wrapper.minimize(loss, var_list=variables, global_step=step))
+            else:
+                steps.append(adam().minimize(loss, var_list=variables, global_step=step))
+        tf.train.Saver()
+    return Case(graph, steps, {})
 
 
 def builder_per_group_ops(skip_policy="all"):

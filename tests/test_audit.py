@@ -48,6 +48,13 @@ def test_finding_is_a_named_record_with_documented_codes():
     assert Finding._fields == ("code", "severity", "message", "ops")
 
 
+def test_every_code_has_its_row_in_the_docs():
+    with open(os.path.join(REPO, "docs", "audit.md")) as docs:
+        text = docs.read()
+    for code in CODES:
+        assert "| `%s` |" % code in text, code
+
+
 def test_accepts_graph_graphdef_metagraphdef_and_names():
     case = ag.per_optimizer_wrappers(backend="is_finite")
     names = [f.name for f in case.fetches]
@@ -357,10 +364,38 @@ def test_batch_norm_updated_in_place_says_to_use_update_ops(compute_dtype, sever
     assert "updates_collections=None" in finding[0].message
     assert "default updates_collections" in finding[0].message
     assert "build(update_ops=...)" in finding[0].message
+    assert "control_dependencies" not in finding[0].message
+    graph_def = only(audit(case.graph.as_graph_def(), [f.name for f in case.fetches]),
+                     "NLS005-ungated-update")
+    assert [f.message for f in graph_def] == [finding[0].message]
     # The UPDATE_OPS form keeps its advice, which names the in-place case too.
     beside = only(audit(*ag.batch_norm_beside_gate()[:2]), "NLS005-ungated-update")[0]
     assert "beside the loss-scale gate" in beside.message
     assert "updates_collections=None" in beside.message
+
+
+@pytest.mark.parametrize("step", ["builder", "optimizer"])
+def test_control_dependencies_on_update_ops_around_the_step(step):
+    """tf.control_dependencies(UPDATE_OPS) around build() or minimize(): the
+    batch-norm updates are control inputs of the step's own ops, so they
+    run on skipped steps too. The finding gives that cause and its fix
+    (build(update_ops=...) without the control_dependencies), not batch
+    norm's updates_collections=None nor a wrapper, from a GraphDef too; the
+    fix audits clean."""
+    case = ag.batch_norm_around_step(step)
+    for graph, fetches in ((case.graph, case.fetches),
+                           (case.graph.as_graph_def(), [f.name for f in case.fetches])):
+        found = only(audit(graph, fetches), "NLS005-ungated-update")
+        assert len(found) == 1 and found[0].severity == "error", found
+        message = found[0].message
+        assert "are control inputs of the step's own ops" in message
+        assert "tf.control_dependencies(tf.get_collection(tf.GraphKeys.UPDATE_OPS))" in message
+        assert "drop that control_dependencies" in message
+        assert "build(update_ops=...)" in message
+        assert "updates_collections" not in message and "wrap" not in message
+        assert len([op for op in found[0].ops if op.startswith("bn/")]) == 2, found[0].ops
+    fixed = ag.batch_norm_around_step(fixed=True)
+    assert_clean(audit(fixed.graph, fixed.fetches))
 
 
 @pytest.mark.parametrize("wrap", sorted(models.UPDATE_WRAPPERS))
@@ -472,6 +507,24 @@ def test_an_unused_early_saver_is_named_beside_the_one_that_saves():
         found[0].message)
 
 
+def test_bare_graph_def_leaves_the_session_bookkeeping_out():
+    """A GraphDef has no collections, so it does not say that the last-skip
+    record and the claims' tables are in none: the audit tells them by
+    their shape (read only behind their own is-initialized check; the
+    claims' counting) and reports neither as unsaved state, while the
+    manager's state a Saver leaves out still is."""
+    for case in (ag.builder_gan(), ag.shared_manager_steps("builders"),
+                 ag.per_group_port(authors_saver=False)):
+        graph_def = case.graph.as_graph_def()
+        assert codes(audit(graph_def)) == []
+        assert_clean(audit(graph_def, [case.fetches[0].name]))
+    missing = ag.saver_without_scale()
+    finding = only(audit(missing.graph.as_graph_def(), [f.name for f in missing.fetches]),
+                   "NLS006-unsaved-scale")
+    assert len(finding) == 1 and "dynamic_loss_scale/state" in finding[0].ops
+    assert not any("last_skip" in op or "claims" in op for op in finding[0].ops)
+
+
 def test_saver_def_of_meta_graph_is_read():
     case = ag.builder_gan(saver=False)
     with case.graph.as_default():
@@ -574,8 +627,10 @@ def test_one_manager_shared_by_two_of_our_step_ops(kind):
     """The alternating-GAN pattern with this library's classes (issue 24):
     two step ops updating one manager. Fetched together: an error that says
     the run-time claims refuse the run; each alone or without fetches: one
-    info naming both step ops, no warning."""
+    info naming both step ops, no warning but NLS013's where one
+    LossScaleOptimizer (so one Adam) minimizes twice."""
     case = ag.shared_manager_steps(kind)
+    shared_adam = ["NLS013-shared-optimizer"] if kind == "minimize_twice" else []
     steps = sorted(op.name for op in case.info["steps"])
     double = only(audit(case.graph, case.fetches), "NLS011-double-scale-update")
     assert [f.severity for f in double] == ["error"]
@@ -584,7 +639,7 @@ def test_one_manager_shared_by_two_of_our_step_ops(kind):
     assert "fails with an InvalidArgumentError" in double[0].message
     for fetches in ([case.info["steps"][0]], [case.info["steps"][1]], None):
         findings = audit(case.graph, fetches)
-        assert codes(findings) == [], fetches
+        assert codes(findings) == shared_adam, fetches
         note = only(findings, "NLS011-double-scale-update")
         assert len(note) == 1 and note[0].severity == "info"
         assert set(steps + ["dynamic_loss_scale/state"]) <= set(note[0].ops)
@@ -616,10 +671,84 @@ def test_per_group_port_without_fetches_is_precise():
     assert {"NLS010-double-update", "NLS011-double-scale-update"} <= set(codes(both, ("error",)))
 
 
+def test_listening_manager_updates_its_state_once_per_run(tmp_path, capsys):
+    """ListeningLossScaleManager's update writes its state twice, the second
+    write following the first on the same decision: one update, not two. A
+    manager shared by two builders fetched together still is two."""
+    case = ag.listening_builders()
+    assert_clean(audit(case.graph, case.fetches))
+    findings = audit(case.graph)
+    assert [f.code for f in findings] == ["NLS000-needs-fetches"]
+    path = tmp_path / "listening.meta"
+    tf.train.export_meta_graph(filename=str(path), graph=case.graph)
+    assert main([str(path), "--fetch", case.fetches[0].name]) == 0
+    assert "no findings" in capsys.readouterr().out
+    shared = ag.listening_builders(shared=True)
+    double = only(audit(shared.graph, shared.fetches), "NLS011-double-scale-update")
+    assert [f.severity for f in double] == ["error"]
+    assert "updated by 2 update ops in one step" in double[0].message
+    assert len(set(double[0].ops[1:])) == 2, double[0].ops  # two names, one per update
+    for alone in shared.fetches:
+        assert codes(audit(shared.graph, [alone])) == []
+
+
+def test_step_ops_are_the_fetched_ops_not_the_diagnosis_reads():
+    """NLS011's info names the step ops a user fetches, and nothing else:
+    not the skip diagnosis (skip_reason, groups_overflowed, the last-skip
+    record's reads) nor, under v1 behaviour, a cond's pivot (switch_t)."""
+    for kind in ("builders", "optimizers"):
+        case = ag.shared_manager_steps(kind)
+        note = only(audit(case.graph), "NLS011-double-scale-update")
+        steps = [op.name for op in case.info["steps"]]
+        assert sorted(note[0].ops) == sorted(steps + ["dynamic_loss_scale/state"]), kind
+    port = ag.per_group_port(authors_saver=False)
+    train = port.info["train"]
+    steps = [op.name for op in [train.update_op] + list(train.per_group.values())]
+    note = only(audit(port.graph), "NLS011-double-scale-update")
+    assert sorted(note[0].ops) == sorted(steps + ["dynamic_loss_scale/state"])
+
+
 def test_two_managers_are_not_a_double_update():
     """One manager per optimizer (independent scales) updates each once."""
     case = ag.per_optimizer_wrappers(backend="is_finite")
     assert "NLS011-double-scale-update" not in codes(audit(case.graph, case.fetches))
+
+
+# -- NLS013: one optimizer object in two steps -------------------------------------
+
+@pytest.mark.parametrize("kind", ["builders", "builder_and_minimize", "minimize_twice",
+                                  "plain"])
+def test_one_optimizer_object_in_two_steps(kind):
+    """One AdamOptimizer for D's step and G's: its beta powers advance on
+    each. Both steps in one run: an error (twice per step); each alone or
+    without fetches: a warning (each network's bias correction counts the
+    other's steps too). An optimizer per step: nothing."""
+    case = ag.shared_optimizer(kind)
+    steps = sorted(op.name for op in case.fetches)
+    both = only(audit(case.graph, case.fetches), "NLS013-shared-optimizer")
+    assert [f.severity for f in both] == ["error"]
+    assert both[0].ops == ("beta1_power", "beta2_power") + tuple(steps)
+    assert "advances 2 times in one step" in both[0].message
+    assert "give each its own optimizer object" in both[0].message
+    for fetches in ([case.fetches[0]], [case.fetches[1]], None):
+        alone = only(audit(case.graph, fetches), "NLS013-shared-optimizer")
+        assert [f.severity for f in alone] == ["warning"], fetches
+        assert alone[0].ops == both[0].ops
+        assert "also counts the other network's steps" in alone[0].message
+    separate = ag.shared_optimizer(kind, separate=True)
+    for fetches in (separate.fetches, None):
+        assert "NLS013-shared-optimizer" not in codes(audit(separate.graph, fetches),
+                                                      ("error", "warning", "info"))
+
+
+def test_per_group_op_and_update_op_share_their_group_optimizer():
+    """A builder's update_op and per_group["d"] both apply D's optimizer:
+    alternatives for the same variables, not a shared optimizer."""
+    case = ag.builder_per_group_ops()
+    train = case.info["train"]
+    for fetches in (None, [train.update_op], [train.per_group["d"]]):
+        assert "NLS013-shared-optimizer" not in codes(audit(case.graph, fetches),
+                                                      ("error", "warning", "info"))
 
 
 # -- no false positives on the repository's models -------------------------------

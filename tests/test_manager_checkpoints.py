@@ -374,3 +374,101 @@ def test_an_unwritable_target_is_a_value_error_naming_it(tmp_path, where):
                      "Pass a prefix in a directory you can write to"]:
         assert fragment in message, (fragment, message)
     assert not tf.io.gfile.glob(target + "*")
+
+
+# -- issue 32: npu_bridge's names alone are not a manager's -------------------------
+
+def _scoped_user_triple_beside_a_manager():
+    """npu_bridge's manager at the top scope (float32 ``loss_scale``, int32
+    ``good_steps``, ``bad_steps``) and a user's own float32/int32/int32
+    ``model/loss_scale``, ``model/good_steps``, ``model/bad_steps``."""
+    _npu_bridge_layout(2.0 ** 20, 5, 1)()
+    with tf.name_scope("model"):
+        tf.Variable(3.0, trainable=False, name="loss_scale")
+        tf.Variable(7, dtype=tf.int32, trainable=False, name="good_steps")
+        tf.Variable(2, dtype=tf.int32, trainable=False, name="bad_steps")
+
+
+def test_a_user_triple_under_a_scope_is_converted_only_when_named(tmp_path):
+    """The user's ``model/`` triple has npu_bridge's exact layout; by default
+    only the top scope's triple (npu_bridge's manager) converts, the user's
+    is copied byte for byte, with a warning naming it. Named, it converts,
+    and the unnamed top-scope triple is then left as it is."""
+    saved = _save(_scoped_user_triple_beside_a_manager, str(tmp_path / "saved"))
+    before = _tensors(saved)
+    user = ["model/loss_scale", "model/good_steps", "model/bad_steps"]
+    default = str(tmp_path / "default")
+    with pytest.warns(UserWarning, match=r"model/loss_scale have npu_bridge's layout "
+                                         r"under a name scope and were copied unchanged"):
+        assert convert_checkpoint(saved, default) == ["exponential_loss_scale/state"]
+    after = _tensors(default)
+    _assert_same_bytes(before, after, user + ["w"])
+    assert after["exponential_loss_scale/state"].tolist() == [2.0 ** 20, 5.0, 1.0, 0.0]
+    assert "model/exponential_loss_scale/state" not in after
+    named = str(tmp_path / "named")
+    assert convert_checkpoint(saved, named, npu_bridge_names=["model/loss_scale"]) == [
+        "model/exponential_loss_scale/state"]
+    after = _tensors(named)
+    assert after["model/exponential_loss_scale/state"].tolist() == [3.0, 7.0, 2.0, 0.0]
+    _assert_same_bytes(before, after, ["loss_scale", "good_steps", "bad_steps", "w"])
+    assert not any(name in after for name in user)
+    none = str(tmp_path / "none")
+    assert convert_checkpoint(saved, none, npu_bridge_names=[]) == []
+    _assert_same_bytes(before, _tensors(none), sorted(before))
+
+
+def test_a_user_loss_scale_numbered_apart_from_the_manager_is_refused_or_named(tmp_path):
+    """A user's top-scope ``loss_scale`` made before npu_bridge's manager:
+    TF names the manager's ``loss_scale_1``, ``good_steps``, ``bad_steps``.
+    By default the user's ``loss_scale`` would pair with the manager's
+    counters; the conversion refuses instead, and the tuple naming the
+    manager converts it, leaving the user's variable as it is."""
+    def build():
+        tf.Variable(0.25, trainable=False, name="loss_scale")  # the user's
+        _npu_bridge_layout(2.0 ** 15, 3, 0)()
+    saved = _save(build, str(tmp_path / "saved"))
+    before = _tensors(saved)
+    assert sorted(before) == ["bad_steps", "good_steps", "loss_scale", "loss_scale_1", "w"]
+    with pytest.raises(ValueError) as error:
+        convert_checkpoint(saved, str(tmp_path / "default"))
+    for fragment in ["npu_bridge_names is None", "['loss_scale_1']", "['loss_scale']",
+                     "Pass npu_bridge_names=[(loss_scale, good_steps, bad_steps)]"]:
+        assert fragment in str(error.value), (fragment, str(error.value))
+    assert not tf.io.gfile.glob(str(tmp_path / "default") + "*")
+    named = str(tmp_path / "named")
+    assert convert_checkpoint(saved, named, npu_bridge_names=[
+        ("loss_scale_1", "good_steps", "bad_steps")]) == ["exponential_loss_scale/state"]
+    after = _tensors(named)
+    _assert_same_bytes(before, after, ["loss_scale", "w"])
+    assert sorted(after) == ["exponential_loss_scale/state", "loss_scale", "w"]
+    # It restores into the user's variable and this version's manager.
+    with tf.Graph().as_default():
+        mine = tf.Variable(0.0, trainable=False, name="loss_scale")
+        ours = nl.ExponentialUpdateLossScaleManager(2.0 ** 10, 4)
+        tf.Variable([0.0, 0.0], name="w")
+        with tf.Session() as sess:
+            tf.train.Saver().restore(sess, named)
+            assert sess.run(mine) == 0.25
+            assert sess.run(ours.state).tolist() == [2.0 ** 15, 3.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("names, error, fragments", [
+    ("loss_scale", TypeError, ["npu_bridge_names must be a list", "'loss_scale'", "(str)"]),
+    ([3], TypeError, ["entries must be a str or a (loss_scale, good_steps, bad_steps) tuple",
+                      "got 3"]),
+    ([("loss_scale", "good_steps")], TypeError, ["got ('loss_scale', 'good_steps')"]),
+    (["good_steps"], ValueError, ["entry 'good_steps' names no loss_scale variable"]),
+    (["model/loss_scale"], ValueError, ["entry 'model/loss_scale' is not an npu_bridge "
+                                        "manager here", "model/loss_scale missing",
+                                        "tf.train.list_variables(source)"]),
+    (["dynamic_loss_scale/loss_scale"], ValueError, [
+        "converts to 'dynamic_loss_scale/exponential_loss_scale/state'",
+        "the 0.1 layout uses", "Leave that entry out"]),
+])
+def test_bad_npu_bridge_names_say_which_and_write_nothing(tmp_path, names, error, fragments):
+    saved = _save(_old_layout, str(tmp_path / "old"))
+    with pytest.raises(error) as raised:
+        convert_checkpoint(saved, str(tmp_path / "dst"), npu_bridge_names=names)
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+    assert not tf.io.gfile.glob(str(tmp_path / "dst") + "*")

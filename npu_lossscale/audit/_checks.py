@@ -15,13 +15,14 @@ from npu_lossscale.audit._scale_state import (
 from npu_lossscale.audit._status_race import check_status_race
 from npu_lossscale.audit._sync_replicas import check_sync_token_stall
 from npu_lossscale.audit._updates import (
-    check_double_updates, check_foreign_loss, check_ungated_accumulation,
-    check_ungated_updates, check_untrained_variables)
+    check_double_updates, check_foreign_loss, check_shared_optimizer_state,
+    check_ungated_accumulation, check_ungated_updates, check_untrained_variables)
 
 __all__ = ["CHECKS", "CODES", "Context", "Finding", "needs_fetches_note"]
 
 CHECKS = (check_status_race, check_untrained_variables, check_foreign_loss,
           check_collective_in_cond, check_ungated_updates, check_unsaved_scale,
           check_float16_master, check_independent_scales, check_ungated_accumulation,
-          check_double_updates, check_double_scale_updates, check_sync_token_stall)
+          check_double_updates, check_double_scale_updates, check_sync_token_stall,
+          check_shared_optimizer_state)
 

@@ -26,6 +26,11 @@ SaverUse = collections.namedtuple("SaverUse", ["name", "saves", "saved", "filena
 STATUS_READ_TYPES = frozenset(["NpuGetFloatStatus", "NpuGetFloatStatusV2"])
 STATUS_CLEAR_TYPES = frozenset(["NpuClearFloatStatus", "NpuClearFloatStatusV2"])
 STATUS_TYPES = STATUS_READ_TYPES | STATUS_CLEAR_TYPES
+#: Ops that tell whether a variable holds a value (resource and ref variables).
+_INITIALIZED_CHECK_TYPES = frozenset(["VarIsInitializedOp", "IsVariableInitialized"])
+#: Ops a variable's ref, or its resource handle, passes through unread.
+_REF_PASS_TYPES = graph_walk.SWITCH_TYPES.union(graph_walk.ENTER_TYPES)
+_HANDLE_PASS_TYPES = _REF_PASS_TYPES.union(graph_walk.IDENTITY_TYPES)
 #: Takes no input (tf_adapter ops/aicore/npu_mixed_precesion_ops.cc), so it
 #: counts as a graph input, whatever a stand-in builds it from.
 STATUS_ALLOC_TYPES = frozenset(["NpuAllocFloatStatus"])
@@ -137,6 +142,12 @@ class Facts(object):
         gradient-derived writes of trainable variables.
       claims: dict claim (an ``Assert`` node) -> its counter variable, for
         run-time one-step-per-run claims (``Facts._find_claims``).
+      bookkeeping: variables that live for one session and that no
+        checkpoint carries: the claims' counters and name tables, and
+        variables read only behind their own is-initialized check (the
+        library's last-skip record), which need no initializer and no
+        restore (``Facts._find_self_initializing``). A bare ``GraphDef``
+        has no collections to say that they are in none; these rules do.
     """
 
     def __init__(self, model):
@@ -160,8 +171,11 @@ class Facts(object):
                                  if _graph.is_optimizer_apply(nodes[op].type))
         self.claims, bookkeeping = self._find_claims()
         self._claim_sets = None
+        self.bookkeeping = set()
         for op in bookkeeping:  # the claims' own counting, not an update
+            self.bookkeeping.add(self.target[op])
             self.mutations[self.target.pop(op)].remove(op)
+        self.bookkeeping |= self._find_self_initializing()
         self.checked = self._derived(
             lambda n: nodes[n].type in CHECK_TYPES and not _is_shim_internal(n))
         self.seeds = self._find_seeds()
@@ -394,6 +408,57 @@ class Facts(object):
                     w for w in model.ancestors([name], stop=stop)
                     if w in self.target and self.target[w] not in self.trainable)
         return claims, bookkeeping
+
+    def _find_self_initializing(self):
+        """Variables that the graph reads only behind their own is-initialized
+        check: every read that feeds another node sits in a cond branch taken
+        when ``VarIsInitializedOp`` (or ``IsVariableInitialized``) of that
+        variable is True, so the graph copes with the variable holding no
+        value (the library's last-skip record, ``diagnosis.Record``).
+
+        A read is the first op on the variable's handle or ref past
+        ``Switch``/``Enter`` (and, for a resource handle, ``Identity``) that
+        neither writes the variable nor checks its initialization; a read
+        that nothing consumes (``ResourceVariable``'s own ``Read`` op) only
+        runs when fetched and is left out.
+
+        Returns:
+          A set of variable names.
+        """
+        model, nodes = self.model, self.model.nodes
+        checks = {}  # variable -> its is-initialized check nodes
+        for name, node in nodes.items():
+            if node.type in _INITIALIZED_CHECK_TYPES and node.inputs:
+                var = model.resolve_variable(node.inputs[0])
+                if var is not None:
+                    checks.setdefault(var, set()).add(name)
+        if not checks:
+            return set()
+        consumers = graph_walk.children(nodes, model.all_deps)
+        handle_of = {}  # node -> the variable whose handle or ref it passes on
+        reads = {}      # variable -> its reads
+        for name in model.topological(model.data_deps):
+            node = nodes[name]
+            if not node.inputs or name in model.body:  # a call: its body reads
+                continue
+            source = node.inputs[0][0]
+            var = source if source in checks else handle_of.get(source)
+            if var is None:
+                continue
+            # An Identity of a ref is its read; of a resource handle, the handle.
+            passes = _HANDLE_PASS_TYPES if nodes[var].type == "VarHandleOp" else _REF_PASS_TYPES
+            if node.type in passes:
+                handle_of[name] = var
+            elif (node.type not in _INITIALIZED_CHECK_TYPES and not _graph.is_mutation(node.type)
+                  and consumers.get(name)):
+                reads.setdefault(var, []).append(name)
+        found = set()
+        for var, names in reads.items():
+            if all(any(l.kind == "cond" and l.value is True
+                       and self._pred_node(l) in checks[var]
+                       for l in model.conditions(read)) for read in names):
+                found.add(var)
+        return found
 
     def claims_followed(self, name):
         """The claims (``Assert`` node names) that a node waits for (all

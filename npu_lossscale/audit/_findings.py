@@ -6,6 +6,9 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 
+from npu_lossscale.core import graph_walk
+from npu_lossscale.audit import _graph
+
 __all__ = ["CODES", "Context", "Finding", "needs_fetches_note"]
 
 Finding = collections.namedtuple("Finding", ["code", "severity", "message", "ops"])
@@ -53,7 +56,14 @@ CODES = collections.OrderedDict([
     ("NLS012-sync-token-stall", ("error", "a SyncReplicasOptimizer whose global "
                                  "step, its workers' token, advances only on "
                                  "applied steps: a skip hangs every worker")),
+    ("NLS013-shared-optimizer", ("error or warning (warning)", "one optimizer's own "
+                                 "state (Adam's beta powers) advanced by two step ops "
+                                 "that train different variables (error: both in one "
+                                 "step)")),
 ])
+
+
+_READ_TYPES = graph_walk.IDENTITY_TYPES | frozenset(["ReadVariableOp"])
 
 
 class Context(object):
@@ -71,6 +81,7 @@ class Context(object):
         self.model = facts.model
         self.run = run
         self.fetched = fetched
+        self._consumers = None  # node -> the nodes that wait for it (all edges)
 
     def run_severity(self, severity):
         """``severity`` with fetches; "warning" without (the hazard then
@@ -90,6 +101,52 @@ class Context(object):
     def train_updates(self):
         return dict((op, var) for op, var in self.facts.train_updates.items()
                     if op in self.run)
+
+    def step_ops(self, writes):
+        """The step ops a user fetches that run ``writes``, sorted.
+
+        For each write: the nodes without consumers among its dependents
+        (all edges), each as the outermost call node holding it. Of those,
+        the ops run for their effect (no outputs, such as a ``tf.group``; a
+        variable write; an op whose outputs the graph does not tell) are the
+        step ops; the values (a read of the state after the step, such as
+        ``skip_reason`` or the last-skip record's fields) only where the
+        write has no such op. Reads of a variable (a manager reading its
+        state back) and v1 conds' pivots (``switch_t``, ``switch_f``) are
+        never step ops.
+
+        Args:
+          writes: names of variable writes.
+
+        Returns:
+          A tuple of node names.
+        """
+        if self._consumers is None:
+            self._consumers = graph_walk.children(self.model.nodes, self.model.all_deps)
+        consumers, model = self._consumers, self.model
+        found = set()
+        for write in writes:
+            effects, values = set(), set()
+            for name in graph_walk.depth_first([write], lambda n: consumers.get(n, ())):
+                if consumers.get(name) or self._is_read(name):
+                    continue
+                count = model.output_count(name)
+                effect = (count is None or count == 0
+                          or graph_walk.is_update(model.nodes[name].type))
+                (effects if effect else values).add(model.outermost(name))
+            found |= effects or values
+        return tuple(sorted(found))
+
+    def _is_read(self, name):
+        """A read of a variable, or a v1 cond's pivot (an identity of a
+        ``Switch`` output): never a step op."""
+        node, nodes = self.model.nodes[name], self.model.nodes
+        if not node.inputs or node.inputs[0][0] not in nodes:
+            return False
+        source = nodes[node.inputs[0][0]].type
+        if node.type in graph_walk.IDENTITY_TYPES and source in graph_walk.SWITCH_TYPES:
+            return True
+        return node.type in _READ_TYPES and source in _graph.VARIABLE_TYPES
 
 
 def _sorted(names):

@@ -225,6 +225,13 @@ class GraphModel(object):
             name = node.inputs[0][0]
         return None
 
+    def outermost(self, name):
+        """The graph node that runs a node: the outermost If/While/call node
+        whose body holds it, else the node itself."""
+        while self.nodes[name].call is not None:
+            name = self.nodes[name].call
+        return name
+
     def data_deps(self, name):
         """Names a node's values come from: data inputs and, for a call
         node, the body nodes that produce its outputs."""

@@ -8,7 +8,6 @@ from __future__ import absolute_import, division, print_function
 import collections
 import itertools
 
-from npu_lossscale.core import graph_walk
 from npu_lossscale.audit import _facts
 from npu_lossscale.audit import _graph
 from npu_lossscale.audit._findings import Finding, _some, _sorted
@@ -35,13 +34,14 @@ def check_unsaved_scale(context):
     beside the one it checkpoints with.
     """
     facts, model = context.facts, context.model
-    # Local variables, and variables no collection holds (the library's
-    # last-skip record: bookkeeping of one session that no default Saver
-    # saves), are not what a checkpoint should carry.
+    # Local variables, variables no collection holds, and the session's
+    # bookkeeping (the claims' tables, the last-skip record: in no collection
+    # by design, which a bare GraphDef does not say) are not what a
+    # checkpoint should carry.
     uncollected = (facts.variables - model.collections.collected
                    if model.collections.collected else set())
-    state = (facts.scale_state.union(facts.flag_vars, facts.accumulators)
-             - model.collections.local - uncollected)
+    unsaved = model.collections.local | uncollected | facts.bookkeeping
+    state = facts.scale_state.union(facts.flag_vars, facts.accumulators) - unsaved
     if not facts.scale_state:
         return []
     savers = [saver for saver in facts.savers() if saver.saved & facts.trainable]
@@ -54,8 +54,7 @@ def check_unsaved_scale(context):
         late = [v for v in missing if model.position(v) > made]
         early = [v for v in missing if model.position(v) < made]
         if late:
-            others = sorted(v for v in facts.variables - saver.saved - state
-                            - model.collections.local - uncollected
+            others = sorted(v for v in facts.variables - saver.saved - state - unsaved
                             if model.position(v) > made)
             fix = ("create the Saver after build() (tf.train.Saver() last, once the "
                    "whole training graph is built)")
@@ -142,13 +141,15 @@ SharedState = collections.namedtuple("SharedState", ["variables", "updates", "st
 def check_double_scale_updates(context):
     """A manager's state written by several update ops.
 
-    One update of a manager writes each state variable at most once per run:
-    its writes of one variable sit in branches that exclude each other
-    (grow or count, back off or count). Two writes of one state variable
-    therefore come from two updates of the same manager: one manager shared
-    by two optimizers or builders, one LossScaleOptimizer used for two
-    minimize calls, a builder's update_op and per_group ops. The updates are
-    told apart by the overflow checks their writes decide on.
+    One update of a manager writes a state variable once per run, or in
+    branches that exclude each other (grow or count, back off or count), or
+    in a sequence where each write follows the one before (the listening
+    manager's dynamic rule, then its correction); all its writes decide on
+    the same overflow checks. Writes of one state variable that decide on
+    different checks, or that neither exclude nor follow each other, come
+    from two updates of the same manager: one manager shared by two
+    optimizers or builders, one LossScaleOptimizer used for two minimize
+    calls, a builder's update_op and per_group ops (``_updates``).
 
     An error when the fetched run holds two updates that can run together
     (the scale would move twice per run); otherwise, when the graph holds
@@ -160,19 +161,23 @@ def check_double_scale_updates(context):
     shared = collections.OrderedDict()   # SharedState key -> state variables
     for var in sorted(facts.scale_state):
         every = sorted(facts.mutations.get(var, ()))
+        updates = _updates(context, every)
+        update_of = dict((write, index) for index, update in enumerate(updates)
+                         for write in update.writes)
         writes = [w for w in every if w in context.run]
         clashing = set()
         for first, second in itertools.combinations(writes, 2):
-            if context.co_runnable(first, second):
+            if update_of[first] != update_of[second] and context.co_runnable(first, second):
                 clashing |= set([first, second])
         if clashing and context.fetched:
-            clashes.setdefault(_update_ops(context, clashing), []).append(var)
+            both = [u for u in updates if set(u.writes) & clashing]
+            clashes.setdefault((_sorted(u.name for u in both), len(both)), []).append(var)
             continue
-        updates = _update_ops(context, every)
         if len(updates) > 1:
-            shared.setdefault((updates, _step_ops(context, every)), []).append(var)
+            names = _sorted(u.name for u in updates)
+            shared.setdefault((names, context.step_ops(every)), []).append(var)
     found = []
-    for updates, variables in clashes.items():
+    for (updates, count), variables in clashes.items():
         found.append(Finding(
             "NLS011-double-scale-update", "error",
             "the loss-scale state %s is updated by %d update ops in one step (%s), "
@@ -184,7 +189,7 @@ def check_double_scale_updates(context):
             "fine), or add every optimizer to one MultiOptimizerLossScale and fetch "
             "its update_op, or give each optimizer its own manager if independent "
             "scales are meant."
-            % (", ".join(variables), max(len(updates), 2), _some(list(updates), 4),
+            % (", ".join(variables), count, _some(list(updates), 4),
                _refused_note(context, variables)),
             tuple(variables) + updates))
     if shared:
@@ -227,72 +232,53 @@ def _shared_manager_note(context, shared):
         _sorted(ops))
 
 
-def _step_ops(context, writes):
-    """The ops a user fetches that run ``writes``: the nodes without
-    consumers among the writes' dependents (all edges), leaving out reads
-    of a variable (a manager reading its state back), sorted."""
-    model = context.model
-    consumers = _consumers(context)
-    sinks = set()
-    for name in graph_walk.depth_first(writes, lambda name: consumers.get(name, ())):
-        if not consumers.get(name) and not _reads_a_variable(model, name):
-            sinks.add(_outermost(model, name))
-    return tuple(sorted(sinks))
+#: One update of a manager: its name and its writes of one state variable.
+Update = collections.namedtuple("Update", ["name", "writes"])
 
 
-def _reads_a_variable(model, name):
-    node = model.nodes[name]
-    return node.type in _READ_TYPES and bool(node.inputs) and (
-        model.nodes.get(node.inputs[0][0]) is not None
-        and model.nodes[node.inputs[0][0]].type in _graph.VARIABLE_TYPES)
+def _updates(context, writes):
+    """The manager updates that ``writes`` (of one state variable) belong to,
+    as ``Update`` records sorted by name.
 
-
-_READ_TYPES = graph_walk.IDENTITY_TYPES | frozenset(["ReadVariableOp"])
-
-
-def _consumers(context):
-    """dict node -> the nodes that wait for it (all edges), built once."""
-    cached = getattr(context, "_consumer_map", None)
-    if cached is None:
-        cached = graph_walk.children(context.model.nodes, context.model.all_deps)
-        context._consumer_map = cached  # pylint: disable=protected-access
-    return cached
-
-
-def _update_ops(context, writes):
-    """Names for the manager updates that ``writes`` belong to, sorted.
-
-    Writes of one update decide on the same overflow checks (the checks and
-    flag variables their values and branch predicates derive from); each
-    update is named by the longest name scope its writes share (a v1 cond's,
-    or the outermost If/While/call node holding them), else its first write.
+    Two writes belong to one update when they decide on the same overflow
+    checks (the checks and flag variables their values and branch
+    predicates derive from) and either exclude each other (their branch
+    conditions contradict) or follow each other (one waits for the other,
+    any edge). Each update is named by the longest name scope its writes
+    share (a v1 cond's, or the outermost If/While/call node holding them),
+    else (or when another update has that name) its first write.
     """
     facts, model = context.facts, context.model
-    groups = collections.OrderedDict()
-    for write in sorted(writes):
+    roots, before = {}, {}
+    for write in writes:
         preds = [l.pred.rsplit(":", 1)[0] for l in model.conditions(write)
                  if l.kind == "cond"]
         seen = model.ancestors(facts.value_inputs(write) + preds, data_only=True)
-        roots = frozenset(n for n in seen if n in facts.flag_vars or (
+        roots[write] = frozenset(n for n in seen if n in facts.flag_vars or (
             model.nodes[n].type in _facts.CHECK_TYPES
             and _graph.SHIM_INTERNAL_SCOPE not in n.split("/")))
-        groups.setdefault(roots, []).append(_outermost(model, write))
+        before[write] = model.ancestors([write])
+    groups = []  # lists of writes, merged as they join
+    for write in sorted(writes):
+        joined = [group for group in groups if any(
+            roots[other] == roots[write] and (
+                other in before[write] or write in before[other]
+                or model.exclusive(model.conditions(other), model.conditions(write)))
+            for other in group)]
+        merged = [write]
+        for group in joined:
+            merged.extend(group)
+            groups.remove(group)
+        groups.append(sorted(merged))
     names = []
-    for members in groups.values():
-        parts = [m.split("/") for m in members]
+    for members in groups:
+        units = [model.outermost(m) for m in members]
         common = []
-        for level in zip(*parts):
+        for level in zip(*[unit.split("/") for unit in units]):
             if len(set(level)) != 1:
                 break
             common.append(level[0])
-        names.append("/".join(common) if common else members[0])
-    return tuple(sorted(set(names)))
-
-
-def _outermost(model, write):
-    """The graph op that runs a write: the outermost If/While/call node whose
-    body holds it, else the write itself."""
-    unit = write
-    while model.nodes[unit].call is not None:
-        unit = model.nodes[unit].call
-    return unit
+        names.append(("/".join(common) if common else units[0], units[0]))
+    scopes = [scope for scope, _ in names]
+    return sorted(Update(scope if scopes.count(scope) == 1 else first, tuple(members))
+                  for (scope, first), members in zip(names, groups))

@@ -1,7 +1,8 @@
 """The checks on train updates and their gates: NLS002 (untrained
 variables), NLS003 (foreign loss), NLS005 (updates the gate does not hold),
 NLS009 (accumulated gradients applied outside a window-wide gate), NLS010
-(a variable updated twice in one step).
+(a variable updated twice in one step), NLS013 (one optimizer's own state
+advanced by two steps).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -10,10 +11,12 @@ import collections
 import itertools
 
 from npu_lossscale.core import graph_walk
+from npu_lossscale.audit import _graph
 from npu_lossscale.audit._findings import Finding, _if_run_together, _some, _sorted
 
-__all__ = ["check_double_updates", "check_foreign_loss", "check_ungated_accumulation",
-           "check_ungated_updates", "check_untrained_variables"]
+__all__ = ["check_double_updates", "check_foreign_loss", "check_shared_optimizer_state",
+           "check_ungated_accumulation", "check_ungated_updates",
+           "check_untrained_variables"]
 
 
 # -- NLS002 / NLS003 ----------------------------------------------------------------
@@ -83,17 +86,28 @@ def check_foreign_loss(context):
 
 # -- NLS005 ----------------------------------------------------------------------
 
+#: Why an ungated write runs on skipped steps (``check_ungated_updates``):
+#: a forward-pass op waits for it (batch norm with updates_collections=None),
+#: the step's own ops wait for it (control_dependencies around the step), or
+#: it runs beside the gate.
+_IN_PLACE, _AROUND_STEP, _BESIDE = "in_place", "around_step", "beside"
+
+
 def check_ungated_updates(context):
     """Writes that run on skipped steps, in a run that has a loss-scale gate.
 
     An error when the written value comes from this step's float16 forward
     pass; a warning for a float32 one that belongs to (or feeds) UPDATE_OPS
-    or that a loss depends on. The latter, writes inside the forward pass
-    (batch norm built with ``updates_collections=None``), get their own
-    finding: no gate can hold them back, the layer has to be built with
-    UPDATE_OPS. Ungated writes that a gated op stands for (``graph_walk``:
-    a ``tf.print``, ``check_numerics`` or ``tf.tuple`` around them, which
-    the gate holds instead of them) are an error of their own.
+    or that the step waits for. Each finding names the cause (``_cause``):
+    writes inside the forward pass (batch norm built with
+    ``updates_collections=None``), whose fix is to build the layer with
+    UPDATE_OPS; writes the step's own ops wait for
+    (``tf.control_dependencies(UPDATE_OPS)`` around ``minimize`` or
+    ``build``), whose fix is ``build(update_ops=...)`` without the
+    control_dependencies; writes beside the gate. Ungated writes that a
+    gated op stands for (``graph_walk``: a ``tf.print``, ``check_numerics``
+    or ``tf.tuple`` around them, which the gate holds instead of them) are
+    an error of their own.
     """
     facts = context.facts
     gated = [op for op in context.train_updates() if facts.gates(op)]
@@ -101,10 +115,10 @@ def check_ungated_updates(context):
         return []
     update_ops = _update_ops_writes(context)
     wrapped = _wrapped_writes(context)
-    forward_pass = context.model.ancestors(set(facts.seeds.values()))
+    cause = _cause(context, gated, update_ops)
     groups = collections.OrderedDict(
-        ((severity, in_place), []) for severity in ("error", "warning")
-        for in_place in (True, False))
+        ((severity, kind), []) for severity in ("error", "warning")
+        for kind in (_IN_PLACE, _AROUND_STEP, _BESIDE))
     behind = []
     for op, var in sorted(facts.target.items()):
         if op not in context.run or facts.gates(op):
@@ -112,13 +126,13 @@ def check_ungated_updates(context):
         if (var in facts.scale_state or var in facts.flag_vars or var in facts.accumulators
                 or var in context.model.collections.local):
             continue
-        in_place = op in forward_pass
-        if op in wrapped and not in_place:
+        kind = cause(op)
+        if op in wrapped and kind == _BESIDE:
             behind.append(op)
         elif facts.forward_value(op):
-            groups[("error", in_place)].append(op)
-        elif op in update_ops or in_place:
-            groups[("warning", in_place)].append(op)
+            groups[("error", kind)].append(op)
+        elif op in update_ops or kind != _BESIDE:
+            groups[("warning", kind)].append(op)
     found = []
     if behind:
         wrappers = _sorted(wrapped[op] for op in behind)
@@ -132,12 +146,13 @@ def check_ungated_updates(context):
             "make the updates inside the gate's branch."
             % (len(behind), _some(behind, 6), _some(list(wrappers), 4)),
             _sorted(behind + list(wrappers) + gated[:1])))
-    for (severity, in_place), ops in groups.items():
+    for (severity, kind), ops in groups.items():
         if not ops:
             continue
         why = ("from this step's float16 forward pass" if severity == "error"
-               else "from UPDATE_OPS" if not in_place else "of float32 values")
-        if in_place:
+               else "from UPDATE_OPS" if update_ops.issuperset(ops)
+               else "of float32 values")
+        if kind == _IN_PLACE:
             message = (
                 "%d variable update(s) %s (%s) run inside the forward pass (the loss "
                 "depends on them, as batch norm built with updates_collections=None "
@@ -148,6 +163,16 @@ def check_ungated_updates(context):
                 "updates_collections (tf.GraphKeys.UPDATE_OPS) and pass "
                 "tf.get_collection(tf.GraphKeys.UPDATE_OPS) to "
                 "MultiOptimizerLossScale.build(update_ops=...)."
+                % (len(ops), why, ", ".join(ops[:6])))
+        elif kind == _AROUND_STEP:
+            message = (
+                "%d variable update(s) %s (%s) are control inputs of the step's own "
+                "ops (tf.control_dependencies(tf.get_collection(tf.GraphKeys."
+                "UPDATE_OPS)) around minimize() or build() makes them so), so every "
+                "step runs them, skipped (overflowing) ones too, writing values that "
+                "can be inf or NaN (batch-norm statistics stay broken for good); drop "
+                "that control_dependencies and pass the ops to MultiOptimizerLossScale"
+                ".build(update_ops=...), which runs them on applied steps only."
                 % (len(ops), why, ", ".join(ops[:6])))
         else:
             message = (
@@ -162,6 +187,34 @@ def check_ungated_updates(context):
         found.append(Finding("NLS005-ungated-update", context.run_severity(severity),
                              message, _sorted(ops + [g for g in gated[:1]])))
     return found
+
+
+def _cause(context, gated, update_ops):
+    """A function telling why an ungated write runs on skipped steps.
+
+    ``_IN_PLACE`` when a value of the forward pass waits for it (any edge):
+    a data ancestor of a loss whose value does not derive from the loss
+    scale (so not the scaled loss or the scale's read), and the write is not
+    in UPDATE_OPS (batch norm built with updates_collections=None keeps its
+    updates out of it). ``_AROUND_STEP`` when, otherwise, a gated train
+    update or a loss waits for it: control edges from it to the step's own
+    ops, which ``tf.control_dependencies`` around ``minimize`` or ``build``
+    makes. ``_BESIDE`` else.
+    """
+    facts, model = context.facts, context.model
+    losses = set(facts.seeds.values())
+    scaled = facts.derived_from(facts.scale_state)
+    forward = [n for n in model.ancestors(losses, data_only=True) if n not in scaled]
+    in_forward = model.ancestors(forward)
+    step_waits = model.ancestors(list(gated) + sorted(losses))
+
+    def cause(op):
+        if op in in_forward and op not in update_ops:
+            return _IN_PLACE
+        if op in step_waits:
+            return _AROUND_STEP
+        return _BESIDE
+    return cause
 
 
 def _walk_kind(context):
@@ -281,3 +334,85 @@ def check_double_updates(context):
     return found
 
 
+# -- NLS013 ----------------------------------------------------------------------
+
+#: One write of an optimizer's own state: the write and the variables of the
+#: optimizer applies it follows (the variables its step trains).
+_StateWrite = collections.namedtuple("_StateWrite", ["write", "trains"])
+
+
+def check_shared_optimizer_state(context):
+    """An optimizer's own state advanced by steps that train different variables.
+
+    Optimizer state that is no variable's slot, such as Adam's
+    ``beta1_power`` and ``beta2_power``, is one per optimizer object: each
+    ``apply_gradients`` reads it in its apply ops and advances it once,
+    after them. Two writes of one such variable that follow applies of
+    different variables come from one optimizer object used by two steps
+    (two builders, a builder and a ``minimize``, two ``minimize`` calls).
+    The builder refuses one optimizer in two groups of one builder; across
+    steps only the graph shows it.
+
+    An error when both writes can run in the fetched run (the state advances
+    twice per step); a warning otherwise: each run of either step advances
+    the state for both, so each network's bias correction counts the other
+    network's steps too. Writes that follow applies of the same variables
+    (a builder's ``update_op`` and its ``per_group`` op of that group) are
+    alternatives for one network, not reported.
+    """
+    facts, model = context.facts, context.model
+    applies = set(op for op in facts.train_updates
+                  if _graph.is_optimizer_apply(model.nodes[op].type))
+    if not applies:
+        return []
+    skip = facts.trainable.union(facts.scale_state, facts.flag_vars, facts.accumulators,
+                                 facts.bookkeeping, model.collections.local)
+    found = collections.OrderedDict()  # (step ops, clashing) -> [variable]
+    for var in sorted(facts.mutations):
+        writes = facts.mutations[var]
+        if var in skip or len(writes) < 2 or facts.is_global_step(var):
+            continue
+        readers = applies & facts.derived_from([var])
+        if not readers:
+            continue
+        state = []
+        for write in sorted(writes):
+            trains = frozenset(facts.target[a] for a in model.ancestors([write]) & readers)
+            if trains:
+                state.append(_StateWrite(write, trains))
+        shared, clashing = set(), False
+        for first, second in itertools.combinations(state, 2):
+            if first.trains & second.trains:
+                continue
+            shared |= set([first, second])
+            clashing = clashing or (
+                context.fetched and first.write in context.run and second.write in context.run
+                and context.co_runnable(first.write, second.write))
+        if shared:
+            key = (tuple((context.step_ops([s.write]), tuple(sorted(s.trains)))
+                         for s in sorted(shared)), clashing)
+            found.setdefault(key, []).append(var)
+    return [_finding(steps, clashing, variables)
+            for (steps, clashing), variables in found.items()]
+
+
+def _finding(steps, clashing, variables):
+    """The NLS013 finding for ``variables`` advanced by ``steps``: (step
+    ops, variables trained) pairs."""
+    names = _sorted(op for ops, _ in steps for op in ops)
+    trained = "; ".join("%s trains %s" % (_some(list(ops), 2), _some(list(trains), 3))
+                        for ops, trains in steps)
+    if clashing:
+        what = ("advances %d times in one step (%s), once per step op, so Adam's bias "
+                "correction runs ahead for both networks" % (len(steps), trained))
+    else:
+        what = ("advances on every run of each of %d step ops (%s), so each network's "
+                "Adam bias correction also counts the other network's steps"
+                % (len(steps), trained))
+    return Finding(
+        "NLS013-shared-optimizer", "error" if clashing else "warning",
+        "the optimizer state %s %s: one optimizer object is used by two builders, a "
+        "builder and a minimize, or two minimize calls; give each its own optimizer "
+        "object (e.g. a tf.train.AdamOptimizer per network)."
+        % (", ".join(variables), what),
+        tuple(variables) + names)
