@@ -61,13 +61,15 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
 # is_finite's numbers, end-to-end runs of our own scripts whose TF 2.15 side
 # the lists above cover (the GAN examples: test_distributed.py runs the DCGAN
 # under horovodrun; the shim's two ranks: its HCCL runs; the porting example,
-# the README's quick start, the soak), and the benchmark smoke run (`make
+# the README's quick start, docs/port.md's command (test_port.py runs the
+# port's scripts on TF 2.15), the soak), and the benchmark smoke run (`make
 # bench` runs on TF 2.21 only; on TF 2.15's slow float16 it took 100 s).
 FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_syntax.py \
                    tests/test_messages.py \
                    tests/test_legs.py tests/test_backends.py tests/test_examples.py \
                    tests/test_shim_distributed.py tests/test_porting.py \
-                   tests/test_readme.py tests/test_soak.py tests/test_benchmarks_quick.py
+                   tests/test_readme.py tests/test_soak.py tests/test_benchmarks_quick.py \
+                   tests/test_port_docs.py
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.

@@ -336,3 +336,71 @@ def test_the_port_modules_do_not_import_tensorflow():
                     module in ("npu_lossscale", "npu_lossscale.port")
                     or not module.startswith("npu_lossscale")
                     or module.startswith("npu_lossscale.port.")), (name, module)
+
+
+def test_the_probe_audits_each_training_run_once(tmp_path, graph):
+    """--check's probe, in this process: the first session.run of each
+    distinct set of fetches that trains is audited; runs that train nothing
+    (the initializer, a loss) are not. Two LossScaleOptimizers with their own
+    managers fetched in one run: the audit warns about the two scales."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    import npu_lossscale as nl  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.port import _probe  # pylint: disable=import-outside-toplevel
+    x = tf.placeholder(tf.float32, [4, 3])
+    ops = []
+    for name in ("d", "g"):
+        with tf.variable_scope(name):
+            w = tf.get_variable("w", [3, 1])
+        loss = tf.reduce_mean(tf.matmul(x, w))
+        manager = nl.ExponentialUpdateLossScaleManager(8, 100)
+        ops.append(nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager).minimize(
+            loss, var_list=[w]))
+    result = str(tmp_path / "result.json")
+    probe = _probe._Probe(result)  # pylint: disable=protected-access
+
+    class Session(object):
+        graph = tf.get_default_graph()
+
+    for fetches in (tf.global_variables_initializer(), loss, {"d": ops[0], "g": ops[1]},
+                    [ops[1], ops[0]], ops[0]):
+        probe.before_run(Session(), fetches)
+    probe.finish()
+    with open(result) as handle:
+        runs = json.load(handle)
+    assert [sorted(run["fetches"]) for run in runs] == [sorted(o.name for o in ops),
+                                                        [ops[0].name]]
+    assert "NLS008-independent-scales" in [code for code, _, _ in runs[0]["findings"]]
+
+
+def test_the_check_names_the_rewritten_script(tmp_path):
+    from npu_lossscale.port import _check  # pylint: disable=import-outside-toplevel
+    folder, out = tmp_path / "in", tmp_path / "out"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "train.py").write_text("")
+    assert _check.rewritten_script(str(folder / "sub" / "train.py"), str(folder),
+                                   str(out)) == os.path.join(str(out), "sub", "train.py")
+    assert _check.rewritten_script("elsewhere.py", str(folder), str(out)) is None
+    single = folder / "sub" / "train.py"
+    assert _check.rewritten_script("train.py", str(single), str(out / "t.py")) == str(
+        out / "t.py")
+    assert _check.parse_command("python train.py --steps 2") == ("python", "train.py",
+                                                                 ["--steps", "2"])
+    with pytest.raises(ValueError, match="is not 'python SCRIPT.py"):
+        _check.parse_command("python -m train")
+
+
+def test_the_report_fails_on_a_failed_check():
+    from npu_lossscale.port._report import (AuditedRun, CheckResult,  # pylint: disable=import-outside-toplevel
+                                            Report)
+    report = Report()
+    report.check = CheckResult("python t.py", 0, [AuditedRun(["u"], [("NLS011", "info", "m")])],
+                               "")
+    assert not report.check_failed()
+    report.check = CheckResult("python t.py", 0, [AuditedRun(["u"], [("NLS001", "error", "m")])],
+                               "")
+    assert report.check_failed()
+    report.check = CheckResult("python t.py", 2, [], "Traceback ...")
+    assert report.check_failed()
+    assert "  exit status 2\n  | Traceback ...\n  no training session.run was audited" in (
+        report.format())
