@@ -203,6 +203,11 @@ class _Planner(object):
     def drop_in(self, wrapper):
         """One wrapper: ``nl.LossScaleOptimizer`` in its place."""
         s = self.s
+        if isinstance(s.parent(wrapper.call), cst.Expr):
+            self.refuse(wrapper.call, "wrapper-unfollowed",
+                        "The result of this %s call is dropped: port it by hand."
+                        % _names.WRAPPER_TITLES[wrapper.kind], SECTION_PORT)
+            return
         minimizes = self.wrapper_minimizes(wrapper)
         if len(minimizes) > 1:
             self.refuse_reused(minimizes)
