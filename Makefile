@@ -33,13 +33,15 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_shim_adapter.py tests/test_monitoring.py tests/test_diagnostics.py \
             tests/test_misuse.py tests/test_underflow.py tests/test_managers_listening.py \
             tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
-            tests/test_recipes.py tests/test_peer_suites.py tests/test_step_cost.py
+            tests/test_recipes.py tests/test_peer_suites.py tests/test_step_cost.py \
+            tests/test_port.py
 # TF215_TESTS run again on TF 2.15.1: what needs it (tf.estimator; Horovod,
 # built against it: test_distributed.py and the audit's Horovod test), and
 # what depends on TF's version rather than on our own logic: checkpoint
 # formats, the shim's graph mechanics (ops, partition graphs after grappler),
 # TF's op registry, TF's own classes as references, Keras 2's optimizers and
-# layers (Keras 3 on TF 2.21), and the public API on an older TF.
+# layers (Keras 3 on TF 2.21), the public API on an older TF, and the
+# scripts `python -m npu_lossscale.port` rewrites (issue 33: both legs).
 TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
                tests/test_audit.py::test_horovod_allreduce_inside_cond \
                tests/test_cluster_checks.py::test_horovod_distributed_optimizer_under_horovodrun_env_builds \
@@ -52,13 +54,16 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
                tests/test_misuse.py tests/test_update_ops.py tests/test_graph_state.py \
                tests/test_manager_misuse.py::test_fixed_manager_rejects \
                tests/test_manager_misuse.py::test_exponential_manager_rejects \
-               tests/test_manager_misuse.py::test_dynamic_manager_rejects
+               tests/test_manager_misuse.py::test_dynamic_manager_rejects \
+               tests/test_port.py
 # FAST_ONLY_TESTS run on TF 2.21 alone: checks without a TF graph (the
-# plan, the static TF 1.15 API and Python 3.7 checks, this list's check),
+# plan, the static TF 1.15 API and Python 3.7 checks, this list's check, the
+# port's rules on source snippets),
 # is_finite's numbers, end-to-end runs of our own scripts whose TF 2.15 side
 # the lists above cover (the GAN examples: test_distributed.py runs the DCGAN
 # under horovodrun; the shim's two ranks: its HCCL runs; the porting example,
-# the README's quick start, the docs' code blocks, the soak), and the
+# the README's quick start, the docs' code blocks, docs/port.md's command
+# (test_port.py runs the port's scripts on TF 2.15), the soak), and the
 # benchmark smoke run (`make bench` runs on TF 2.21 only; on TF 2.15's slow
 # float16 it took 100 s).
 FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_syntax.py \
@@ -66,7 +71,8 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
                    tests/test_legs.py tests/test_backends.py tests/test_examples.py \
                    tests/test_shim_distributed.py tests/test_porting.py \
                    tests/test_readme.py tests/test_docs.py tests/test_soak.py \
-                   tests/test_benchmarks_quick.py
+                   tests/test_benchmarks_quick.py tests/test_port_docs.py \
+                   tests/test_port_rules.py
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.

@@ -3,7 +3,8 @@
 TensorFlow is deliberately not a hard requirement: Ascend and GPU hosts ship
 their own TF 1.15 build. The package is not published on PyPI; from a
 checkout, ``pip install '.[cpu]'`` installs it with a CPU TensorFlow for
-development, and ``pip install .`` installs it alone.
+development, and ``pip install .`` installs it alone. ``pip install '.[port]'``
+adds libcst for ``python -m npu_lossscale.port``.
 """
 from setuptools import find_packages, setup
 
@@ -20,6 +21,8 @@ setup(
     extras_require={
         "cpu": ["tensorflow-cpu>=2.15"],
         "examples": ["tqdm", "matplotlib", "scikit-learn"],
+        # python -m npu_lossscale.port: libcst 1.0.1 runs on Python 3.7 to 3.11.
+        "port": ["libcst==1.0.1"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -1,0 +1,103 @@
+"""``--check``: run the rewritten script and audit the graph it builds.
+
+The command is the user's (``"python train.py --steps 2"``): its interpreter
+runs ``_probe`` instead of the script, which runs the rewritten script as the
+command would and audits each distinct training ``session.run``
+(``npu_lossscale.audit``). The script named in the command is the input's;
+the probe runs its rewritten copy.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+
+from npu_lossscale.port._report import AuditedRun, CheckResult
+
+#: Lines of the command's output kept in the report when it fails.
+TAIL_LINES = 15
+_LIBRARY_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_command(command):
+    """``(interpreter, script, args)`` of a ``python SCRIPT [ARGS]`` command.
+
+    Raises:
+      ValueError: for any other shape of command.
+    """
+    tokens = shlex.split(command)
+    if len(tokens) < 2 or tokens[1].startswith("-") or not tokens[1].endswith(".py"):
+        raise ValueError("--check %r is not 'python SCRIPT.py [ARGS...]'. Pass the command "
+                         "that runs the script, e.g. 'python train.py --steps 2'." % command)
+    return tokens[0], tokens[1], tokens[2:]
+
+
+def rewritten_script(script, source, destination):
+    """The rewritten copy of the script a command names.
+
+    Args:
+      script: the script as the command names it (absolute, or relative to
+        the working directory or to INPUT's folder).
+      source: INPUT (a file or a folder).
+      destination: what the port wrote: the rewritten file, or the folder.
+
+    Returns:
+      The path to run, or None when the script is none of INPUT's.
+    """
+    path = os.path.abspath(script)
+    if os.path.isdir(source):
+        for root in (os.path.abspath(source), os.path.abspath(destination)):
+            if path.startswith(root + os.sep):
+                return os.path.join(destination, os.path.relpath(path, root))
+        candidate = os.path.join(destination, script)
+        return candidate if not os.path.isabs(script) and os.path.isfile(candidate) else None
+    if path in (os.path.abspath(source), os.path.abspath(destination)) or (
+            os.path.basename(script) == os.path.basename(source)):
+        return destination
+    return None
+
+
+def run_check(command, script, timeout):
+    """Runs the rewritten ``script`` as ``command`` runs its original.
+
+    Args:
+      command: the user's command, e.g. "python train.py --steps 2".
+      script: the rewritten script to run in its place.
+      timeout: seconds before the command is stopped.
+
+    Returns:
+      A ``CheckResult``.
+    """
+    interpreter, _, args = parse_command(command)
+    handle, result_path = tempfile.mkstemp(suffix=".json", prefix="npu_lossscale_check_")
+    os.close(handle)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([_LIBRARY_ROOT] + [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    argv = [interpreter, "-m", "npu_lossscale.port._probe", result_path, script] + list(args)
+    try:
+        try:
+            done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  universal_newlines=True, timeout=timeout, env=env)
+            returncode, output = done.returncode, done.stdout
+        except subprocess.TimeoutExpired as expired:
+            returncode, output = None, _text(expired.output) + "\n(stopped after %d s)" % timeout
+        except OSError as error:
+            returncode, output = None, "cannot run %s: %s" % (interpreter, error)
+        with open(result_path) as result:
+            text = result.read()
+        runs = [AuditedRun(run["fetches"], [tuple(f) for f in run["findings"]])
+                for run in (json.loads(text) if text.strip() else [])]
+    finally:
+        os.remove(result_path)
+    tail = "" if returncode == 0 else "\n".join(output.splitlines()[-TAIL_LINES:])
+    return CheckResult(command, returncode, runs, tail)
+
+
+def _text(output):
+    if output is None:
+        return ""
+    return output.decode("utf-8", "replace") if isinstance(output, bytes) else output

@@ -1,0 +1,1186 @@
+"""Deciding the rewrite: what each pattern becomes, and what cannot be proved.
+
+``plan(scanner, path)`` reads what ``_find.Scanner`` recorded and returns a
+``Plan``: the node edits for ``_rewrite`` and the report's entries. It takes
+one of three roads per module:
+
+* **drop-in**: one loss-scale wrapper, built once: it becomes
+  ``nl.LossScaleOptimizer(opt, manager)``.
+* **builder**: several wrappers (or several ``minimize`` ops and no loss
+  scaling at all): one ``nl.MultiOptimizerLossScale``, one ``add()`` per
+  ``minimize``, one ``build()`` after the last of them, and each train op's
+  name bound to what the script's ``session.run`` calls need (the joint
+  ``update_op``, or its group's ``per_group`` op).
+* **by hand**: anything the tool cannot prove keeps its meaning. The module
+  is then left exactly as it is (a partial port of a multi-optimizer script
+  would put a builder's step and a wrapper's in one run) and each reason is
+  listed.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+
+import libcst as cst
+
+from npu_lossscale.port import _names
+from npu_lossscale.port._find import bind_args as _bind
+from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE, Entry
+
+SECTION_PORTING = 'README "Porting a TF1 script"'
+SECTION_UPDATE_OPS = 'README "Porting a TF1 script", point "UPDATE_OPS"'
+SECTION_GLOBAL_STEP = 'README "Porting a TF1 script", point "global_step"'
+SECTION_NPU_INIT = 'README "Porting a TF1 script", point "from npu_bridge.npu_init import *"'
+SECTION_MANAGERS = 'README "Managers"'
+SECTION_PER_GROUP_SCALES = 'README "Per-group loss scales"'
+SECTION_LSO = 'README "LossScaleOptimizer"'
+SECTION_GRAPH_REWRITE = 'README "Graph-rewrite mixed precision"'
+SECTION_DATA_PARALLEL = 'README "Data parallelism"'
+SECTION_BUILDER = 'README "MultiOptimizerLossScale" (add(..., transform_grads_fn=...))'
+SECTION_PORT = 'docs/port.md "What it leaves to you"'
+
+#: Where a line of generated code wraps (the project's line length).
+LINE_LENGTH = 99
+
+#: The edits of one module and its report entries.
+#:
+#: Attributes:
+#:   replace: dict from an original node to the node that takes its place.
+#:   statements: dict from an original statement to the list of statements
+#:     that take its place (an empty list removes it).
+#:   before: dict from an original statement to statements inserted before it.
+#:   after: dict from an original statement to statements inserted after it.
+#:   entries: the report's ``Entry``s for this module.
+Plan = collections.namedtuple("Plan", ["replace", "statements", "before", "after", "entries"])
+
+#: The loss-scale manager a group uses.
+#:
+#: Attributes:
+#:   code: the expression to write (a name, or a new manager).
+#:   key: what makes two groups' managers the same object (the assignment of
+#:     the name they share), or None for a manager of its own.
+#:   origin: the statement the expression comes from when it must move (a
+#:     manager built inside the wrapper), else None.
+ManagerUse = collections.namedtuple("ManagerUse", ["code", "key", "origin"])
+
+#: One ``minimize`` call that becomes a builder group.
+#:
+#: Attributes:
+#:   name: the group's name (the train op's variable).
+#:   minimize: the ``_find.Minimize``.
+#:   statement: its ``SimpleStatementLine``.
+#:   top: the statement of the builder's block that holds it (itself, or
+#:     the ``with tf.control_dependencies(...)`` around it).
+#:   update_ops: the ``control_dependencies`` argument, or None.
+#:   optimizer: the optimizer expression ``add()`` gets.
+#:   wrapper: the ``_find.Wrapper`` it came through, or None.
+#:   wrapper_statement: the statement that binds the wrapper to a name, or
+#:     None (a wrapper inline in the ``minimize``, or none).
+#:   manager: the ``ManagerUse``.
+Group = collections.namedtuple("Group", ["name", "minimize", "statement", "top", "update_ops",
+                                         "optimizer", "wrapper", "wrapper_statement", "manager"])
+
+_UNSCALED_MANAGER = "DynamicLossScaleManager()"
+_BUILDER_KEY = "builder"  # the one manager of a port without loss scaling
+
+
+def plan(scanner, path):
+    """Plans the rewrite of one module.
+
+    Args:
+      scanner: a ``_find.Scanner`` at the end of its walk.
+      path: the module's path for the report.
+
+    Returns:
+      A ``Plan``.
+    """
+    planner = _Planner(scanner, path)
+    planner.run()
+    return Plan(planner.replace, planner.statements, planner.before, planner.after,
+                planner.entries)
+
+
+class _Planner(object):
+    """The decisions for one module (see the module docstring)."""
+
+    def __init__(self, scanner, path):
+        self.s = scanner
+        self.path = path
+        self.entries, self.reasons = [], []
+        self.replace, self.statements, self.before, self.after = {}, {}, {}, {}
+        taken = scanner.names
+        self.alias = "nl" if "nl" not in taken else "npu_lossscale"
+        self.mapped = set()  # manager calls already mapped
+        self.seen = set()  # wrappers a minimize was traced to
+
+    # -- report -------------------------------------------------------------------
+
+    def _entry(self, kind, node, rule, message, section=""):
+        line = self.s.line(node) if node is not None else 0
+        return Entry(kind, self.path, line, rule, message, section)
+
+    def changed(self, node, rule, message, section=""):
+        self.entries.append(self._entry(CHANGED, node, rule, message, section))
+
+    def left_alone(self, node, rule, message, section=""):
+        self.entries.append(self._entry(LEFT_ALONE, node, rule, message, section))
+
+    def by_hand(self, node, rule, message, section=SECTION_PORTING):
+        self.entries.append(self._entry(BY_HAND, node, rule, message, section))
+
+    def refuse(self, node, rule, message, section=SECTION_PORTING):
+        """Records a reason the module cannot be rewritten."""
+        self.reasons.append(self._entry(BY_HAND, node, rule, message, section))
+
+    def code(self, node):
+        return self.s.code(node).strip()
+
+    # -- the three roads ----------------------------------------------------------
+
+    def run(self):
+        s = self.s
+        if s.star_npu is not None:
+            self.left_alone(s.star_npu, "npu-init-import",
+                            "Kept `from npu_bridge.npu_init import *`: on Ascend it hands the "
+                            "graph to the NPU. On a GPU or CPU drop it and import what the "
+                            "script used from it yourself.", SECTION_NPU_INIT)
+        if s.library_import is not None:
+            if s.wrappers:
+                for wrapper in s.wrappers:
+                    self.by_hand(wrapper.call, "already-ported-mixed",
+                                 "The script imports npu_lossscale and still builds %s: finish "
+                                 "the port by hand (one step per session.run)."
+                                 % _names.WRAPPER_TITLES[wrapper.kind])
+            else:
+                self.left_alone(s.library_import, "already-ported",
+                                "The script already imports npu_lossscale: nothing to port.")
+            return
+        if not s.wrappers:
+            self.unscaled()
+        elif len(s.wrappers) == 1 and self.runs_once(s.wrappers[0].call):
+            self.drop_in(s.wrappers[0])
+        else:
+            self.builder(scaled=True)
+        self.entries.extend(self.reasons)
+        if self.reasons:
+            self.replace, self.statements, self.before, self.after = {}, {}, {}, {}
+            self.entries = [e for e in self.entries if e.kind != CHANGED]
+            return
+        for call in s.managers:
+            if call not in self.mapped and s.managers[call].origin != "tensorflow":
+                self.left_alone(call, "manager-unused",
+                                "This %s's manager feeds no wrapper the tool rewrote, so it "
+                                "stays as it is." % s.managers[call].origin, SECTION_MANAGERS)
+
+    def runs_once(self, node):
+        """True when ``node`` is built once per graph: in no loop, and in no
+        function called from more than one place."""
+        if self.s.loop_around(node) is not None:
+            return False
+        function = self.s.function_of(node)
+        while function is not None:
+            if self.s.called[function.name.value] > 1:
+                return False
+            if self.s.loop_around(function) is not None:
+                return False
+            function = self.s.function_of(function)
+        return True
+
+    def unscaled(self):
+        """No loss-scale wrapper: several ``minimize`` ops become one builder
+        with a dynamic scale; a single one is left alone."""
+        minimizes = self.s.minimizes
+        if len(minimizes) == 1:
+            self.left_alone(minimizes[0].call, "unscaled-single",
+                            "One minimize without loss scaling: nothing to port. For float16 "
+                            "compute wrap its optimizer: nl.LossScaleOptimizer(opt, "
+                            "nl.DynamicLossScaleManager()).", SECTION_LSO)
+        elif len(minimizes) > 1:
+            self.builder(scaled=False)
+
+    # -- drop-in ------------------------------------------------------------------
+
+    def drop_in(self, wrapper):
+        """One wrapper: ``nl.LossScaleOptimizer`` in its place."""
+        s = self.s
+        if isinstance(s.parent(wrapper.call), cst.Expr):
+            self.refuse(wrapper.call, "wrapper-unfollowed",
+                        "The result of this %s call is dropped: port it by hand."
+                        % _names.WRAPPER_TITLES[wrapper.kind], SECTION_PORT)
+            return
+        minimizes = self.wrapper_minimizes(wrapper)
+        if len(minimizes) > 1:
+            self.refuse_reused(minimizes)
+            return
+        if wrapper.optimizer is None or wrapper.others:
+            self.refuse(wrapper.call, "wrapper-arguments",
+                        "This %s call has arguments the tool does not know (%s): port it by "
+                        "hand." % (_names.WRAPPER_TITLES[wrapper.kind],
+                                   self.code(wrapper.call)), SECTION_LSO)
+            return
+        manager = self.manager_of(wrapper, None)
+        if manager is None:
+            return
+        args = [self.code(wrapper.optimizer), manager.code]
+        if wrapper.distributed is not None:
+            args.append("is_distributed=" + self.code(wrapper.distributed))
+        column = s.column(wrapper.call)
+        text = _call_text("%s.LossScaleOptimizer" % self.alias, args, column)
+        self.replace[wrapper.call] = _parse_expression_at(text, column)
+        self.changed(wrapper.call, "drop-in",
+                     "%s is now %s.LossScaleOptimizer(...), the drop-in for one optimizer "
+                     "(same optimizer, same manager arguments)."
+                     % (_names.WRAPPER_TITLES[wrapper.kind], self.alias), SECTION_LSO)
+        if wrapper.kind == _names.GRAPH_REWRITE:
+            self.graph_rewrite_note(wrapper)
+        for minimize in minimizes:
+            owner = s.owner(s.block(s.statement(minimize.call)))
+            if isinstance(owner, cst.With) and self.control_dependencies(owner) is not None:
+                self.left_alone(owner, "update-ops-ungated",
+                                "The drop-in keeps tf.control_dependencies(%s) around the "
+                                "minimize: those updates still run on skipped steps, as before. "
+                                "To skip them too, port to MultiOptimizerLossScale with "
+                                "build(update_ops=...)." % self.code(self.control_dependencies(
+                                    owner)), SECTION_UPDATE_OPS)
+        for minimize in s.minimizes:
+            if minimize not in minimizes:
+                self.left_alone(minimize.call, "unscaled-beside",
+                                "This minimize has no loss scaling and stays as it is. To scale "
+                                "it too, port the script to one MultiOptimizerLossScale by "
+                                "hand.", SECTION_PORTING)
+        self.add_import()
+
+    def wrapper_minimizes(self, wrapper):
+        """The ``minimize`` calls made on ``wrapper``'s object (inline, or
+        through the name it is assigned to)."""
+        s = self.s
+        receivers = [wrapper.call]
+        parent = s.parent(wrapper.call)
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(
+                parent.targets[0].target, cst.Name):
+            assignment = [a for a in (s.assignments(parent.targets[0].target) or ())
+                          if a.node is parent.targets[0].target]
+            receivers.extend(s.references(assignment))
+        return [m for m in s.minimizes if any(m.receiver is r for r in receivers)]
+
+    def refuse_reused(self, minimizes):
+        lines = ", ".join(str(self.s.line(m.call)) for m in minimizes)
+        for minimize in minimizes:
+            self.refuse(minimize.call, "optimizer-reused",
+                        "One optimizer object is minimized %d times (lines %s): its Adam beta "
+                        "powers advance once per call (ModelZoo BicycleGAN). Give each minimize "
+                        "its own optimizer, then run the tool again."
+                        % (len(minimizes), lines), SECTION_PORT)
+
+    def graph_rewrite_note(self, wrapper):
+        if any(e.rule == "graph-rewrite-session-config" for e in self.entries):
+            return  # once per module: one session config to change
+        self.by_hand(wrapper.call, "graph-rewrite-session-config",
+                     "enable_mixed_precision_graph_rewrite also turned on grappler's "
+                     "auto_mixed_precision for later sessions; the port keeps only its loss "
+                     "scaling. Set config.graph_options.rewrite_options.auto_mixed_precision = "
+                     "RewriterConfig.ON in the session config.", SECTION_GRAPH_REWRITE)
+
+    # -- managers -----------------------------------------------------------------
+
+    def manager_of(self, wrapper, statement):
+        """The ``ManagerUse`` for a wrapper's loss scale, or None (refused).
+
+        Args:
+          wrapper: the ``_find.Wrapper``.
+          statement: the statement binding the wrapper to a name (where the
+            manager expression moves from), or None.
+        """
+        s = self.s
+        expr = wrapper.scale
+        if wrapper.kind in (_names.TF_MIXED_PRECISION, _names.GRAPH_REWRITE):
+            return self.tf_loss_scale(wrapper, statement)
+        if expr is None:
+            self.refuse(wrapper.call, "wrapper-arguments",
+                        "This %s call has no loss-scale manager: port it by hand."
+                        % _names.WRAPPER_TITLES[wrapper.kind], SECTION_MANAGERS)
+            return None
+        if isinstance(expr, cst.Call) and expr in s.managers:
+            text = self.mapped_manager(expr)
+            return None if text is None else ManagerUse(text, None, statement)
+        if isinstance(expr, cst.Name):
+            assignments = s.assignments(expr) or []
+            key = assignments[0] if len(assignments) == 1 else expr.value
+            value = s.assigned_value(assignments[0]) if len(assignments) == 1 else None
+            if isinstance(value, cst.Call) and value in s.managers:
+                if self.map_in_place(value) is None:
+                    return None
+                return ManagerUse(expr.value, key, statement)
+            self.manager_kept(expr)
+            return ManagerUse(expr.value, key, statement)
+        self.manager_kept(expr)
+        if statement is not None:
+            self.refuse(expr, "manager-unfollowed",
+                        "The manager %s is built inside the wrapper by a call the tool cannot "
+                        "move: bind it to a name first." % self.code(expr), SECTION_MANAGERS)
+            return None
+        return ManagerUse(self.code(expr), None, None)
+
+    def manager_kept(self, expr):
+        self.left_alone(expr, "manager-kept",
+                        "The manager %s is not one the tool maps; it is kept as it is (the "
+                        "library takes npu_bridge's and contrib's managers too)."
+                        % self.code(expr), SECTION_MANAGERS)
+
+    def tf_loss_scale(self, wrapper, statement):
+        """TF's ``loss_scale`` argument as one of our managers."""
+        expr = wrapper.scale
+        alias = self.alias
+        if expr is None or (isinstance(expr, cst.SimpleString)
+                            and expr.evaluated_value == "dynamic"):
+            text = "%s.%s" % (alias, _UNSCALED_MANAGER)
+            rule = "a dynamic scale: %s (TF's DynamicLossScale defaults: 2**15, x2 every " \
+                   "2000 finite steps)" % text
+        elif _is_number(expr):
+            text = "%s.FixedLossScaleManager(%s)" % (alias, self.code(expr))
+            rule = "a fixed scale: %s" % text
+        elif isinstance(expr, cst.Call) and expr in self.s.managers:
+            text = self.mapped_manager(expr)
+            if text is None:
+                return None
+            rule = text
+        else:
+            self.refuse(expr, "loss-scale-argument",
+                        "The loss_scale %s is not a literal or a DynamicLossScale/"
+                        "FixedLossScale call the tool can map: pass our manager by hand."
+                        % self.code(expr), SECTION_MANAGERS)
+            return None
+        self.changed(expr if expr is not None else wrapper.call, "loss-scale-mapped",
+                     "%s's loss_scale is %s." % (_names.WRAPPER_TITLES[wrapper.kind], rule),
+                     SECTION_MANAGERS)
+        return ManagerUse(text, None, statement)
+
+    def mapped_manager(self, call):
+        """The text of our manager for a recognised manager call, or None
+        (refused: an argument we do not know)."""
+        mapping = self.s.managers[call]
+        known = [theirs for theirs, _ in mapping.keywords]
+        ours = dict(mapping.keywords)
+        bound, others = _bind(call, known)
+        if others:
+            self.refuse(call, "manager-arguments",
+                        "This %s manager has arguments the tool does not know (%s)."
+                        % (mapping.origin, self.code(call)), SECTION_MANAGERS)
+            return None
+        args = []
+        for theirs in known:
+            arg = bound.get(theirs)
+            if arg is None:
+                continue
+            value = self.code(arg.value)
+            args.append(value if arg.keyword is None else "%s=%s" % (ours[theirs], value))
+        self.mapped.add(call)
+        if mapping.origin != "tensorflow":
+            self.changed(call, "manager-mapped",
+                         "%s's %s is %s.%s, same arguments."
+                         % (mapping.origin, mapping.ours, self.alias, mapping.ours),
+                         SECTION_MANAGERS)
+        return "%s.%s(%s)" % (self.alias, mapping.ours, ", ".join(args))
+
+    def map_in_place(self, call):
+        """Maps a manager call where it stands (its function only: npu_bridge's
+        and contrib's arguments are ours). Returns the call, or None."""
+        if call in self.mapped:
+            return call
+        mapping = self.s.managers[call]
+        _, others = _bind(call, [theirs for theirs, _ in mapping.keywords])
+        if others or mapping.origin == "tensorflow":
+            self.refuse(call, "manager-arguments",
+                        "This %s manager has arguments the tool does not know (%s)."
+                        % (mapping.origin, self.code(call)), SECTION_MANAGERS)
+            return None
+        func = cst.parse_expression("%s.%s" % (self.alias, mapping.ours))
+        shift = len(self.code(func)) - len(self.code(call.func))
+        if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+            shift = 0  # a hanging indent stays where it is
+        self.replace[call] = call.with_changes(func=func, args=_shift(call.args, shift))
+        self.mapped.add(call)
+        self.changed(call, "manager-mapped",
+                     "%s's %s is %s.%s, same arguments."
+                     % (mapping.origin, mapping.ours, self.alias, mapping.ours), SECTION_MANAGERS)
+        return call
+
+    # -- builder ------------------------------------------------------------------
+
+    def builder(self, scaled):
+        """Several optimizers: one ``MultiOptimizerLossScale``."""
+        s = self.s
+        wrappers = dict((w.call, w) for w in s.wrappers)
+        groups, used = [], set()
+        for minimize in s.minimizes:
+            group = self.group(minimize, wrappers, scaled)
+            if group is not None:
+                groups.append(group)
+                if group.wrapper is not None:
+                    used.add(group.wrapper.call)
+        for wrapper in s.wrappers:
+            if wrapper.call not in used and wrapper.call not in self.seen:
+                self.refuse_unused(wrapper)
+        if self.reasons:
+            return
+        block = s.block(groups[0].top)
+        if any(s.block(g.top) is not block for g in groups):
+            lines = ", ".join(str(s.line(g.minimize.call)) for g in groups)
+            for group in groups:
+                self.refuse(group.minimize.call, "blocks-differ",
+                            "The minimize calls (lines %s) are in different blocks or "
+                            "functions: one builder needs them side by side." % lines)
+            return
+        self.check_groups(groups)
+        if self.reasons:
+            return
+        mode = self.fetch_mode(groups)
+        if mode is None:
+            return
+        tops = _unique_nodes([g.top for g in groups])
+        body = list(block.body)
+        index = dict((id(statement), i) for i, statement in enumerate(body))
+        self.check_moves(groups, body, index, tops)
+        if self.reasons:
+            return
+        self.write_builder(groups, mode, tops)
+        self.add_import()
+
+    def group(self, minimize, wrappers, scaled):
+        """The ``Group`` of one ``minimize`` call, or None (refused)."""
+        s = self.s
+        statement = s.statement(minimize.call)
+        target = _assign_target(statement, minimize.call)
+        if target is None:
+            self.refuse(minimize.call, "train-op-unfollowed",
+                        "This minimize's train op is not assigned to a plain name "
+                        "(`name = opt.minimize(...)`), so the tool cannot follow its fetches.")
+            return None
+        if s.loop_around(minimize.call) is not None:
+            self.refuse(minimize.call, "built-in-loop",
+                        "This minimize runs in a loop or comprehension: the tool cannot tell "
+                        "the optimizers apart. Write one scaler.add() per optimizer.", SECTION_PORT)
+            return None
+        top, update_ops = self.top_of(statement)
+        source = self.optimizer_source(minimize, top, wrappers)
+        if source is None:
+            return None
+        wrapper, wrapper_statement, optimizer = source
+        if scaled and wrapper is None:
+            self.refuse(minimize.call, "mixed-scaling",
+                        "This minimize has no loss-scale wrapper while others have: the tool "
+                        "will not guess its scale. Port the script by hand.")
+            return None
+        if wrapper is not None:
+            manager = self.wrapper_checks(wrapper, wrapper_statement)
+            if manager is None:
+                return None
+        else:
+            manager = ManagerUse("%s.%s" % (self.alias, _UNSCALED_MANAGER), _BUILDER_KEY, None)
+        return Group(target.value, minimize, statement, top, update_ops, optimizer, wrapper,
+                     wrapper_statement, manager)
+
+    def top_of(self, statement):
+        """``(top, update_ops)``: the statement of the builder's block that
+        holds ``statement``, and the ``control_dependencies`` argument."""
+        owner = self.s.owner(self.s.block(statement))
+        if isinstance(owner, cst.With) and self.control_dependencies(owner) is not None:
+            return owner, self.control_dependencies(owner)
+        return statement, None
+
+    def control_dependencies(self, with_node):
+        """X of ``with tf.control_dependencies(X):`` (the only item), else None."""
+        if len(with_node.items) != 1 or with_node.items[0].asname is not None:
+            return None
+        call = with_node.items[0].item
+        if self.s.call_name(call) != _names.CONTROL_DEPENDENCIES:
+            return None
+        bound, others = _bind(call, ["control_inputs"])
+        if others or "control_inputs" not in bound:
+            return None
+        return bound["control_inputs"].value
+
+    def optimizer_source(self, minimize, top, wrappers):
+        """``(wrapper, wrapper_statement, optimizer_code)`` for a minimize's
+        receiver, or None (refused)."""
+        s = self.s
+        receiver = minimize.receiver
+        if isinstance(receiver, cst.Call):
+            if receiver in wrappers:
+                wrapper = wrappers[receiver]
+                self.seen.add(receiver)
+                if wrapper.optimizer is None:
+                    return self.refuse_arguments(wrapper)
+                return wrapper, None, self.code(wrapper.optimizer)
+            if _names.is_tf_optimizer(s.call_name(receiver)):
+                return None, None, self.code(receiver)
+            return self.refuse_unfollowed(minimize)
+        if not isinstance(receiver, cst.Name):
+            return self.refuse_unfollowed(minimize)
+        assignments = s.assignments(receiver)
+        body = list(s.block(top).body)
+        position = _position(body, top)
+        places = []
+        for assignment in assignments or ():
+            statement = s.statement(assignment.node)
+            places.append((_position(body, statement), assignment, statement))
+        if not places or any(p is None or p >= position for p, _, _ in places):
+            return self.refuse_unfollowed(minimize)
+        _, source, statement = max(places, key=lambda p: p[0])
+        value = s.assigned_value(source)
+        allowed = [receiver]
+        wrapper = wrappers.get(value)
+        if wrapper is not None:
+            self.seen.add(value)
+            if wrapper.optimizer is None:
+                return self.refuse_arguments(wrapper)
+            if isinstance(wrapper.optimizer, cst.Name):
+                allowed.append(wrapper.optimizer)
+        elif not _names.is_tf_optimizer(s.call_name(value)):
+            return self.refuse_unfollowed(minimize)
+        for reference in s.references(assignments):
+            if not any(reference is a for a in allowed):
+                self.refuse_other_use(receiver.value, reference)
+                return None
+        return wrapper, (statement if wrapper is not None else None), receiver.value
+
+    def refuse_unfollowed(self, minimize):
+        self.refuse(minimize.call, "optimizer-unfollowed",
+                    "The tool cannot tell which optimizer %s is: built in another function, "
+                    "a loop, a branch, or passed in. Write one scaler.add() per optimizer."
+                    % self.code(minimize.receiver), SECTION_PORT)
+        return None
+
+    def refuse_arguments(self, wrapper):
+        self.refuse(wrapper.call, "wrapper-arguments",
+                    "This %s call has no optimizer argument the tool can read."
+                    % _names.WRAPPER_TITLES[wrapper.kind])
+        return None
+
+    def refuse_other_use(self, name, reference):
+        parent = self.s.parent(reference)
+        method = parent.attr.value if isinstance(parent, cst.Attribute) else None
+        if method == "minimize":
+            self.refuse(reference, "optimizer-reused",
+                        "%s is minimized again here: one optimizer object for two minimize "
+                        "calls (its Adam beta powers advance once per call; ModelZoo "
+                        "BicycleGAN). Give each minimize its own optimizer." % name, SECTION_PORT)
+        elif method in ("compute_gradients", "apply_gradients"):
+            self.refuse_gradients(reference, name)
+        else:
+            self.refuse(reference, "optimizer-used-elsewhere",
+                        "%s is also used here, where the tool cannot follow it." % name,
+                        SECTION_PORT)
+
+    def refuse_gradients(self, node, name):
+        self.refuse(node, "compute-apply-gradients",
+                    "%s computes and applies gradients itself (compute_gradients/"
+                    "apply_gradients): write scaler.add(loss, optimizer, var_list=..., "
+                    "transform_grads_fn=f), f doing the edits between the two calls." % name,
+                    SECTION_BUILDER)
+
+    def refuse_unused(self, wrapper):
+        """A wrapper no group came through: say why, as well as we can tell."""
+        s = self.s
+        title = _names.WRAPPER_TITLES[wrapper.kind]
+        parent = s.parent(wrapper.call)
+        target = None
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            target = parent.targets[0].target
+        if isinstance(target, cst.Name):
+            assignment = [a for a in (s.assignments(target) or ()) if a.node is target]
+            for reference in s.references(assignment):
+                holder = s.parent(reference)
+                if isinstance(holder, cst.Attribute) and holder.attr.value in (
+                        "compute_gradients", "apply_gradients"):
+                    self.refuse_gradients(reference, target.value)
+                    return
+        if s.loop_around(wrapper.call) is not None:
+            self.refuse(wrapper.call, "built-in-loop",
+                        "This %s is built in a loop or comprehension: the tool cannot tell the "
+                        "optimizers apart. Write one scaler.add() per optimizer." % title,
+                        SECTION_PORT)
+        elif s.function_of(wrapper.call) is not None and target is None:
+            self.refuse(wrapper.call, "optimizer-through-function",
+                        "This %s is made in function %s() and handed on: the tool cannot "
+                        "follow it. Write one scaler.add() per optimizer."
+                        % (title, s.function_of(wrapper.call).name.value), SECTION_PORT)
+        else:
+            self.refuse(wrapper.call, "wrapper-unfollowed",
+                        "The tool cannot find the minimize of this %s. Write one scaler.add() "
+                        "per optimizer." % title, SECTION_PORT)
+
+    def wrapper_checks(self, wrapper, wrapper_statement):
+        """Refuses what the builder cannot take from a wrapper; returns its
+        ``ManagerUse`` or None."""
+        s = self.s
+        if wrapper.others:
+            self.refuse(wrapper.call, "wrapper-arguments",
+                        "This %s call has arguments the tool does not know (%s)."
+                        % (_names.WRAPPER_TITLES[wrapper.kind],
+                           ", ".join(self.code(a) for a in wrapper.others)))
+            return None
+        distributed = wrapper.distributed
+        if distributed is not None and not (isinstance(distributed, cst.Name)
+                                            and distributed.value == "False"):
+            self.refuse(distributed, "distributed",
+                        "is_distributed=%s: the builder's cross-device check is "
+                        "MultiOptimizerLossScale(..., distributed=\"hccl\"); port it by hand."
+                        % self.code(distributed), SECTION_DATA_PARALLEL)
+            return None
+        inner = wrapper.optimizer
+        if isinstance(inner, cst.Name):
+            assignments = s.assignments(inner) or ()
+            values = [s.assigned_value(a) for a in assignments]
+            inner = values[0] if len(values) == 1 else inner
+        if s.call_name(inner) in _names.DISTRIBUTED:
+            self.refuse(wrapper.optimizer, "distributed",
+                        "The wrapped optimizer averages gradients across workers (%s): the "
+                        "builder does that with distributed=...; port it by hand."
+                        % self.code(inner.func), SECTION_DATA_PARALLEL)
+            return None
+        return self.manager_of(wrapper, wrapper_statement)
+
+    def check_groups(self, groups):
+        """Refuses groups the builder cannot take as they are."""
+        s = self.s
+        steps = [g for g in groups if g.minimize.global_step is not None]
+        if len(steps) > 1:
+            for group in steps:
+                self.refuse(group.minimize.global_step, "global-step-twice",
+                            "global_step is passed to %d minimize calls: it advanced once per "
+                            "optimizer. The builder advances it once per step: decide by "
+                            "hand." % len(steps), SECTION_GLOBAL_STEP)
+        for group in groups:
+            minimize = group.minimize
+            if minimize.loss is None:
+                self.refuse(minimize.call, "minimize-arguments",
+                            "This minimize has no loss argument the tool can read.")
+            if minimize.others:
+                self.refuse(minimize.call, "minimize-arguments",
+                            "This minimize passes %s, which scaler.add() does not take."
+                            % ", ".join(self.code(a) for a in minimize.others))
+            if minimize.var_list is None:
+                self.refuse(minimize.call, "var-list-missing",
+                            "This minimize has no var_list: with several optimizers each "
+                            "group needs its own variables.")
+            if minimize.name is not None:
+                value = getattr(minimize.name, "evaluated_value", None)
+                if not isinstance(minimize.name, cst.SimpleString) or s.strings[value] > 1:
+                    self.refuse(minimize.name, "op-name-used",
+                                "This train op's name %s is used elsewhere in the script: the "
+                                "builder's op has another name." % self.code(minimize.name))
+            assignments = s.assignments(_target(group)) or ()
+            if len(assignments) != 1:
+                self.refuse(minimize.call, "train-op-rebound",
+                            "%s is assigned more than once: the tool cannot tell which value "
+                            "each session.run fetches." % group.name)
+            if group.top is not group.statement:
+                for statement in group.top.body.body:
+                    if not any(statement is g.statement for g in groups):
+                        self.refuse(statement, "control-dependencies-mixed",
+                                    "This statement shares a tf.control_dependencies block with "
+                                    "a minimize: the tool cannot lift the minimize out of it.",
+                                    SECTION_UPDATE_OPS)
+
+    def fetch_mode(self, groups):
+        """"joint" or "per_group", from how the script's ``session.run``
+        calls fetch the train ops; None (refused) otherwise."""
+        s = self.s
+        sites = collections.OrderedDict()
+        for group in groups:
+            assignments = s.assignments(_target(group))
+            for reference in s.references(assignments):
+                site = s.fetch_site(reference)
+                if site is None:
+                    self.refuse(reference, "fetch-unmapped",
+                                "%s is used here outside a session.run fetch (a list, a "
+                                "function, a control dependency): the tool cannot map it to a "
+                                "builder op." % group.name, SECTION_PORT)
+                else:
+                    sites.setdefault(site, set()).add(group.name)
+        if self.reasons:
+            return None
+        names = set(g.name for g in groups)
+        joint = [site for site, fetched in sites.items() if fetched == names]
+        single = [site for site, fetched in sites.items() if len(fetched) == 1]
+        for site, fetched in sites.items():
+            if fetched != names and len(fetched) != 1:
+                self.refuse(site, "fetch-unmapped",
+                            "This session.run fetches %s but not %s: neither one step for all "
+                            "groups nor one group's step." % (", ".join(sorted(fetched)),
+                                                              ", ".join(sorted(names - fetched))),
+                            SECTION_PORT)
+        if joint and single:
+            for site in joint + single:
+                self.refuse(site, "fetch-mixed",
+                            "Some session.run calls fetch every train op and others one: bind "
+                            "update_op and per_group ops by hand.", SECTION_PORT)
+        if self.reasons:
+            return None
+        return "per_group" if single else "joint"
+
+    def check_moves(self, groups, body, index, tops):
+        """Refuses expressions that would not mean the same at ``build()``
+        (or at the scaler) as where the script evaluates them."""
+        end = index[id(tops[-1])] + 1
+        top_ids = set(id(t) for t in tops)
+        for group in groups:
+            here = index[id(group.top)]
+            moving = [(group.minimize.global_step, "global_step", SECTION_GLOBAL_STEP),
+                      (group.update_ops, "control_dependencies", SECTION_UPDATE_OPS)]
+            for expr, what, section in moving:
+                if expr is not None and not self.stable(expr, body, here, end, top_ids):
+                    self.refuse(expr, "unmovable",
+                                "This %s argument moves to build(), after lines the script "
+                                "runs in between that may change it: bind it to a name before "
+                                "the first minimize." % what, section)
+            origin = group.manager.origin
+            if origin is not None:
+                start = index.get(id(origin))
+                target = index[id(tops[0])] if group is groups[0] else here
+                if start is None or not all(self.stable(expr, body, start, target, top_ids)
+                                            for expr in _manager_reads(group.wrapper)):
+                    self.refuse(group.wrapper.call, "unmovable",
+                                "This wrapper's manager moves to the builder, past lines that "
+                                "may change its arguments: bind the manager to a name first.",
+                                SECTION_MANAGERS)
+
+    def stable(self, expr, body, start, end, tops):
+        """True when ``expr`` means the same at ``body[end]`` as at
+        ``body[start]``: no statement in between rebinds a name it reads, and
+        if it calls anything, only the port's own statements are in
+        between."""
+        between = [st for st in body[start + 1:end] if id(st) not in tops]
+        if not between:
+            return True
+        if _calls(expr):
+            return False
+        read = _read_names(expr)
+        return not any(read & _assigned(st) for st in between)
+
+    def write_builder(self, groups, mode, tops):
+        """The builder's statements, and the report of each change."""
+        s = self.s
+        scaler, train = _fresh(s.names, "scaler"), _fresh(s.names, "train")
+        first = groups[0]
+        column = s.column(tops[0])
+        per_group = mode == "per_group"
+        adds = {}
+        for group in groups:
+            args = [self.code(group.minimize.loss), group.optimizer,
+                    "var_list=" + self.code(group.minimize.var_list),
+                    "name=" + _quote(group.name)]
+            if group is not first and not _shares(first, group):
+                args.append("loss_scale_manager=" + group.manager.code)
+            adds[id(group.statement)] = _call_text("%s.add" % scaler, args, column)
+        scaler_text = _call_text("%s = %s.MultiOptimizerLossScale" % (scaler, self.alias),
+                                 [first.manager.code], column)
+        build_args = []
+        stepped = [g for g in groups if g.minimize.global_step is not None]
+        if stepped:
+            build_args.append("global_step=" + self.code(stepped[0].minimize.global_step))
+        if per_group:
+            build_args.append("per_group_ops=True")
+        update_ops = self.update_ops_text(groups, per_group)
+        if update_ops:
+            build_args.append("update_ops=" + update_ops)
+        build_text = _call_text("%s = %s.build" % (train, scaler), build_args, column)
+        bindings = ["%s = %s.%s" % (g.name, train, "per_group[%s]" % _quote(g.name)
+                                     if per_group else "update_op") for g in groups]
+        for top in tops:
+            inner = [top] if isinstance(top, cst.SimpleStatementLine) else list(top.body.body)
+            self.statements[top] = _statements(
+                [scaler_text] if top is tops[0] else [],
+                [(adds[id(st)], st) for st in inner],
+                [build_text] + bindings if top is tops[-1] else [], top, column)
+        for group in groups:
+            self.report_group(group, scaler, per_group)
+        self.unwrap(groups)
+        self.report_builder(groups, scaler, train, per_group)
+
+    def update_ops_text(self, groups, per_group):
+        if per_group:
+            items = ["%s: %s" % (_quote(g.name), self.code(g.update_ops))
+                     for g in groups if g.update_ops is not None]
+            return "{%s}" % ", ".join(items) if items else ""
+        texts = _unique_texts([self.code(g.update_ops) for g in groups
+                               if g.update_ops is not None])
+        if len(texts) <= 1:
+            return texts[0] if texts else ""
+        return " + ".join("list(%s)" % text for text in texts)
+
+    def unwrap(self, groups):
+        """Each wrapper bound to a name gives way to the optimizer it wrapped."""
+        for group in groups:
+            wrapper, statement = group.wrapper, group.wrapper_statement
+            if wrapper is None:
+                continue
+            title = _names.WRAPPER_TITLES[wrapper.kind]
+            if statement is None:
+                self.changed(wrapper.call, "wrapper-removed",
+                             "%s is gone: group %s gets the optimizer it wrapped."
+                             % (title, _quote(group.name)), SECTION_PORTING)
+                continue
+            target = _assign_target(statement, wrapper.call)
+            if isinstance(wrapper.optimizer, cst.Name) and target is not None and (
+                    wrapper.optimizer.value == target.value):
+                self.statements[statement] = []
+                self.changed(wrapper.call, "wrapper-removed",
+                             "This line (%s) is gone: %s stays the optimizer it was, and the "
+                             "builder scales group %s." % (title, target.value,
+                                                            _quote(group.name)), SECTION_PORTING)
+            else:
+                self.replace[wrapper.call] = wrapper.optimizer
+                self.changed(wrapper.call, "wrapper-removed",
+                             "%s is gone: %s is the optimizer it wrapped, and the builder "
+                             "scales group %s." % (title, group.optimizer, _quote(group.name)),
+                             SECTION_PORTING)
+            if wrapper.kind == _names.GRAPH_REWRITE:
+                self.graph_rewrite_note(wrapper)
+
+    def report_group(self, group, scaler, per_group):
+        minimize = group.minimize
+        self.changed(minimize.call, "minimize-to-add",
+                     "%s = %s.minimize(...) is %s.add(..., name=%s): the same loss, optimizer "
+                     "and var_list." % (group.name, self.code(minimize.receiver), scaler,
+                                        _quote(group.name)), SECTION_PORTING)
+        if minimize.name is not None:
+            self.changed(minimize.name, "op-name-dropped",
+                         "The op name %s is gone: the builder names its ops under "
+                         "loss_scale/." % self.code(minimize.name), SECTION_PORTING)
+        if minimize.global_step is not None:
+            self.changed(minimize.global_step, "global-step-to-build",
+                         "global_step moves to build(global_step=...): it advances once per "
+                         "applied step, never on a skipped one.", SECTION_GLOBAL_STEP)
+            if per_group:
+                self.by_hand(minimize.global_step, "global-step-per-group",
+                             "With per-group ops global_step advances on every applied group "
+                             "run (here twice per iteration, not once). Check what reads it "
+                             "(schedules, checkpoint names): count your own iterations, or "
+                             "build(count_skipped_steps=True).", SECTION_GLOBAL_STEP)
+        if group.update_ops is not None:
+            self.changed(group.top, "update-ops-gated",
+                         "with tf.control_dependencies(%s) around %s's minimize is build("
+                         "update_ops=...): those updates now run only on applied steps, never "
+                         "on skipped ones." % (self.code(group.update_ops), group.name),
+                         SECTION_UPDATE_OPS)
+
+    def report_builder(self, groups, scaler, train, per_group):
+        names = ", ".join(g.name for g in groups)
+        first = groups[0]
+        self.changed(first.top, "builder",
+                     "One %s.MultiOptimizerLossScale (%s) for the %d optimizers (%s): one "
+                     "overflow check per step, and every group applies or none does."
+                     % (self.alias, scaler, len(groups), names), SECTION_PORTING)
+        own = [g for g in groups[1:] if not _shares(first, g)]
+        if own:
+            self.changed(first.top, "manager-per-group",
+                         "Each of %s keeps its own manager and scale, as with its own wrapper "
+                         "(add(..., loss_scale_manager=...)); the skip decision is shared. "
+                         "Pass one manager to share one scale." % ", ".join(
+                             g.name for g in [first] + own), SECTION_PER_GROUP_SCALES)
+        if per_group:
+            message = ("%s: each is now %s.per_group[name], its group's step: the script's "
+                       "session.run calls fetch one train op each, so they run unchanged."
+                       % (names, train))
+        else:
+            message = ("%s: each is now %s.update_op, the one step for all groups: the "
+                       "session.run calls that fetched them together run it once, their lists "
+                       "and dicts unchanged." % (names, train))
+        self.changed(groups[-1].top, "train-ops-bound", message, SECTION_PORTING)
+        if not groups[0].wrapper:
+            self.changed(first.top, "scaling-added",
+                         "The script had no loss scaling: the builder adds a dynamic scale "
+                         "(%s.%s: 2**15, x2 every 2000 finite steps) and skips overflowing "
+                         "steps. With float32 compute, pass %s.FixedLossScaleManager(1) "
+                         "instead." % (self.alias, _UNSCALED_MANAGER, self.alias),
+                         SECTION_MANAGERS)
+
+    # -- the import ----------------------------------------------------------------
+
+    def add_import(self):
+        """``import npu_lossscale as nl`` after the module's leading imports."""
+        body = self.s.module.body
+        text = ("import npu_lossscale as nl" if self.alias == "nl"
+                else "import npu_lossscale")
+        statement = cst.parse_statement(text + "\n")
+        anchor = None
+        for index, top in enumerate(body):
+            if _is_import(top):
+                anchor = top
+            elif not (index == 0 and _is_docstring(top)):
+                break
+        if anchor is not None:
+            self.after.setdefault(anchor, []).append(statement)
+            self.changed(anchor, "import-added", "Added `%s` after the script's imports."
+                         % text)
+            return
+        rest = body[1:] if body and _is_docstring(body[0]) else body
+        if rest:
+            self.before.setdefault(rest[0], []).append(statement)
+            self.changed(rest[0], "import-added", "Added `%s`." % text)
+
+
+# -- helpers ----------------------------------------------------------------------
+
+def _target(group):
+    """The ``cst.Name`` a group's train op is assigned to."""
+    return _assign_target(group.statement, group.minimize.call)
+
+
+def _shares(first, group):
+    """True when ``group`` uses the same manager object as ``first``."""
+    return group.manager.key is not None and group.manager.key == first.manager.key
+
+
+def _assign_target(statement, value):
+    """The Name of ``name = value`` when ``statement`` is exactly that."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    assign = statement.body[0]
+    if not (isinstance(assign, cst.Assign) and assign.value is value
+            and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)):
+        return None
+    return assign.targets[0].target
+
+
+def _manager_reads(wrapper):
+    """The expressions a wrapper's manager is built from, which move with
+    it: a manager call's arguments, or the manager's name."""
+    scale = wrapper.scale
+    if isinstance(scale, cst.Call):
+        return [arg.value for arg in scale.args]
+    return [scale] if isinstance(scale, (cst.Name, cst.Attribute)) else []
+
+
+def _position(body, statement):
+    for index, candidate in enumerate(body):
+        if candidate is statement:
+            return index
+    return None
+
+
+def _unique_nodes(nodes):
+    seen, found = set(), []
+    for node in nodes:
+        if id(node) not in seen:
+            seen.add(id(node))
+            found.append(node)
+    return found
+
+
+def _unique_texts(texts):
+    found = []
+    for text in texts:
+        if text not in found:
+            found.append(text)
+    return found
+
+
+def _quote(name):
+    return '"%s"' % name
+
+
+def _fresh(taken, base):
+    """``base``, or ``base_1``, ``base_2``... : the first name the module does
+    not use."""
+    if base not in taken:
+        return base
+    number = 1
+    while "%s_%d" % (base, number) in taken:
+        number += 1
+    return "%s_%d" % (base, number)
+
+
+def _is_number(node):
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return _is_number(node.expression)
+    if isinstance(node, cst.BinaryOperation):
+        return _is_number(node.left) and _is_number(node.right)
+    return False
+
+
+def _is_import(statement):
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body)
+
+
+def _is_docstring(statement):
+    return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Expr)
+            and isinstance(statement.body[0].value, (cst.SimpleString,
+                                                     cst.ConcatenatedString)))
+
+
+class _Collect(cst.CSTVisitor):
+    """Names read, names bound, and calls made in a piece of code."""
+
+    def __init__(self):
+        super(_Collect, self).__init__()
+        self.read, self.bound, self.calls = set(), set(), 0
+
+    def visit_Call(self, node):
+        self.calls += 1
+
+    def visit_Attribute(self, node):
+        node.value.visit(self)
+        return False  # the attribute's own name is not a variable
+
+    def visit_Arg(self, node):
+        node.value.visit(self)
+        return False  # nor is a keyword
+
+    def visit_Name(self, node):
+        self.read.add(node.value)
+
+    def _bind(self, target):
+        for name in _target_names(target):
+            self.bound.add(name)
+
+    def visit_AssignTarget(self, node):
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node):
+        self._bind(node.target)
+
+    def visit_AnnAssign(self, node):
+        self._bind(node.target)
+
+    def visit_For(self, node):
+        self._bind(node.target)
+
+    def visit_WithItem(self, node):
+        if node.asname is not None:
+            self._bind(node.asname.name)
+
+    def visit_ImportAlias(self, node):
+        name = node.asname.name if node.asname is not None else node.name
+        self._bind(name if isinstance(name, cst.Name) else _root(name))
+
+    def visit_FunctionDef(self, node):
+        self.bound.add(node.name.value)
+
+    def visit_ClassDef(self, node):
+        self.bound.add(node.name.value)
+
+
+def _root(node):
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node
+
+
+def _target_names(target):
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        names = []
+        for element in target.elements:
+            names.extend(_target_names(element.value))
+        return names
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
+
+
+def _collect(node):
+    collector = _Collect()
+    node.visit(collector)
+    return collector
+
+
+def _calls(expr):
+    return _collect(expr).calls > 0
+
+
+def _read_names(expr):
+    return _collect(expr).read
+
+
+def _assigned(statement):
+    return _collect(statement).bound
+
+
+def _call_text(head, args, column):
+    """``head(arg, arg, ...)``, wrapped under the open parenthesis when the
+    line would pass ``LINE_LENGTH`` at indentation ``column``."""
+    one_line = "%s(%s)" % (head, ", ".join(args))
+    if column + len(one_line) <= LINE_LENGTH or not args:
+        return one_line
+    indent = " " * (column + len(head) + 1)
+    lines, current = [], head + "(" + args[0]
+    for arg in args[1:]:
+        if column + len(current) + len(arg) + 3 > LINE_LENGTH:
+            lines.append(current + ",")
+            current = indent + arg
+        else:
+            current += ", " + arg
+    lines.append(current + ")")
+    return "\n".join(lines)
+
+
+def _statements(prefix, mains, suffix, top, column):
+    """The statements that replace ``top``, carrying its comments.
+
+    Args:
+      prefix: texts of statements before the replacements (the scaler).
+      mains: ``(text, original)`` pairs: each original statement's
+        replacement, which keeps its trailing comment (and, inside a ``with``
+        block, its leading comments).
+      suffix: texts of statements after them (the build, the bindings).
+      top: the statement replaced; its leading comments and, for a ``with``,
+        its header's comment go above the first new statement.
+      column: the indentation of ``top``'s block.
+    """
+    statements = [_parse_at(text, column) for text in prefix]
+    for text, original in mains:
+        statement = _parse_at(text, column)
+        changes = {}
+        if original is not top:
+            changes["leading_lines"] = original.leading_lines
+        if original.trailing_whitespace.comment is not None:
+            changes["trailing_whitespace"] = original.trailing_whitespace
+        statements.append(statement.with_changes(**changes))
+    statements.extend(_parse_at(text, column) for text in suffix)
+    leading = list(top.leading_lines)
+    if isinstance(top, cst.With) and top.body.header.comment is not None:
+        leading.append(cst.EmptyLine(comment=top.body.header.comment))
+    statements[0] = statements[0].with_changes(
+        leading_lines=leading + list(statements[0].leading_lines))
+    return statements
+
+
+def _parse_at(text, column):
+    """Parses a statement written for indentation ``column``: its first line
+    unindented, its continuation lines indented as they must show."""
+    if not column:
+        return cst.parse_statement(text + "\n")
+    module = cst.parse_module("if True:\n%s%s\n" % (" " * column, text))
+    return module.body[0].body.body[0]
+
+
+def _parse_expression_at(text, column):
+    """An expression whose continuation lines are indented for ``column``."""
+    statement = _parse_at("_ = " + text, column)
+    return statement.body[0].value
+
+
+class _Shift(cst.CSTTransformer):
+    def __init__(self, columns):
+        super(_Shift, self).__init__()
+        self._columns = columns
+
+    def leave_ParenthesizedWhitespace(self, original_node, updated_node):
+        width = max(0, len(updated_node.last_line.value) + self._columns)
+        return updated_node.with_changes(last_line=cst.SimpleWhitespace(" " * width))
+
+
+def _shift(args, columns):
+    """``args`` with their continuation lines moved ``columns`` to the right
+    (the call's name grew by that much)."""
+    if not columns:
+        return args
+    return [arg.visit(_Shift(columns)) for arg in args]

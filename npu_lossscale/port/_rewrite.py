@@ -1,0 +1,92 @@
+"""The rewrite: one module's source in, the ported source and its report
+entries out.
+
+``port_source`` parses the module with libcst (which keeps every space and
+comment), lets ``_find.Scanner`` and ``_plan.plan`` decide, and applies the
+plan's node edits with a ``CSTTransformer``. Code the plan does not touch is
+written back byte for byte; a statement the plan removes hands its comments
+to the statement after it.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper
+
+from npu_lossscale.port import _find, _plan
+from npu_lossscale.port._report import BY_HAND, Entry
+
+
+class _Rewriter(cst.CSTTransformer):
+    """Applies a ``_plan.Plan`` to the module it was made for."""
+
+    def __init__(self, plan):
+        super(_Rewriter, self).__init__()
+        self._plan = plan
+        self._pending = []  # comments of a removed statement, for the next one
+        self._carried = {}  # statement -> the comments it receives
+
+    def on_visit(self, node):
+        if self._pending and isinstance(node, (cst.SimpleStatementLine,
+                                               cst.BaseCompoundStatement)):
+            self._carried[node] = self._pending
+            self._pending = []
+        return True
+
+    def on_leave(self, original_node, updated_node):
+        plan = self._plan
+        if original_node in plan.replace:
+            return plan.replace[original_node]
+        carried = self._carried.pop(original_node, [])
+        if carried:
+            updated_node = updated_node.with_changes(
+                leading_lines=carried + list(updated_node.leading_lines))
+        if original_node in plan.statements:
+            new = list(plan.statements[original_node])
+            if not new:
+                self._pending.extend(_comments(updated_node))
+                return cst.RemovalSentinel.REMOVE
+            if carried:
+                new[0] = new[0].with_changes(leading_lines=carried + list(new[0].leading_lines))
+            return cst.FlattenSentinel(new)
+        before = plan.before.get(original_node, [])
+        after = plan.after.get(original_node, [])
+        if before or after:
+            return cst.FlattenSentinel(list(before) + [updated_node] + list(after))
+        return updated_node
+
+
+def _comments(statement):
+    """The comment lines of a statement about to be removed: those above it
+    and the one at its end."""
+    lines = [line for line in statement.leading_lines if line.comment is not None]
+    trailing = getattr(statement, "trailing_whitespace", None)
+    if trailing is not None and trailing.comment is not None:
+        lines.append(cst.EmptyLine(comment=trailing.comment))
+    return lines
+
+
+def port_source(source, path):
+    """Ports one module.
+
+    Args:
+      source: the module's text.
+      path: its path, as the report names it.
+
+    Returns:
+      ``(new_source, entries)``: the rewritten text (``source`` itself when
+      nothing changes) and the report's ``Entry``s.
+    """
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        return source, [Entry(BY_HAND, path, getattr(error, "raw_line", 0), "unparsable",
+                              "The tool cannot parse this file (%s); it is copied as it is."
+                              % str(error).splitlines()[0], "")]
+    wrapper = MetadataWrapper(module)
+    found = []
+    wrapper.visit(_find.Scanner(lambda scanner: found.append(_plan.plan(scanner, path))))
+    plan = found[0]
+    if not (plan.replace or plan.statements or plan.before or plan.after):
+        return source, plan.entries
+    return wrapper.module.visit(_Rewriter(plan)).code, plan.entries

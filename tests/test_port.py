@@ -1,0 +1,406 @@
+"""``python -m npu_lossscale.port`` (issue 33) on the kept original scripts.
+
+tests/port_scripts/ holds unported scripts in their authors' styles, one per
+pattern the tool rewrites and one per pattern it must leave to a person.
+The folder is ported once (``ported``); then, for each rewritten script:
+
+* it builds and trains three steps, an overflow injected in the second
+  (``--inject-overflow-at 2``), with a checkpoint after each step; the
+  reference is the script's own checkpoints: after the poisoned step every
+  weight, slot, moving statistic and ``global_step`` of every group equals
+  the step before (bit for bit), and the next step moves the weights again;
+* the report names every change: each changed region of the diff holds a
+  "changed" entry, and the rules each pattern must produce are there.
+
+The tool's output on the npu_bridge DCGAN's original trains exactly as the
+hand port in examples/porting (``--style builder_alternating``) does. The
+tool never writes INPUT, a second run over its output changes nothing, and
+what it cannot prove is left byte for byte as it was.
+"""
+
+import ast
+import difflib
+import hashlib
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from conftest import REPO, SKIPPED_STEPS
+from npu_lossscale.port import REPORT_SUFFIX, main, port
+from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE
+
+SCRIPTS = os.path.join(REPO, "tests", "port_scripts")
+EXAMPLE = os.path.join(REPO, "examples", "porting", "dcgan_alternating.py")
+POISONED = 2  # of 3 steps: checkpoints 1 (before), 2 (the skipped step), 3 (applied)
+
+#: The rewritten scripts: whether they import npu_bridge (the shim), and the
+#: rules their report must hold at least.
+RUNNABLE = {
+    "npu_three_joint.py": (True, ["builder", "manager-mapped", "minimize-to-add",
+                                  "global-step-to-build", "manager-per-group",
+                                  "train-ops-bound", "wrapper-removed", "import-added"]),
+    "contrib_update_ops.py": (False, ["builder", "manager-mapped", "update-ops-gated",
+                                      "train-ops-bound", "wrapper-removed"]),
+    "tf_mixed_precision_alternating.py": (False, ["builder", "loss-scale-mapped",
+                                                  "train-ops-bound", "wrapper-removed"]),
+    "graph_rewrite_joint.py": (False, ["builder", "loss-scale-mapped", "global-step-to-build",
+                                       "train-ops-bound", "wrapper-removed"]),
+    "unscaled_joint.py": (False, ["builder", "scaling-added", "global-step-to-build",
+                                  "train-ops-bound"]),
+    "npu_single.py": (True, ["drop-in", "manager-mapped", "import-added"]),  # and see
+    # test_reasons_name_what_to_do: "update-ops-ungated"
+    "dcgan_npu_bridge.py": (True, ["builder", "manager-mapped", "update-ops-gated",
+                                   "global-step-to-build", "train-ops-bound"]),
+}
+
+#: The scripts left to a person: (rule, line) of each reason the report gives.
+BY_HAND_SCRIPTS = {
+    "byhand_loop.py": [("built-in-loop", 13), ("train-op-unfollowed", 15)],
+    "byhand_function.py": [("optimizer-through-function", 9), ("optimizer-unfollowed", 24),
+                           ("optimizer-unfollowed", 25)],
+    "byhand_compute_apply.py": [("compute-apply-gradients", 17)],
+    "byhand_reused.py": [("optimizer-reused", 17), ("optimizer-reused", 18)],
+    "byhand_fetch.py": [("fetch-unmapped", 19), ("fetch-unmapped", 19)],
+}
+
+
+def _digests(folder):
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                found[os.path.relpath(path, folder)] = hashlib.sha256(handle.read()).hexdigest()
+    return found
+
+
+@pytest.fixture(scope="module")
+def ported(tmp_path_factory):
+    """tests/port_scripts ported once: ``(output folder, report)``."""
+    before = _digests(SCRIPTS)
+    out = str(tmp_path_factory.mktemp("port") / "out")
+    report = port(SCRIPTS, out)
+    assert _digests(SCRIPTS) == before, "the port wrote into its input"
+    return out, report
+
+
+def _entries(report, name, kind=None):
+    return [e for e in report.entries if e.path == name and (kind is None or e.kind == kind)]
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _checkpoints(folder, steps):
+    states = {}
+    for step in steps:
+        reader = tf.train.load_checkpoint(os.path.join(folder, "model.ckpt-%d" % step))
+        states[step] = dict((n, reader.get_tensor(n)) for n in reader.get_variable_to_shape_map())
+    return states
+
+
+def _is_scale_state(name):
+    """The managers' state and the builder's own counters: by design they
+    move on a skipped step."""
+    return "loss_scale" in name
+
+
+@pytest.mark.parametrize("name", sorted(n for n in RUNNABLE if not n.startswith("dcgan")))
+def test_ported_script_trains_and_skips_an_overflow_atomically(ported, tmp_path, request, name):
+    """(The DCGAN poisons the generator's run alone:
+    test_dcgan_port_trains_as_the_hand_port runs it.)"""
+    out, _ = ported
+    if RUNNABLE[name][0]:
+        request.getfixturevalue("npu_shim")
+    module = _load(os.path.join(out, name), "ported_" + name[:-3])
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    module.main(["--steps", "3", "--inject-overflow-at", str(POISONED), "--out", run])
+    states = _checkpoints(run, (1, 2, 3))
+    model = sorted(n for n in states[2] if not _is_scale_state(n))
+    weights = [n for n in model if n.split("/")[-1] in ("w", "w1", "w2")]
+    assert weights, model
+    # The drop-in keeps the script's control_dependencies(UPDATE_OPS): its
+    # moving statistics run on skipped steps as before (the report says so).
+    ungated = ["moving_mean"] if name == "npu_single.py" else []
+    for variable in ungated:
+        assert not np.array_equal(states[2][variable], states[1][variable]), variable
+    for variable in sorted(set(model) - set(ungated)):  # nothing of any group moved
+        assert np.array_equal(states[2][variable], states[1][variable]), variable
+    statistics = [n for n in model if "moving" in n]
+    assert bool(statistics) == (name in ("contrib_update_ops.py", "npu_single.py"))
+    for variable in weights + statistics:  # the next step applied, with its updates
+        assert not np.array_equal(states[3][variable], states[2][variable]), variable
+        assert np.all(np.isfinite(states[3][variable])), variable
+    if SKIPPED_STEPS in states[2]:  # one skip per run: two runs per step when alternating
+        runs = 2 if "alternating" in name else 1
+        assert states[2][SKIPPED_STEPS] == states[1][SKIPPED_STEPS] + runs == runs
+
+
+def _changed_regions(source, target):
+    """The input line ranges (1-based, inclusive) that the output changes."""
+    matcher = difflib.SequenceMatcher(None, source.splitlines(), target.splitlines(),
+                                      autojunk=False)
+    return [(i1 + 1, max(i1 + 1, i2)) for tag, i1, i2, _, _ in matcher.get_opcodes()
+            if tag != "equal"]
+
+
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
+def test_report_names_every_change(ported, name):
+    out, report = ported
+    with open(os.path.join(SCRIPTS, name)) as handle:
+        source = handle.read()
+    with open(os.path.join(out, name)) as handle:
+        target = handle.read()
+    lines = [e.line for e in _entries(report, name, CHANGED)]
+    regions = _changed_regions(source, target)
+    assert regions
+    for first, last in regions:
+        # An insertion after line N shows as (N + 1, N + 1): the entry may
+        # name the line it follows.
+        assert any(first - 1 <= line <= last for line in lines), (name, first, last, lines)
+    for entry in _entries(report, name, CHANGED):
+        assert entry.message and entry.rule
+    rules = set(e.rule for e in _entries(report, name, CHANGED))
+    assert set(RUNNABLE[name][1]) <= rules, sorted(set(RUNNABLE[name][1]) - rules)
+
+
+@pytest.mark.parametrize("name", sorted(BY_HAND_SCRIPTS))
+def test_what_the_tool_cannot_prove_is_left_as_it_was(ported, name):
+    out, report = ported
+    with open(os.path.join(SCRIPTS, name), "rb") as source, \
+            open(os.path.join(out, name), "rb") as target:
+        assert source.read() == target.read()
+    assert not _entries(report, name, CHANGED)
+    found = sorted((e.rule, e.line) for e in _entries(report, name, BY_HAND))
+    assert found == sorted(BY_HAND_SCRIPTS[name])
+
+
+def test_reasons_name_what_to_do(ported):
+    _, report = ported
+    compute = _entries(report, "byhand_compute_apply.py", BY_HAND)[0]
+    assert "transform_grads_fn" in compute.message
+    reused = _entries(report, "byhand_reused.py", BY_HAND)[0]
+    assert "beta powers" in reused.message
+    rewrite = [e for e in _entries(report, "graph_rewrite_joint.py", BY_HAND)]
+    assert [e.rule for e in rewrite] == ["graph-rewrite-session-config"]
+    assert "auto_mixed_precision" in rewrite[0].message
+    assert rewrite[0].section == 'README "Graph-rewrite mixed precision"'
+    steps = _entries(report, "dcgan_npu_bridge.py", BY_HAND)
+    assert [e.rule for e in steps] == ["global-step-per-group"]
+    kept = _entries(report, "npu_three_joint.py", LEFT_ALONE)
+    assert [e.rule for e in kept] == ["npu-init-import"]
+    single = _entries(report, "npu_single.py", LEFT_ALONE)
+    assert sorted((e.rule, e.line) for e in single) == [("npu-init-import", 10),
+                                                         ("update-ops-ungated", 42)]
+
+
+def test_a_second_run_changes_nothing(ported, tmp_path):
+    """(The by-hand scripts come out as they went in: their second run is
+    their first, test_what_the_tool_cannot_prove_is_left_as_it_was.)"""
+    out, _ = ported
+    first = str(tmp_path / "first")
+    os.makedirs(first)
+    for name in RUNNABLE:
+        with open(os.path.join(out, name)) as source:
+            (tmp_path / "first" / name).write_text(source.read())
+    again = str(tmp_path / "again")
+    report = port(first, again)
+    assert _digests(again) == _digests(first)
+    assert not [e for e in report.entries if e.kind == CHANGED]
+    assert set(e.rule for e in report.entries if e.kind == LEFT_ALONE) >= {"already-ported"}
+
+
+def test_the_rewrites(ported):
+    """The builder's lines as the README's recipe writes them."""
+    out, _ = ported
+    with open(os.path.join(out, "dcgan_npu_bridge.py")) as handle:
+        dcgan = handle.read()
+    assert ('        scaler.add(g_loss, g_opt, var_list=g_vars, name="g_train", '
+            'loss_scale_manager=g_manager)\n'
+            '        train = scaler.build(global_step=global_step, per_group_ops=True,\n'
+            '                             update_ops={"g_train": g_updates})\n'
+            '        d_train = train.per_group["d_train"]\n') in dcgan
+    assert "# batch norm's moving statistics\n        scaler.add(g_loss" in dcgan
+    with open(os.path.join(out, "npu_single.py")) as handle:
+        single = handle.read()
+    assert "optimizer = nl.LossScaleOptimizer(tf.train.AdamOptimizer(1e-2), manager)" in single
+    assert "with tf.control_dependencies(" in single  # the drop-in keeps the rest
+    with open(os.path.join(out, "graph_rewrite_joint.py")) as handle:
+        rewrite = handle.read()
+    assert "enable_mixed_precision_graph_rewrite(" not in rewrite
+    assert "# mixed precision: the graph rewrite and a dynamic loss scale\n" in rewrite
+
+
+def test_dcgan_port_trains_as_the_hand_port(ported, tmp_path, npu_shim):
+    """The tool's output on the original and examples/porting's hand port
+    (builder_alternating): same seed, data and feeds, an overflow in the
+    generator's run of the last iteration. Every weight, slot and moving
+    statistic agrees bit for bit, and so do the losses; the poisoned run
+    changed nothing of the generator, the discriminator's run before it
+    applied."""
+    out, _ = ported
+    hand_dir, tool_dir = str(tmp_path / "hand"), str(tmp_path / "tool")
+    common = ["--steps", "3", "--batch-size", "16", "--inject-overflow-at", "3"]
+    hand = _load(EXAMPLE, "porting_dcgan_alternating").main(
+        common + ["--style", "builder_alternating", "--backend", "is_finite",
+                  "--log-every", "1", "--save-every", "1", "--out", hand_dir])
+    tool = _load(os.path.join(out, "dcgan_npu_bridge.py"), "ported_dcgan").main(
+        common + ["--out", tool_dir])
+    assert (tool["d_loss"], tool["g_loss"]) == (hand["d_loss"], hand["g_loss"])
+    assert tool["global_step"] == hand["global_step"] == 5  # D's 3 runs, G's 2 applied
+    hand_states, tool_states = _checkpoints(hand_dir, (3,)), _checkpoints(tool_dir, (2, 3))
+    model = sorted(n for n in hand_states[3] if not _is_scale_state(n))
+    assert sorted(n for n in tool_states[3] if not _is_scale_state(n)) == model
+    for variable in model:
+        assert np.array_equal(tool_states[3][variable], hand_states[3][variable]), variable
+    for variable in model:
+        unchanged = np.array_equal(tool_states[3][variable], tool_states[2][variable])
+        if variable.startswith("generator/"):
+            assert unchanged, variable
+        elif variable.startswith("discriminator/"):
+            assert not unchanged, variable
+
+
+def test_folder_input_copies_other_files_and_keeps_the_tree(tmp_path):
+    source = tmp_path / "project"
+    (source / "nets").mkdir(parents=True)
+    with open(os.path.join(SCRIPTS, "npu_single.py")) as handle:
+        (source / "nets" / "train.py").write_text(handle.read())
+    (source / "config.yaml").write_text("steps: 3\n")
+    (source / "broken.py").write_text("def broken(:\n")
+    before = _digests(str(source))
+    report = port(str(source), str(tmp_path / "out"))
+    assert _digests(str(source)) == before
+    assert (tmp_path / "out" / "config.yaml").read_text() == "steps: 3\n"
+    assert (tmp_path / "out" / "broken.py").read_text() == "def broken(:\n"
+    assert "nl.LossScaleOptimizer" in (tmp_path / "out" / "nets" / "train.py").read_text()
+    assert report.files == ["broken.py", os.path.join("nets", "train.py")]
+    assert [e.rule for e in report.entries if e.kind == BY_HAND] == ["unparsable"]
+    assert os.path.isfile(str(tmp_path / "out") + REPORT_SUFFIX)
+
+
+def test_the_command_line_prints_and_writes_the_report(tmp_path, capsys):
+    script = os.path.join(SCRIPTS, "npu_single.py")
+    assert main([script, "-o", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    written = tmp_path / ("npu_single.py" + REPORT_SUFFIX)
+    assert written.read_text() == printed
+    assert printed.startswith("npu_lossscale.port: 1 file read, 3 changed, 2 left alone, "
+                              "0 by hand\n")
+    assert "npu_single.py:41  [drop-in]" in printed
+    assert '      read: README "LossScaleOptimizer"' in printed
+
+
+def test_refuses_to_write_into_its_input(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text("x = 1\n")
+    for output in (str(script), str(tmp_path)):
+        assert main([str(script), "-o", output]) == 2
+        assert "would write into the input" in capsys.readouterr().err
+    assert main([str(tmp_path), "-o", str(tmp_path / "inside")]) == 2
+    assert main([str(tmp_path / "missing.py"), "-o", str(tmp_path / "o")]) == 2
+    assert main([str(script), "-o", str(tmp_path / "o"), "--check", "python -c 1"]) == 2
+    assert "is not 'python SCRIPT.py [ARGS...]'" in capsys.readouterr().err
+    assert script.read_text() == "x = 1\n"
+
+
+def test_without_libcst_it_names_the_extra(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "libcst", None)
+    assert main([os.path.join(SCRIPTS, "npu_single.py"), "-o", str(tmp_path)]) == 2
+    assert "pip install '.[port]'" in capsys.readouterr().err
+
+
+def test_the_port_modules_do_not_import_tensorflow():
+    """The rewrite is source work: only the probe, which runs inside the
+    checked script's interpreter, imports TensorFlow."""
+    folder = os.path.join(REPO, "npu_lossscale", "port")
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py") or name == "_probe.py":
+            continue
+        with open(os.path.join(folder, name)) as handle:
+            tree = ast.parse(handle.read())
+        for node in ast.walk(tree):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for module in modules:
+                assert not module.startswith(("tensorflow", "npu_lossscale.audit")) and (
+                    module in ("npu_lossscale", "npu_lossscale.port")
+                    or not module.startswith("npu_lossscale")
+                    or module.startswith("npu_lossscale.port.")), (name, module)
+
+
+def test_the_probe_audits_each_training_run_once(tmp_path, graph):
+    """--check's probe, in this process: the first session.run of each
+    distinct set of fetches that trains is audited; runs that train nothing
+    (the initializer, a loss) are not. Two LossScaleOptimizers with their own
+    managers fetched in one run: the audit warns about the two scales."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    import npu_lossscale as nl  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.port import _probe  # pylint: disable=import-outside-toplevel
+    x = tf.placeholder(tf.float32, [4, 3])
+    ops = []
+    for name in ("d", "g"):
+        with tf.variable_scope(name):
+            w = tf.get_variable("w", [3, 1])
+        loss = tf.reduce_mean(tf.matmul(x, w))
+        manager = nl.ExponentialUpdateLossScaleManager(8, 100)
+        ops.append(nl.LossScaleOptimizer(tf.train.AdamOptimizer(), manager).minimize(
+            loss, var_list=[w]))
+    result = str(tmp_path / "result.json")
+    probe = _probe._Probe(result)  # pylint: disable=protected-access
+
+    class Session(object):
+        graph = tf.get_default_graph()
+
+    for fetches in (tf.global_variables_initializer(), loss, {"d": ops[0], "g": ops[1]},
+                    [ops[1], ops[0]], ops[0]):
+        probe.before_run(Session(), fetches)
+    probe.finish()
+    with open(result) as handle:
+        runs = json.load(handle)
+    assert [sorted(run["fetches"]) for run in runs] == [sorted(o.name for o in ops),
+                                                        [ops[0].name]]
+    assert "NLS008-independent-scales" in [code for code, _, _ in runs[0]["findings"]]
+
+
+def test_the_check_names_the_rewritten_script(tmp_path):
+    from npu_lossscale.port import _check  # pylint: disable=import-outside-toplevel
+    folder, out = tmp_path / "in", tmp_path / "out"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "train.py").write_text("")
+    assert _check.rewritten_script(str(folder / "sub" / "train.py"), str(folder),
+                                   str(out)) == os.path.join(str(out), "sub", "train.py")
+    assert _check.rewritten_script("elsewhere.py", str(folder), str(out)) is None
+    single = folder / "sub" / "train.py"
+    assert _check.rewritten_script("train.py", str(single), str(out / "t.py")) == str(
+        out / "t.py")
+    assert _check.parse_command("python train.py --steps 2") == ("python", "train.py",
+                                                                 ["--steps", "2"])
+    with pytest.raises(ValueError, match="is not 'python SCRIPT.py"):
+        _check.parse_command("python -m train")
+
+
+def test_the_report_fails_on_a_failed_check():
+    from npu_lossscale.port._report import (AuditedRun, CheckResult,  # pylint: disable=import-outside-toplevel
+                                            Report)
+    report = Report()
+    report.check = CheckResult("python t.py", 0, [AuditedRun(["u"], [("NLS011", "info", "m")])],
+                               "")
+    assert not report.check_failed()
+    report.check = CheckResult("python t.py", 0, [AuditedRun(["u"], [("NLS001", "error", "m")])],
+                               "")
+    assert report.check_failed()
+    report.check = CheckResult("python t.py", 2, [], "Traceback ...")
+    assert report.check_failed()
+    assert "  exit status 2\n  | Traceback ...\n  no training session.run was audited" in (
+        report.format())
