@@ -9,6 +9,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
+from readme_blocks import block
 import skip_faults
 from conftest import snapshot_globals
 from models import add_gan_groups, two_group_gan
@@ -678,7 +679,7 @@ def test_the_monitor_takes_a_finalized_graph(graph):
 
 
 def test_a_plain_alternating_loop_watches_each_group_as_documented(graph):
-    """docs/monitoring_notes.md's plain loop over per-group ops: the count
+    """docs/diagnosis.md's plain loop over per-group ops: the count
     before the run, then the count and the record's reason after it."""
     model, train, _ = _per_group_train()
     monitor = nl.CollapseMonitor(train, collapse_after=2, on_collapse="stop")
@@ -698,3 +699,12 @@ def test_a_plain_alternating_loop_watches_each_group_as_documented(graph):
     assert monitor.collapse.message.startswith(
         "npu_lossscale: the loss scale collapsed: 2 consecutive skipped steps of g "
         "(loss_not_finite 2).")
+    # The loop as docs/diagnosis.md shows it, run as it is: G's poisoned
+    # runs make a streak of G's, D's applied runs do not break it.
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        shown = {"nl": nl, "tf": tf, "sess": sess, "train": train, "feed": nan_loss,
+                 "steps": 3}
+        exec(compile(block("collapse-loop"), "collapse-loop", "exec"),  # pylint: disable=exec-used
+             shown)
+        assert shown["monitor"].skips == 3 and shown["monitor"].collapse is None
