@@ -26,6 +26,8 @@ from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import claims as _claims
 from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import context as _context
+from npu_lossscale import diagnostics as _diagnosis_reasons
+from npu_lossscale import seams as _seams
 from npu_lossscale.diagnostics import record as _diagnosis
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import managers as _managers
@@ -34,7 +36,12 @@ from npu_lossscale.core import step as _step
 from npu_lossscale.distributed import sync_replicas as _sync_replicas
 from npu_lossscale import underflow as _underflow
 from npu_lossscale.core import update_ops as _update_ops
+from npu_lossscale.distributed import towers as _towers
+from npu_lossscale.skips import loss_spikes as _loss_spikes
+from npu_lossscale.skips import requested as _requested
 from npu_lossscale.transforms import clip as _clip
+from npu_lossscale.transforms import transform_fn as _transform_fn
+from npu_lossscale.underflow import first_scale as _first_scale
 
 #: What makes a cluster's workers decide alike, per ``distributed.Cluster.kind``.
 _CLUSTER_ROUTES = {
@@ -53,7 +60,8 @@ class TrainOps(collections.namedtuple(
         "TrainOps", ["update_op", "is_finite", "loss_scale", "grads_and_vars",
                      "applied", "window_end", "group_is_finite", "loss_scales",
                      "accumulate_op", "per_group", "skipped_steps", "clear_status",
-                     "underflow", "skip_reason", "groups_overflowed", "last_skip"])):
+                     "underflow", "skip_reason", "groups_overflowed", "last_skip",
+                     "observed"])):
     """What ``MultiOptimizerLossScale.build`` returns.
 
     Fetch the tensors in the same ``session.run`` as ``update_op``.
@@ -230,6 +238,7 @@ class MultiOptimizerLossScale(object):
         _distributed.check_no_strategy("MultiOptimizerLossScale")
         self._allreduce_gradients = allreduce_gradients
         self._groups = []
+        self._towers = {}  # group name -> its tower losses
         self._built = False
 
     @property
@@ -244,7 +253,7 @@ class MultiOptimizerLossScale(object):
         return _backends.resolve_backend(self._requested_backend, warn=False).name
 
     def add(self, loss, optimizer, var_list=None, name=None, clip_norm=None,
-            loss_scale_manager=None):
+            loss_scale_manager=None, transform_grads_fn=None):
         """Registers a group: a loss minimised by an optimizer over variables.
 
         Only records the group (after checking each argument); no op is made
@@ -254,7 +263,10 @@ class MultiOptimizerLossScale(object):
           loss: a floating-point scalar tensor (float16 is fine), or a
             callable taking no argument that returns one (called once, here).
             Groups may share one loss tensor; its backprop is then computed
-            once.
+            once. A list of losses is one per in-graph tower, each built on
+            its own device: each tower's gradients are computed beside its
+            forward ops and the towers' gradients averaged, with one
+            decision for all (``distributed.towers``).
           optimizer: a ``tf.compat.v1.train.Optimizer``, not shared with
             another group and not already loss-scale wrapped.
           var_list: the variables this optimizer updates; defaults to every
@@ -267,6 +279,11 @@ class MultiOptimizerLossScale(object):
           loss_scale_manager: a manager for this group alone (its own scale
             and its own updates, as Apex's ``num_losses``); defaults to the
             builder's.
+          transform_grads_fn: TF-GAN's hook: a function from the group's
+            list of unscaled (gradient, variable) pairs to the list to
+            apply, or a ``seams.GradientTransform``. It runs before the
+            decision, and the overflow check covers what it returns;
+            ``clip_norm`` clips after it.
 
         Returns:
           The group's name.
@@ -285,11 +302,17 @@ class MultiOptimizerLossScale(object):
                              "first, then build() once." % (loss,))
         if callable(loss) and not isinstance(loss, tf.Tensor):
             loss = loss()  # as tf.train.Optimizer.minimize accepts
-        loss = _checks.check_loss(loss)
+        towers = loss if isinstance(loss, (list, tuple)) else None
+        if towers is None:
+            loss = _checks.check_loss(loss)
         _checks.check_optimizer(optimizer)
+        transforms = _transform_fn.transforms_of(transform_grads_fn)
         if name is None:
             name = "group_%d" % len(self._groups)
         name = _checks.check_group_name(name, [group.name for group in self._groups])
+        if towers is not None:
+            towers = _towers.tower_losses(towers, name)
+            loss = towers[0]  # the towers' mean replaces it at build()
         for group in self._groups:
             if group.optimizer is optimizer:
                 raise ValueError("optimizer %r is already group %r's. Give each group its "
@@ -326,14 +349,19 @@ class MultiOptimizerLossScale(object):
         own_backprop = (type(optimizer).compute_gradients
                         is not tf.train.Optimizer.compute_gradients
                         or "compute_gradients" in vars(optimizer))
-        transforms = () if clip_norm is None else (_clip.ClipByGlobalNorm(clip_norm),)
+        if clip_norm is not None:
+            transforms += (_clip.ClipByGlobalNorm(clip_norm),)
+        if towers is not None and len(towers) > 1:
+            self._towers[name] = towers
         self._groups.append(_plan.Group(
             name, loss, optimizer, var_list, transforms, loss_scale_manager,
             _managers.overflow_check_enabled(loss_scale_manager), own_backprop))
         return name
 
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,
-              update_ops=None, per_group_ops=False, measure_underflow=False):
+              update_ops=None, per_group_ops=False, measure_underflow=False,
+              skip_global_steps=None, skip_loss_spikes=None, measure_first_scale=False,
+              first_scale_margin=1, skip_conditions=(), observers=()):
         """Builds the single update op for every registered group.
 
         Args:
@@ -373,6 +401,25 @@ class MultiOptimizerLossScale(object):
             float16 forward graph and its backprop, run only when fetched).
             Needs float32 variables and a forward graph of plain ops
             (``underflow.check_float32_view``).
+          skip_global_steps: steps to skip through the gate, to restart past
+            a known-bad range of batches: a collection of global steps (a
+            ``range``, list or set; needs ``global_step`` and
+            ``count_skipped_steps=True``), or a bool scalar tensor, True on
+            the runs to skip. Reason ``requested``; the scale stays.
+          skip_loss_spikes: a number k > 1: after 100 applied steps, a step
+            whose loss exceeds k times its moving average skips (reason
+            ``loss_spike``; the scale stays).
+          measure_first_scale: measure the first loss scale from the first
+            step's float32 view, before that step reads it: the largest
+            power of two under which every tensor the backprop holds stays
+            below 65504 / 2**first_scale_margin (``underflow.first_scale``).
+            Needs managers with ``assign_loss_scale`` (the dynamic ones)
+            and float32 master weights.
+          first_scale_margin: powers of two of headroom for
+            ``measure_first_scale``, an int in 0..15.
+          skip_conditions: further ``seams.SkipCondition``s, after these.
+          observers: further ``seams.StepObserver``s; what each one's
+            ``report`` returns is ``TrainOps.observed[observer.name]``.
 
         Returns:
           A ``TrainOps``.
@@ -419,9 +466,19 @@ class MultiOptimizerLossScale(object):
             "measure_underflow", measure_underflow,
             "Pass True to build TrainOps.underflow.")
         _checks.check_global_step(global_step)
-        plan = _step.plan_step(self._groups, self._manager, self._options(
-            accumulation_steps, count_skipped_steps), global_step,
+        conditions = [condition for condition in (
+            _requested.requested_skips(skip_global_steps, global_step, count_skipped_steps),
+            _loss_spikes.loss_spikes(skip_loss_spikes)) if condition is not None]
+        conditions += _checks.check_instances("skip_conditions", skip_conditions,
+                                              _seams.SkipCondition)
+        observers = _checks.check_instances("observers", observers, _seams.StepObserver)
+        for condition in conditions:
+            _diagnosis_reasons.register_reason(condition.reason, condition.fix)
+        plan = _step.plan_step(self._groups_to_build(), self._manager, self._options(
+            accumulation_steps, count_skipped_steps, conditions), global_step,
                                "MultiOptimizerLossScale.build")
+        first_scale = _first_scale.check_first_scale(plan, measure_first_scale,
+                                                     first_scale_margin)
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
         _underflow.check_measurable(plan, measure_underflow)
         _sync_replicas.check_builder_options(plan, update_ops, per_group_ops)
@@ -429,19 +486,30 @@ class MultiOptimizerLossScale(object):
             _distributed.check_cluster(
                 "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
                 aggregated=plan.mode == "chief")
-        train = self._build(plan, global_step, update_ops, per_group_ops, measure_underflow)
+        train = self._build(plan, global_step, update_ops, per_group_ops, measure_underflow,
+                            first_scale, observers)
         self._built = True
         return train
 
-    def _options(self, accumulation_steps=1, count_skipped_steps=False):
+    def _options(self, accumulation_steps=1, count_skipped_steps=False, conditions=()):
         engine = _sync_replicas.engine_for([group.optimizer for group in self._groups],
                                            self._engine)
+        if self._towers:
+            engine = _towers.Towers(engine if engine is not None else _seams.ReductionEngine(),
+                                    self._towers)
         return _step.Options(
             backend=self._requested_backend, gate=self._gate, skip_policy=self._skip_policy,
             engine=engine, allreduce_gradients=self._allreduce_gradients,
-            accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps)
+            accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps,
+            conditions=conditions)
 
-    def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow):
+    def _groups_to_build(self):
+        """The groups, a tower group's loss the mean of its towers'."""
+        return [group._replace(loss=_towers.mean_loss(self._towers[group.name]))
+                if group.name in self._towers else group for group in self._groups]
+
+    def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow,
+               first_scale, extra_observers):
         """The joint step, then the per-group steps if asked."""
         what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
         counters = _claims.StateKey(self, "the step counters of " + what)
@@ -450,14 +518,15 @@ class MultiOptimizerLossScale(object):
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
             record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu)
-            observers = [_diagnosis.SkipDiagnosis(record)]
+            observers = [] if first_scale is None else [first_scale]
+            observers.append(_diagnosis.SkipDiagnosis(record))
             if _underflow.listens(plan):
                 observers.append(_underflow.Hearing())
-            measurement = _underflow.Measurement() if measure_underflow else None
+            measurement = [_underflow.Measurement()] if measure_underflow else []
             joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
                                      [op for ops in update_ops.values() for op in ops],
-                                     counters, observers=observers + [
-                                         item for item in [measurement] if item is not None])
+                                     counters,
+                                     observers=observers + extra_observers + measurement)
             clear_status = plan.backend.clear_status()
             applied = None if plan.mode == "chief" else joint.applied
             skip_reason, groups_overflowed = (None, {}) if applied is None else record.report(
@@ -485,6 +554,8 @@ class MultiOptimizerLossScale(object):
             window_end=joint.window_end, group_is_finite=joint.group_is_finite,
             loss_scales=joint.loss_scales, accumulate_op=joint.accumulate_op,
             per_group=per_group, skipped_steps=skipped_steps.before, clear_status=clear_status,
-            underflow=joint.reports[-1] if measurement is not None else {},
+            underflow=joint.reports[-1] if measurement else {},
             skip_reason=skip_reason,
-            groups_overflowed=groups_overflowed, last_skip=last_skip)
+            groups_overflowed=groups_overflowed, last_skip=last_skip,
+            observed=dict((observer.name, report) for observer, report in zip(
+                extra_observers, joint.reports[len(observers):])))

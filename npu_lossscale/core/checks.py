@@ -514,3 +514,18 @@ def check_gate(gate):
     if gate not in GATES:
         raise ValueError("gate must be one of %r, got %r. Pass 'auto' unless Ascend "
                          "needs 'cond'." % (GATES, gate))
+
+
+def check_instances(name, values, base):
+    """``values`` as a list of ``base`` instances (a list or tuple of them).
+
+    Raises:
+      TypeError: for anything else (a class of ``base`` included).
+    """
+    if isinstance(values, base):
+        values = [values]
+    if not isinstance(values, (list, tuple)) or not all(
+            isinstance(value, base) for value in values):
+        raise TypeError("%s must be a list of %s instances, got %r. Pass e.g. %s=[My%s()]."
+                        % (name, base.__name__, values, name, base.__name__))
+    return list(values)

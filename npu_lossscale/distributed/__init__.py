@@ -137,10 +137,11 @@ def resolve_engine(distributed):
 
     Args:
       distributed: None or False (one worker; False also when several
-        Ascend devices deliberately decide alone), "horovod" or "hccl".
+        Ascend devices deliberately decide alone), "horovod", "hccl", or a
+        ``seams.ReductionEngine`` instance (used as it is).
 
     Returns:
-      None, a ``HorovodEngine`` or an ``HcclEngine``.
+      None, or the engine.
 
     Raises:
       ValueError: for an unknown name, a missing package, or Horovod before
@@ -148,7 +149,12 @@ def resolve_engine(distributed):
     """
     if distributed is None or distributed is False:
         return None
-    if distributed not in ENGINES:
+    if isinstance(distributed, _seams.ReductionEngine):
+        return distributed
+    if isinstance(distributed, type) and issubclass(distributed, _seams.ReductionEngine):
+        raise TypeError("distributed=%r is a class; pass an instance, distributed=%s()."
+                        % (distributed, distributed.__name__))
+    if not isinstance(distributed, str) or distributed not in ENGINES:
         raise ValueError(
             "distributed must be None or one of %r, got %r. Use 'horovod' on "
             "GPUs/CPUs, 'hccl' on Ascend." % (ENGINES, distributed))

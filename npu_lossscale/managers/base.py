@@ -290,6 +290,26 @@ def listens_to_underflow(manager):
             and callable(getattr(manager, "observe_underflow", None)))
 
 
+def takes_measured_scale(manager):
+    """Whether ``manager`` defines the optional hook ``assign_loss_scale(scale)``
+    (``build(measure_first_scale=True)`` sets its first scale through it)."""
+    return callable(getattr(manager, "assign_loss_scale", None))
+
+
+def assign_scale(manager, scale):
+    """``manager.assign_loss_scale(scale)``, checked to be an op.
+
+    Raises:
+      TypeError: when the hook returns no op.
+    """
+    update = manager.assign_loss_scale(scale)
+    op = _checks.op_of(update)
+    if op is None:
+        raise TypeError("%s.assign_loss_scale(scale) returned %r, not an op. Return the "
+                        "assign op." % (type(manager).__name__, update))
+    return op
+
+
 def static_scale(manager):
     """The manager's ``static_loss_scale`` hook: its scale as a Python float
     when that is a build-time constant, else None (also for a manager

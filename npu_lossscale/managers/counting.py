@@ -150,6 +150,17 @@ class _CountingLossScaleManager(LossScaleManager):
         # constants, one op).
         return tf.unstack(self._state.read_value(), num=_STATE_SIZE)[_SCALE]
 
+    def assign_loss_scale(self, scale):
+        """The op that sets the scale to ``scale`` (a float32 scalar), within
+        [min_loss_scale, max_loss_scale], and restarts the counters; a NaN
+        ``scale`` leaves the state as it is (an optional protocol hook:
+        ``base.assign_scale``)."""
+        cap = _MAX_SCALE if self._max_loss_scale is None else min(self._max_loss_scale,
+                                                                    _MAX_SCALE)
+        new = tf.stack([tf.clip_by_value(scale, self._min_loss_scale, cap), 0.0, 0.0, 0.0])
+        return tf.assign(self._state, tf.where(tf.is_nan(scale), self._state.read_value(),
+                                               new)).op
+
     def _tables(self):
         """The finite and the non-finite branch as float32 [rows, 4] tables."""
         shrink_factor = self._shrink_factor()

@@ -1,0 +1,115 @@
+"""``build(skip_loss_spikes=k)``: a step whose loss spikes is skipped through
+the step's own gate (Megatron's spiky-loss check).
+
+Each group's loss is compared with ``k`` times its exponential moving
+average over the steps that applied; after ``warmup`` applied steps, a loss
+above it skips the step (every group), with the reason ``loss_spike``. The
+average moves only on applied steps, so a spike never raises it. A loss
+whose average is not positive (a critic's loss around 0) is never a spike:
+the ratio has no meaning there. The average and the count are
+non-trainable global variables (``<scope>/loss_spikes/...``), saved with
+checkpoints, so a restart keeps them.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import numbers
+
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import seams as _seams
+from npu_lossscale.core import graph_state as _graph_state
+
+#: Applied steps before a spike can skip: the average needs that many
+#: samples (0.99 ** 100 = 0.37 of the first loss's weight is left then).
+DEFAULT_WARMUP = 100
+#: The average's decay per applied step.
+DEFAULT_DECAY = 0.99
+_FIX = ("a loss exceeded skip_loss_spikes times its moving average: check the batch "
+        "behind it; the weights and the loss scale stayed as they were.")
+
+
+class LossSpikes(_seams.SkipCondition):
+    """Skips a step whose loss exceeds ``factor`` times its moving average.
+
+    Args:
+      factor: the spike threshold, a number > 1.
+      warmup: applied steps before a spike can skip.
+      decay: the moving average's decay per applied step, in (0, 1).
+    """
+
+    name = "loss_spikes"
+    reason = "loss_spike"
+    fix = _FIX
+
+    def __init__(self, factor, warmup=DEFAULT_WARMUP, decay=DEFAULT_DECAY):
+        self.factor = float(factor)
+        self.warmup = int(warmup)
+        self.decay = float(decay)
+        self._scope = _graph_state.current_scope()
+        self._count = None
+        self._averages = {}  # group name -> its average variable
+
+    def _variables(self, names):
+        """The count and each named group's average, made on first use."""
+        with _graph_state.outside(self._scope), tf.name_scope("loss_spikes"):
+            if self._count is None:
+                self._count = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                          name="applied_steps")
+            for name in names:
+                if name not in self._averages:
+                    self._averages[name] = tf.Variable(0.0, dtype=tf.float32, trainable=False,
+                                                       name="average_%s" % name)
+        return self._count, [self._averages[name] for name in names]
+
+    def flag(self, state):
+        groups = [group for group in state.plan.groups if group.loss is not None]
+        count, averages = self._variables([group.name for group in groups])
+        warm = tf.greater_equal(count.read_value(), self.warmup)
+        spikes = []
+        for group, average in zip(groups, averages):
+            loss = tf.cast(group.loss, tf.float32)
+            mean = average.read_value()
+            spikes.append(tf.logical_and(tf.greater(mean, 0.0),
+                                         tf.greater(loss, self.factor * mean)))
+        spiked = tf.logical_and(warm, tf.reduce_any(tf.stack(spikes)))
+        return tf.cast(spiked, tf.float32)
+
+    def on_apply(self, state):
+        groups = [group for group in state.plan.groups if group.loss is not None]
+        count, averages = self._variables([group.name for group in groups])
+        first = tf.equal(count.read_value(), 0)
+        ops = []
+        for group, average in zip(groups, averages):
+            loss = tf.cast(group.loss, tf.float32)
+            moved = tf.where(first, loss, self.decay * average.read_value()
+                             + (1.0 - self.decay) * loss)
+            ops.append(tf.assign(average, moved).op)
+        with tf.control_dependencies(ops):
+            ops.append(tf.assign_add(count, tf.ones([], tf.int64)).op)
+        return ops
+
+
+def loss_spikes(factor):
+    """The condition of ``build(skip_loss_spikes=factor)``, checked.
+
+    Args:
+      factor: None, or a number > 1.
+
+    Returns:
+      A ``LossSpikes``, or None.
+
+    Raises:
+      TypeError: for a non-number (a bool, a str, a tensor).
+      ValueError: for a number that is not finite or not above 1.
+    """
+    if factor is None:
+        return None
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+        raise TypeError("skip_loss_spikes must be a number > 1, got %r. Pass e.g. "
+                        "skip_loss_spikes=3.0 (skip a loss above 3x its average)."
+                        % (factor,))
+    if not 1.0 < float(factor) < float("inf"):
+        raise ValueError("skip_loss_spikes must be a finite number > 1, got %r. Pass e.g. "
+                         "skip_loss_spikes=3.0." % (factor,))
+    return LossSpikes(factor)

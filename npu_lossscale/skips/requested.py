@@ -1,0 +1,118 @@
+"""``build(skip_global_steps=...)``: steps skipped on request, through the
+step's own gate, to restart past a known-bad range of batches (Megatron's
+``--iterations-to-skip``).
+
+A collection of global steps skips the step whenever ``global_step`` (its
+value before the step's increment) is one of them; a bool scalar tensor
+skips the runs where it is True. A skipped step changes no weight, slot,
+gated statistic or loss scale, and is counted and diagnosed with the reason
+``requested``.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import numbers
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale import seams as _seams
+from npu_lossscale.core import checks as _checks
+
+_FIX = ("the step was asked to be skipped (build(skip_global_steps=...)): nothing to "
+        "fix.")
+
+
+class RequestedSkips(_seams.SkipCondition):
+    """Skips the steps asked for (the module docstring).
+
+    Args:
+      steps: a ``range``, or a sorted tuple of distinct global steps; or a
+        bool scalar tensor.
+    """
+
+    name = "requested_skip"
+    reason = "requested"
+    fix = _FIX
+
+    def __init__(self, steps):
+        self.steps = steps
+
+    def flag(self, state):
+        if isinstance(self.steps, tf.Tensor):
+            return tf.cast(self.steps, tf.float32)
+        step = state.global_step.read_value()
+        if isinstance(self.steps, range):
+            r = self.steps
+            inside = tf.logical_and(tf.greater_equal(step, r.start), tf.less(step, r.stop))
+            if r.step != 1:
+                inside = tf.logical_and(inside, tf.equal((step - r.start) % r.step, 0))
+        else:
+            inside = tf.reduce_any(tf.equal(
+                step, tf.constant(np.array(self.steps, np.int64), step.dtype.base_dtype)))
+        return tf.cast(inside, tf.float32)
+
+
+def requested_skips(steps, global_step, count_skipped_steps):
+    """The condition of ``build(skip_global_steps=steps)``, checked.
+
+    Args:
+      steps: None, a collection of global steps (a list, tuple, set,
+        ``range`` or 1-D integer array), or a bool scalar tensor.
+      global_step: build()'s ``global_step``.
+      count_skipped_steps: build()'s ``count_skipped_steps``.
+
+    Returns:
+      A ``RequestedSkips``, or None for None or an empty collection.
+
+    Raises:
+      TypeError: for anything else, or a tensor that is not a bool scalar.
+      ValueError: for a negative step, a collection without ``global_step``
+        or without ``count_skipped_steps=True``, or a tensor of another
+        graph.
+    """
+    if steps is None:
+        return None
+    if isinstance(steps, (tf.Tensor, tf.Variable)):
+        tensor = tf.convert_to_tensor(steps)
+        if tensor.dtype.base_dtype != tf.bool or tensor.shape.ndims != 0:
+            raise TypeError(
+                "skip_global_steps must be a bool scalar tensor or a collection of global "
+                "steps, got %r. Pass e.g. tf.equal(global_step %% 1000, 999) or "
+                "range(4000, 4100)." % (steps,))
+        if _checks.of_another_graph(tensor):
+            raise ValueError(
+                "skip_global_steps=%r belongs to another graph. Build it in the graph of "
+                "the losses." % (steps,))
+        return RequestedSkips(tensor)
+    if isinstance(steps, (str, bytes, bool, numbers.Number)) or not hasattr(steps, "__iter__"):
+        raise TypeError(
+            "skip_global_steps must be a collection of global steps or a bool scalar "
+            "tensor, got %r. Pass e.g. range(4000, 4100) or [4000, 4001]." % (steps,))
+    if isinstance(steps, range):
+        # Ascending, whatever the direction given.
+        chosen = (None if not len(steps) else steps if steps.step > 0
+                  else range(steps[-1], steps[0] + 1, -steps.step))
+    else:
+        values = list(steps)
+        if any(isinstance(v, bool) or not isinstance(v, (numbers.Integral, np.integer))
+               for v in values):
+            raise TypeError(
+                "skip_global_steps must hold int global steps, got %r. Pass e.g. "
+                "range(4000, 4100)." % (steps,))
+        chosen = tuple(sorted(set(int(v) for v in values))) or None
+    if chosen is None:
+        return None
+    if min(chosen) < 0:
+        raise ValueError("skip_global_steps must hold global steps >= 0, got %r. Drop the "
+                         "negative ones." % (steps,))
+    if global_step is None:
+        raise ValueError(
+            "skip_global_steps=%r names global steps, but build() got no global_step. Pass "
+            "global_step=tf.train.get_or_create_global_step()." % (steps,))
+    if not count_skipped_steps:
+        raise ValueError(
+            "skip_global_steps=%r with count_skipped_steps=False: a skipped step would "
+            "leave global_step where it is, so the same step would be skipped forever. "
+            "Pass count_skipped_steps=True." % (steps,))
+    return RequestedSkips(chosen)

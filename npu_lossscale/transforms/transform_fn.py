@@ -1,0 +1,49 @@
+"""``add(transform_grads_fn=fn)``: TF-GAN's gradient hook, inside the decision.
+
+``fn`` takes the group's list of (gradient, variable) pairs, unscaled, and
+returns the list to apply, as TF-GAN's and slim's ``transform_grads_fn``
+do. It runs at the close, after the reduction across replicas, before the
+decision, so the step's overflow check covers what it returns: a step whose
+transformed gradients hold an inf or a NaN skips, as an overflow does.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+from npu_lossscale import seams as _seams
+
+
+class TransformGradsFn(_seams.GradientTransform):
+    """A user function as a ``seams.GradientTransform`` whose output the
+    step checks (``keeps_finite`` False).
+
+    Args:
+      fn: a callable from a list of (gradient, variable) pairs to a list.
+    """
+
+    name = "transform_grads_fn"
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def transform(self, group, grads_and_vars):
+        del group
+        return self.fn(list(grads_and_vars))
+
+
+def transforms_of(fn):
+    """The transforms of ``add(transform_grads_fn=fn)``: none for None, a
+    ``seams.GradientTransform`` as it is, a function wrapped.
+
+    Raises:
+      TypeError: for a value that is neither (a transform class included).
+    """
+    if fn is None:
+        return ()
+    if isinstance(fn, _seams.GradientTransform):
+        return (fn,)
+    if isinstance(fn, type) or not callable(fn):
+        raise TypeError(
+            "transform_grads_fn must be a function from a list of (gradient, variable) "
+            "pairs to a list, got %r. Pass e.g. lambda pairs: [(tf.clip_by_norm(g, 1.0), v) "
+            "for g, v in pairs], or a seams.GradientTransform instance." % (fn,))
+    return (TransformGradsFn(fn),)
