@@ -64,12 +64,40 @@ def build_model(batch=4, dim=3):
     return Model(x, outside, loss_poison, grad_factor, losses, var_lists, feed)
 
 
+def build_shared_model(batch=4, dim=3):
+    """A GAN's shape: group "d"'s weight ``d/w`` is applied to the real
+    batch and to group "g"'s fakes, each use casting it to float16, so its
+    gradient is the sum of two uses' gradients (tf.gradients' ``AddN``).
+
+    ``grad_factor["d/w"]`` multiplies the gradient of the fake use only
+    (``poisoned_gradient``); ``loss_poison`` and ``outside`` are fed nothing
+    here (they are constants).
+    """
+    rng = np.random.RandomState(11)
+    x = tf.placeholder(tf.float32, [batch, dim], name="x")
+    x16 = tf.cast(x, tf.float16)
+    with tf.variable_scope("g"):
+        g_w = tf.get_variable("w", initializer=rng.normal(0, 0.5, [dim, dim]).astype(np.float32))
+    with tf.variable_scope("d"):
+        d_w = tf.get_variable("w", initializer=rng.normal(0, 0.5, [dim, 1]).astype(np.float32))
+    factor = tf.placeholder_with_default(tf.constant(1.0), [], name="factor_d_w_fake")
+    fake = tf.tanh(tf.matmul(x16, tf.cast(g_w, tf.float16)))
+    real_logit = tf.matmul(x16, tf.cast(d_w, tf.float16))
+    fake_logit = tf.matmul(fake, poisoned_gradient(tf.cast(d_w, tf.float16), factor))
+    d_loss = tf.reduce_mean(tf.square(real_logit)) + tf.reduce_mean(tf.square(fake_logit + 1.0))
+    g_loss = tf.reduce_mean(tf.square(fake_logit - 1.0))
+    losses = {"d": tf.cast(d_loss, tf.float32), "g": tf.cast(g_loss, tf.float32)}
+    feed = {x: rng.normal(0, 1, [batch, dim]).astype(np.float32)}
+    return Model(x, tf.constant(1.0), {}, {"d/w": factor}, losses,
+                 {"d": [d_w], "g": [g_w]}, feed)
+
+
 def build_step(model, backend, build_args=None, **kwargs):
     """The builder's step over both groups (a fixed scale of 1024), with
     ``kwargs`` for the builder and ``build_args`` for ``build``."""
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1024.0), backend=backend,
                                         **kwargs)
-    for group in GROUPS:
+    for group in sorted(model.losses):
         scaler.add(model.losses[group], tf.train.GradientDescentOptimizer(0.01),
                    var_list=model.var_lists[group], name=group)
     return scaler.build(global_step=tf.train.get_or_create_global_step(),

@@ -38,7 +38,7 @@ from npu_lossscale import diagnostics
 from conftest import GRAPH_MODE, REPO, SHIMS, fresh_process
 from readme_blocks import run_example
 from skip_faults import (GROUPS, HUGE_GRADIENT, INF_GRADIENT, NAN_LOSS, Fault, build_model,
-                         build_step, expected, fault_feed, schedule)
+                         build_shared_model, build_step, expected, fault_feed, schedule)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -106,6 +106,56 @@ def test_one_hundred_faults_each_get_their_reason_groups_and_variables(graph, ba
     assert right == 100, wrong[:4]
     by_reason = collections.Counter(expected(f, model, saturation)[0] for f in faults)
     assert [int(c) for c in counts] == [0] + [by_reason[r] for r in diagnostics.REASONS[1:]]
+
+
+@pytest.mark.parametrize("kind", [INF_GRADIENT, HUGE_GRADIENT])
+def test_a_backward_overflow_in_a_variable_used_twice_names_it(graph, backend, kind):
+    """A discriminator weight applied to the real batch and to the fakes:
+    its gradient is the sum of the two uses'. The fake use's overflows; in
+    saturation mode it is +-65504, which the sum does not keep (it read as
+    register_outside_gradients with no group, and the fix pointed at the
+    forward pass): every backend names the group and the variable."""
+    name, _ = backend
+    model = build_shared_model()
+    train = build_step(model, name)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert _observed(sess, train, model.feed)[::2] == (0, True)
+        reason, overflowed, applied = _observed(
+            sess, train, fault_feed(model, Fault(kind, ("d",), ("d/w",))))
+        assert (diagnostics.reason_name(reason), overflowed, applied) == (
+            "gradients_overflowed", {"d": True, "g": False}, False)
+        assert diagnostics.read_last_skip(sess, train) == diagnostics.Skip(
+            1, 1, "gradients_overflowed", ("d",), ("d/w",))
+        assert _observed(sess, train, model.feed)[::2] == (0, True)
+
+
+@pytest.mark.parametrize("gate", ["pivot", "cond"])
+def test_the_summed_terms_are_read_only_in_the_skip_branch(graph, saturation_mode, gate):
+    """The terms of the shared weight's gradient are read by its sum and by
+    the skip branch's capture (the If, or a v1 cond's Switch), nothing else:
+    an applied step computes nothing more than the sum, and runs nothing of
+    the diagnosis but a lowered or v1 cond's Switch per captured tensor."""
+    model = build_shared_model()
+    train = build_step(model, "npu", gate=gate)
+    (unscaled, _), = train.grads_and_vars["d"]
+    scaled = [t for t in unscaled.op.inputs if t.op.type == "AddN"]
+    assert len(scaled) == 1 and len(scaled[0].op.inputs) == 2
+    for term in scaled[0].op.inputs:
+        readers = sorted(op.type for op in term.consumers())
+        assert readers in (["AddN", "If"], ["AddN", "StatelessIf"], ["AddN", "Switch"]), readers
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        metadata = config_pb2.RunMetadata()
+        applied = sess.run([train.update_op, train.applied], model.feed,
+                           options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                           run_metadata=metadata)[1]
+        ran = [node.node_name for dev in metadata.step_stats.dev_stats
+               for node in dev.node_stats]
+    assert applied and ran
+    # A v1 cond switches each tensor its branch captures (see above).
+    assert not [name for name in ran if "/diagnose/" in name
+                and not re.search(r"/(Switch(_\d+)?|_\d+)$", name)]
 
 
 @pytest.mark.parametrize("gate", ["pivot", "cond"])

@@ -425,6 +425,79 @@ def test_npu_underflow_is_rescued_by_the_scale(overflow_mode):
     np.testing.assert_allclose(_W - scaled, twin, rtol=2e-3)
 
 
+# -- the underflow measurement and the listening manager under a rewrite ----
+
+def _measured_build(manager, measure_underflow, model=_tanh_model, backend="is_finite"):
+    """The ValueError that ``build`` raises for ``model``, and whether it
+    made an op first."""
+    with tf.Graph().as_default() as graph:
+        w, loss = model()
+        scaler = nl.MultiOptimizerLossScale(manager(), backend=backend)
+        scaler.add(loss, _sgd(1.0)(), var_list=[w], name="w")
+        ops = len(graph.get_operations())
+        with pytest.raises(ValueError) as raised:
+            scaler.build(measure_underflow=measure_underflow)
+        return str(raised.value), len(graph.get_operations()) > ops
+
+
+_ASKED = [
+    (lambda: nl.FixedLossScaleManager(1), True,
+     ["measure_underflow=True", "Build with measure_underflow=False."]),
+    (lambda: nl.ListeningLossScaleManager(initial_scale=1), False,
+     ["ListeningLossScaleManager", "Use a DynamicLossScaleManager instead."]),
+]
+
+
+@pytest.mark.parametrize("manager, measure_underflow, fragments", _ASKED,
+                         ids=["measure_underflow", "listening"])
+def test_a_float32_graph_for_the_rewrite_is_refused_at_build(manager, measure_underflow,
+                                                              fragments):
+    """The float32 graph that the rewrite turns to float16 at run time: the
+    measurement's float32 view is rewritten as well (it reported 0 % flushed
+    while every gradient was 0, and a listening manager stayed at scale 1),
+    and grappler's auto_mixed_precision pass fails on the view's backprop
+    (std::out_of_range, which killed the process with SIGSEGV on fetching
+    headroom). Refused before any op, naming what asked and the fix."""
+    message, made = _measured_build(manager, measure_underflow)
+    assert not made
+    for fragment in ["group 'w' computes nothing in float16", "graph rewrite"] + fragments:
+        assert fragment in message, message
+
+
+def _hand_cast_model():
+    """``_tanh_model`` with its matrix op written in float16 by hand."""
+    w = tf.Variable(_W, name="w")
+    product = tf.matmul(tf.constant(_X, tf.float16), tf.cast(w, tf.float16))
+    return w, tf.reduce_mean(tf.tanh(tf.cast(product, tf.float32))) * _TINY
+
+
+@pytest.mark.parametrize("model", [_tanh_model, _hand_cast_model], ids=["float32", "hand_cast"])
+@pytest.mark.parametrize("manager, measure_underflow, fragments", _ASKED,
+                         ids=["measure_underflow", "listening"])
+def test_the_shims_precision_mode_is_refused_at_build(overflow_mode, model, manager,
+                                                      measure_underflow, fragments):
+    """allow_mix_precision, which the shim applies as the ops are built:
+    the float32 view's own matrix ops would be rounded to float16 too (it
+    reported 0 % flushed while every gradient was 0). Refused before any op;
+    without the mode, the hand-cast model is measured."""
+    _npu_config("allow_mix_precision")
+    message, made = _measured_build(manager, measure_underflow, model, backend="auto")
+    assert not made
+    for fragment in ["a float32 MatMul is built as a 'Cast'", "precision mode"] + fragments:
+        assert fragment in message, message
+    _npu_config()
+    with tf.Graph().as_default():
+        w, loss = _hand_cast_model()
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1), backend="auto")
+        scaler.add(loss, _sgd(1.0)(), var_list=[w], name="w")
+        train = scaler.build(measure_underflow=True)
+        with tf.Session(config=_npu_config()) as sess:
+            sess.run(tf.global_variables_initializer())
+            measured = sess.run(train.underflow["w"])
+    # Every gradient element is below float16's range at scale 1.
+    assert measured.flushed_share == 1.0 and measured.elements == _W.size
+
+
 def test_the_readme_recipe_runs_with_the_rewrite_on_cpu(graph):
     """The graph-rewrite block of docs/features.md, executed as written but
     for the config field: auto_mixed_precision (GPU) becomes

@@ -8,7 +8,7 @@ import tensorflow.compat.v1 as tf
 import npu_lossscale as nl
 import soak
 from npu_lossscale.managers import base as manager_base
-from test_underflow import _conv3d_net
+from test_underflow import _conv3d_net, _float32_model
 
 FLOAT16_MAX = 65504.0
 
@@ -300,3 +300,24 @@ def test_bad_arguments_are_refused_before_any_variable(argument, value, error, f
         with pytest.raises(error, match=fragment):
             nl.ListeningLossScaleManager(**{argument: value})
         assert not graph.get_operations()
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_a_float32_or_bfloat16_model_is_refused_to_a_listening_manager(dtype):
+    """Nothing float16 to listen to: refused before any op of the step (a
+    float32 model's gradients below 2**-14 read as underflow raised the
+    scale for nothing; a graph rewrite's float16 gradients, and the float32
+    view that the rewrite turned float16 too, left it at 1 while nothing
+    trained)."""
+    with tf.Graph().as_default() as graph:
+        manager = nl.ListeningLossScaleManager(initial_scale=1)
+        loss, w = _float32_model(dtype)
+        scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="g")
+        ops = len(graph.get_operations())
+        with pytest.raises(ValueError) as raised:
+            scaler.build()
+        assert len(graph.get_operations()) == ops
+    for fragment in ("group 'g' computes nothing in float16", "ListeningLossScaleManager",
+                     "Use a DynamicLossScaleManager instead."):
+        assert fragment in str(raised.value), str(raised.value)

@@ -259,6 +259,63 @@ def test_no_float32_view_is_refused_before_any_op():
             scaler.build(measure_underflow=1)
 
 
+#: 1 + 2**-10, exact in float16 (11 significant bits); its square, 1 + 2**-9
+#: + 2**-20, is exact in float32 and rounds to 1 + 2**-9 in float16.
+_ROUNDED = 1.0 + 2.0 ** -10
+
+
+def test_subnormal_share_leaves_out_what_float32_holds_at_zero():
+    """loss = sum(cast(w16 * r16 * r16)) - w[0] * r**2 (float32), r = 1 +
+    2**-10: d loss / d w[0] is r**2 - r**2 = 0 exactly in float32, and
+    (1 + 2**-9) - r**2 = -2**-20 on the float16 side, where the product
+    rounds: a residue below 2**-14 where float32 holds 0, which is no
+    underflow (it counted as subnormal before). d loss / d w[1] = 1 + 2**-9:
+    normal, kept."""
+    with tf.Graph().as_default():
+        w = tf.get_variable("w", initializer=np.ones([2], np.float32))
+        r16 = tf.constant(_ROUNDED, tf.float16)
+        product = tf.cast(tf.cast(w, tf.float16) * r16 * r16, tf.float32)
+        exact = np.float32(_ROUNDED) * np.float32(_ROUNDED)
+        assert exact == 1.0 + 2.0 ** -9 + 2.0 ** -20
+        loss = tf.reduce_sum(product) - tf.reduce_sum(w * tf.constant([exact, 0.0]))
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="g")
+        train = scaler.build(measure_underflow=True)
+        (grad, _), = train.grads_and_vars["g"]
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            measured, unscaled = sess.run([train.underflow["g"], grad])
+    np.testing.assert_array_equal(unscaled, [-2.0 ** -20, 1.0 + 2.0 ** -9])
+    assert (measured.elements, measured.float32_zeros, measured.zeros) == (2, 1, 0)
+    assert measured.subnormal == 0 and measured.subnormal_share == 0.0
+    assert measured.flushed == 0 and measured.flushed_share == 0.0
+
+
+def _float32_model(dtype):
+    """A float32 master weight used in ``dtype`` (float32: no cast)."""
+    w = tf.get_variable("w", initializer=np.ones([2, 2], np.float32))
+    x = tf.constant(np.full([3, 2], 0.5, np.float32))
+    return tf.reduce_mean(tf.cast(tf.matmul(tf.cast(x, dtype), tf.cast(w, dtype)),
+                                  tf.float32)), w
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_a_float32_or_bfloat16_model_is_refused_before_any_op(dtype):
+    """Nothing of it is float16, so there is nothing to measure (before:
+    every gradient element below 2**-14 was reported subnormal)."""
+    with tf.Graph().as_default() as graph:
+        loss, w = _float32_model(dtype)
+        scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="g")
+        ops = len(graph.get_operations())
+        with pytest.raises(ValueError) as raised:
+            scaler.build(measure_underflow=True)
+        assert len(graph.get_operations()) == ops
+    for fragment in ("group 'g' computes nothing in float16", "float32 or bfloat16 model",
+                     "measure_underflow=True", "Build with measure_underflow=False."):
+        assert fragment in str(raised.value), str(raised.value)
+
+
 @pytest.fixture(params=["inf_nan", "saturation"])
 def overflow_mode(request, npu_shim):
     """Each of the device's overflow modes, set the real way

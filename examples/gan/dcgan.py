@@ -90,7 +90,10 @@ class Graph(object):
                    tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
                    var_list=tf.trainable_variables("generator"), name="generator")
         self.backend = scaler.backend
-        self.train = scaler.build(global_step=self.global_step, measure_underflow=True)
+        # The underflow measurement compares float16 gradients with their
+        # float32 view: an fp32 run has no float16 to measure.
+        self.train = scaler.build(global_step=self.global_step,
+                                  measure_underflow=args.precision == "fp16")
         # The names of TrainOps.skip_reason's codes, for curves.png.
         self.reasons = nl.diagnostics.REASONS
 
@@ -115,7 +118,7 @@ class Graph(object):
             tf.summary.scalar("loss_scale", self.train.loss_scale),
             tf.summary.scalar("skipped_steps", self.skipped_total),
             tf.summary.image("samples", grid, max_outputs=1),
-        ] + nl.underflow_summaries(self.train.underflow))
+        ] + (nl.underflow_summaries(self.train.underflow) if self.train.underflow else []))
         self.init = tf.global_variables_initializer()
         self.saver = tf.train.Saver(max_to_keep=3)
         # Every rank starts from rank 0's weights, Adam slots, loss scale and
@@ -165,7 +168,8 @@ def train(tf, args, graph, config, resume_from, train_images, workers=None):
             }
             if lead and ((step + 1) % args.log_every == 0 or step == start):
                 fetch_dict["summary"] = graph.summary
-            if lead and (step % UNDERFLOW_EVERY == 0 or step + 1 == args.steps):
+            if lead and graph.train.underflow and (step % UNDERFLOW_EVERY == 0
+                                                   or step + 1 == args.steps):
                 fetch_dict["underflow"] = graph.train.underflow  # this step's gradients
             result = sess.run(fetch_dict, {graph.real: batch})
             progress.update(d_loss="%.3f" % result["d_loss"], g_loss="%.3f" % result["g_loss"],

@@ -81,7 +81,7 @@ class LossHeads(object):
 _SHAPE_TYPES = frozenset(["Shape", "ShapeN", "Size", "Rank"])
 
 
-def bad_entries(tensors, saturation):
+def bad_entries(tensors, saturation, terms_from=None):
     """One bool per tensor: whether it holds a value that overflowed.
 
     A tensor overflowed when its float32 sum is not finite (an inf or a NaN
@@ -93,6 +93,13 @@ def bad_entries(tensors, saturation):
     Small tensors of one shape and dtype are stacked and reduced row by row:
     a handful of ops per shape, not per tensor.
 
+    With ``saturation``, a gradient (an entry from ``terms_from`` on) also
+    overflowed when one of the terms it sums did (``summed_terms``): a
+    variable used more than once gets the sum of its uses' gradients, and a
+    saturated term added to the others leaves no mark on the sum. The terms
+    are read only here, in the skip branch; until the gate decides they are
+    held as the gradients are.
+
     With the register, no ``IsFinite`` op: CANN does not support
     ``tf.is_finite`` (tf_adapter's docs; npu_bridge's managers test with
     ``less`` instead). There a sum is non-finite when it differs from itself
@@ -101,10 +108,69 @@ def bad_entries(tensors, saturation):
     Args:
       tensors: tensors or ``tf.IndexedSlices`` (their values are read).
       saturation: whether the register backend reads the step.
+      terms_from: the index of the first gradient among ``tensors`` (the
+        entries before it are losses); None: no entry is a gradient.
 
     Returns:
       A bool vector, one entry per tensor, in their order.
     """
+    owners = list(range(len(tensors)))
+    if saturation and terms_from is not None:
+        expanded = list(tensors)
+        for index in range(terms_from, len(tensors)):
+            for term in summed_terms(tensors[index]):
+                expanded.append(term)
+                owners.append(index)
+        if len(expanded) > len(tensors):
+            bad = _bad_entries(expanded, saturation)
+            membership = np.array([[owner == index for owner in owners]
+                                   for index in range(len(tensors))])
+            return tf.reduce_any(tf.logical_and(bad[None, :], membership), axis=1)
+    return _bad_entries(tensors, saturation)
+
+
+#: Ops whose output is the sum of their inputs, as ``tf.gradients`` sums the
+#: gradients of a tensor's uses (``AddN``; ``Add``/``AddV2`` with a tree
+#: aggregation method).
+_SUM_TYPES = frozenset(["AddN", "Add", "AddV2"])
+#: Ops a gradient passes through unchanged in value (``gate_gradients``'
+#: tuples; the cast of a float16 gradient to its float32 variable).
+_PASS_TYPES = frozenset(["Identity", "Cast"])
+
+
+def summed_terms(gradient):
+    """The terms of the sum behind ``gradient``: the inputs of the
+    ``AddN``/``Add`` that makes it (through ``Identity`` and ``Cast``), and
+    of the sums among them, in turn.
+
+    Args:
+      gradient: a tensor or ``tf.IndexedSlices`` (no terms: its rows are
+        concatenated, not summed).
+
+    Returns:
+      A list of tensors; empty when no sum is behind ``gradient``.
+    """
+    if not isinstance(gradient, tf.Tensor):
+        return []
+
+    def source(tensor):
+        while tensor.op.type in _PASS_TYPES and tensor.op.inputs:
+            tensor = tensor.op.inputs[0]
+        return tensor
+
+    terms, pending = [], [gradient]
+    while pending:
+        tensor = pending.pop()
+        made = source(tensor)
+        if made.op.type in _SUM_TYPES:
+            pending.extend(reversed(list(made.op.inputs)))
+        elif tensor is not gradient:
+            terms.append(tensor)
+    return terms
+
+
+def _bad_entries(tensors, saturation):
+    """``bad_entries`` of the tensors themselves."""
     if not tensors:
         return tf.zeros([0], tf.bool)
     sums, maxes, limits, order = [], [], [], []

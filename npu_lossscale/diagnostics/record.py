@@ -8,9 +8,11 @@ result is +-65504 and a NaN is 0 (tf_adapter's documentation of
 ``npu_plugin.set_device_sat_mode``: "saturation mode: Inf -> +-MAX, NaN ->
 0"), so a gradient counts as overflowed when it holds a non-finite value or
 exactly +-65504 (also as a float32 value cast from float16), or the largest
-value of its own dtype. A saturated value that was added to other terms
-before reaching the gradient, and a NaN flushed to 0, leave no mark on the
-gradients: such a step reads as ``register_outside_gradients``.
+value of its own dtype, or when a term of the sum that makes it does (a
+variable used more than once: ``evidence.summed_terms``). A saturated value
+that was added to other terms further up the backprop, and a NaN flushed to
+0, leave no mark on the gradients: such a step reads as
+``register_outside_gradients``.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -251,7 +253,8 @@ class Record(object):
         # One entry per loss, then per gradient; bad[i] for entry i.
         entries = [loss for _, loss in losses] + [grad for _, grad, _ in grads]
         entry_groups = [name for name, _ in losses] + [name for name, _, _ in grads]
-        bad = _inspection.bad_entries(entries, evidence.saturation)
+        bad = _inspection.bad_entries(entries, evidence.saturation,
+                                      terms_from=len(losses))
         flags = tf.cast(bad, tf.int64)
         if entries:
             membership = np.array([[int(group == name) for group in entry_groups]

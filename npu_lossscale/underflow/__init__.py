@@ -116,8 +116,14 @@ def check_measurable(plan, measure_underflow):
     for group in plan.groups:
         if group.loss is None:
             continue
-        if measure_underflow or _manager_base.listens_to_underflow(group.manager):
-            check_float32_view(group.loss, group.var_list, group.name)
+        if measure_underflow:
+            check_float32_view(group.loss, group.var_list, group.name,
+                               "measure_underflow=%r" % (measure_underflow,),
+                               "Build with measure_underflow=False.")
+        elif _manager_base.listens_to_underflow(group.manager):
+            check_float32_view(group.loss, group.var_list, group.name,
+                               type(group.manager).__name__,
+                               "Use a DynamicLossScaleManager instead.")
 
 
 def measure(plan, scales, scaled, names, after=()):
@@ -195,8 +201,13 @@ def _counts(grad, wide):
         elements=tf.cast(tf.size(low), tf.float32), zeros=count(zero),
         float32_zeros=count(zero32),
         flushed=count(tf.logical_and(zero, tf.logical_not(zero32))),
-        subnormal=count(tf.logical_and(tf.greater(magnitude, 0.0),
-                                       tf.less(magnitude, FLOAT16_MIN_NORMAL))),
+        # Of the elements the float32 view keeps non-zero, as the share's
+        # denominator: a float16 rounding that leaves a residue where the
+        # float32 terms cancel exactly is no underflow.
+        subnormal=count(tf.logical_and(
+            tf.logical_not(zero32),
+            tf.logical_and(tf.greater(magnitude, 0.0),
+                           tf.less(magnitude, FLOAT16_MIN_NORMAL)))),
         max_abs=tf.reduce_max(magnitude),
         # NaN compares false: overflowed unless every value is at most 65504.
         overflowed=tf.logical_not(tf.reduce_all(tf.less_equal(magnitude, FLOAT16_MAX))),

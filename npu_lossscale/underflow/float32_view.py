@@ -221,18 +221,27 @@ def _cannot_copy(loss, op, why):
         % (loss.name, op.name, why + ", " + op.type))
 
 
-def check_float32_view(loss, var_list, group):
-    """Checks, before any op is made, that ``loss`` has a float32 view.
+def check_float32_view(loss, var_list, group, asked_by, fix):
+    """Checks, before any op is made, that ``loss`` has a float32 view, and
+    float16 gradients for it to compare with.
 
     Args:
       loss: the group's loss tensor.
       var_list: its variables.
       group: its name, for the message.
+      asked_by: what asks for the measurement, for the message
+        (``"measure_underflow=True"``, a listening manager's class name).
+      fix: the sentence that ends the messages that ``asked_by`` can fix.
 
     Raises:
-      ValueError: for a float16 variable (its gradient ends in float16), or
+      ValueError: for a float16 variable (its gradient ends in float16);
         a stateful op, control flow or a function call that computes in
-        float16 on the way to the loss.
+        float16 on the way to the loss; no float16 tensor between the
+        variables and the loss (a float32 or bfloat16 model, or the float32
+        graph of a session rewrite to float16, which would rewrite the view
+        as well); or float32 matrix ops that come out rounded to float16 as
+        they are built (a precision-mode emulation, which would round the
+        view too).
     """
     for var in var_list:
         if var.dtype.base_dtype == tf.float16:
@@ -240,4 +249,24 @@ def check_float32_view(loss, var_list, group):
                 "group %r: variable %r is float16, so the underflow measurement has no "
                 "float32 view of its gradient. Keep the variables float32 and cast them "
                 "to float16 in the forward pass." % (group, var.name))
-    _ops_to_copy(loss)
+    copy = _ops_to_copy(loss)
+    float16 = [(tensor, tensor) for op in copy.ops for tensor in op.outputs
+               if _is_float16(tensor)]
+    if not _downstream(float16, copy.ancestors, var_list):
+        raise ValueError(
+            "group %r computes nothing in float16 between its variables and its loss (a "
+            "float32 or bfloat16 model, or a graph rewrite), so %s has nothing to "
+            "measure. %s" % (group, asked_by, fix))
+    rounded = _built_matmul_type()
+    if rounded != "MatMul":
+        raise ValueError(
+            "group %r: a float32 MatMul is built as a %r (a precision mode rounds it to "
+            "float16), so %s cannot build a float32 view. %s" % (group, rounded, asked_by, fix))
+
+
+def _built_matmul_type():
+    """The type of the op that a float32 ``tf.matmul`` gives back when it is
+    built (in a graph of its own): "MatMul", unless an op callback rewrites
+    float32 matrix ops as they are built."""
+    with tf.Graph().as_default():
+        return tf.matmul(tf.zeros([1, 1]), tf.zeros([1, 1])).op.type
