@@ -147,5 +147,7 @@ def check_first_scale(plan, measure_first_scale, margin):
                 % (list(use.groups), type(use.manager).__name__))
     for group in plan.groups:
         if group.loss is not None:
-            check_float32_view(group.loss, group.var_list, group.name)
+            check_float32_view(
+                group.loss, group.var_list, group.name, "measure_first_scale=True",
+                "Leave measure_first_scale off and pick an initial scale.")
     return FirstScale(int(margin))
