@@ -16,7 +16,7 @@ Public API::
   monitoring summaries, LossScaleHook (logging and the collapse policy),
              CollapseMonitor and LossScaleCollapse (the policy in a plain loop)
   diagnostics  why a step skipped: REASONS, reason_name, read_last_skip
-             (TrainOps.skip_reason, groups_overflowed, last_skip)
+             (TrainOps.diagnosis.skip_reason, groups_overflowed, last_skip)
   audit      audit, Finding (loss-scaling hazards in an existing TF1 graph;
              also ``python -m npu_lossscale.audit model.meta``)
 """

@@ -56,93 +56,83 @@ _CLUSTER_ROUTES = {
 CLIP_NORM_RANGE = _clip.CLIP_NORM_RANGE
 
 
-class TrainOps(collections.namedtuple(
-        "TrainOps", ["update_op", "is_finite", "loss_scale", "grads_and_vars",
-                     "applied", "window_end", "group_is_finite", "loss_scales",
-                     "accumulate_op", "per_group", "skipped_steps", "clear_status",
-                     "underflow", "skip_reason", "groups_overflowed", "last_skip",
-                     "observed"])):
-    """What ``MultiOptimizerLossScale.build`` returns.
-
-    Fetch the tensors in the same ``session.run`` as ``update_op``.
+class GroupReport(collections.namedtuple("GroupReport", ["is_finite", "loss_scale"])):
+    """One group's part of a run of ``update_op`` (``TrainOps.groups``).
 
     Attributes:
-      update_op: the single op to run each step, in place of the per-optimizer
-        ``minimize`` ops. It applies every group (or none) and updates the
-        loss scale. With accumulation and no ``distributed`` engine, run it
-        for every micro-batch: it closes the window by itself at the last
-        one. With accumulation and an engine, it *closes* the window: run
-        ``accumulate_op`` for the first ``accumulation_steps - 1``
-        micro-batches and ``update_op`` for the last (the one loop that also
-        works without an engine).
-      is_finite: bool scalar, this run's overflow decision (all groups). With
-        accumulation and an engine it is the window's decision, across all
-        workers; fetch it with ``update_op`` only (fetched with
-        ``accumulate_op`` it would run the collectives too). With a
-        SyncReplicasOptimizer group: this worker's own check, which it
-        pushes to the chief.
-      loss_scale: float32 scalar, the builder manager's scale used for this
-        run (before the manager's update).
-      grads_and_vars: dict from group name to the list of unscaled
-        ``(gradient, variable)`` pairs of that group, for this run.
-      applied: bool scalar, True when this run changed the weights (with
-        ``skip_policy="per_group"``: when any group applied). None with a
-        SyncReplicasOptimizer group: the chief's queue runner applies, or
-        skips, the aggregate (``skipped_steps`` counts its skips).
-      window_end: bool scalar, True when this run closed an accumulation
-        window (always True without accumulation).
-      group_is_finite: dict from group name to that group's bool decision for
-        this run (all equal to ``is_finite`` on a single status read).
-      loss_scales: dict from group name to the float32 scale that group used.
-      accumulate_op: with accumulation, the op that adds one micro-batch to
-        the window without closing it: local work only, no collective and no
-        cond. Running it for the window's last micro-batch (or ``update_op``
-        with an engine before the last one) fails the run with an
-        InvalidArgumentError and changes nothing. None without accumulation.
-      per_group: with ``build(per_group_ops=True)``, a dict from group name
-        to an op that computes, checks and applies that group alone (its own
-        overflow check, the same manager and counters), for loops that run
-        ``sess.run(train.per_group["d"])`` and then
-        ``sess.run(train.per_group["g"])`` with different feeds; ``update_op``
-        stays the joint step. Fetch one step op per ``session.run``: each is
-        a whole step, so two of them (or one and ``update_op``) would apply
-        a group twice. Such a run fails with an InvalidArgumentError that
-        says so, on every backend (``claims``; one of the two may have
-        applied before the other failed). Empty otherwise.
-      skipped_steps: int64 scalar, the number of steps (windows) on which
-        some group did not apply, before this run (as ``loss_scale`` is the
-        scale before this run's update); fetching it alone runs no step. It
-        reads a checkpointed variable, ``loss_scale/skipped_steps``.
-      clear_status: the op that clears Ascend's float-status register (a
-        no-op on the is_finite backend). Every step that reads the register
-        runs it first, before any op the read follows, so an overflow left
-        by an earlier run (an evaluation run, a step of another reader)
-        never reaches the next step's check; it need not be run by hand.
-      underflow: with ``build(measure_underflow=True)``, a dict from group
-        name to its ``underflow.Underflow``: how much of this run's
-        gradients float16 flushed to zero at the scale in use (against a
-        float32 view of the same backprop), how much is subnormal, and the
-        headroom below 65504. Ops that run only when fetched: fetch them
-        every N steps, with ``update_op`` or alone. Empty otherwise.
-      skip_reason: int32 scalar, why this run skipped: 0 when it applied
-        (or did not close an accumulation window), else a code of
-        ``diagnostics.REASONS`` ("loss_not_finite", "gradients_overflowed",
-        "other_worker_overflowed", "register_outside_gradients"). It reads
-        ``last_skip`` after the run, so fetch it with ``update_op`` only
-        (alone it runs the step). Worked out in the skip branch of the
-        gate: applied steps do none of that work. None through a
-        ``SyncReplicasOptimizer`` (its chief decides).
+      is_finite: bool scalar, the group's overflow decision (equal to
+        ``TrainOps.is_finite`` on a single check).
+      loss_scale: float32 scalar, the scale the group used.
+    """
+
+
+class SkipReport(collections.namedtuple("SkipReport", ["skip_reason", "groups_overflowed",
+                                                       "last_skip"])):
+    """Why steps skipped (``TrainOps.diagnosis``; docs/diagnosis.md).
+
+    Attributes:
+      skip_reason: int32 scalar, why this run of ``update_op`` skipped: 0
+        when it applied (or closed no accumulation window), else a code of
+        ``diagnostics.REASONS``.
       groups_overflowed: dict from group name to a bool scalar, True when
         this run skipped and that group's loss or gradients were not finite
-        on this worker (or saturated, on Ascend's register). Fetch it with
-        ``update_op``, as ``skip_reason``.
-      last_skip: a ``diagnostics.LastSkip``, reads of the record of the
-        last skipped step (of ``update_op`` or a ``per_group`` op): its
-        number, global step, reason, groups and variables (masks over
-        static name lists), and counts of skips by reason and by group.
-        Fetching it runs no step (``diagnostics.read_last_skip``). It reads
-        one variable, ``loss_scale/last_skip``, in no collection: not saved
-        with checkpoints, blank in each new session.
+        on this worker (or saturated, on Ascend's register).
+      last_skip: a ``diagnostics.LastSkip``: reads of the record of the last
+        skipped step of any step op of the builder (``read_last_skip``),
+        with counts by reason and by group; in no collection, so not saved.
+    """
+
+
+class TrainOps(collections.namedtuple(
+        "TrainOps", ["update_op", "per_group", "accumulate_op", "is_finite", "applied",
+                     "loss_scale", "skipped_steps", "window_end", "grads_and_vars",
+                     "groups", "diagnosis", "underflow", "observed", "clear_status"])):
+    """What ``MultiOptimizerLossScale.build`` returns.
+
+    Fetch one step op per ``session.run``: ``update_op``, or one op of
+    ``per_group``. Every other field is a value of a run of ``update_op``:
+    fetched with it, it is that run's; fetched without it, it is worked out
+    for that run's batch and state, and nothing is applied or written
+    (``skipped_steps``, ``loss_scale`` and ``diagnosis.last_skip`` are
+    reads of the state, so they suit a run of a ``per_group`` op too). With
+    a ``distributed`` engine, fetch the fields that reduce across workers
+    (``is_finite``, ``applied``, ``diagnosis``) with ``update_op`` only:
+    alone, they would wait for the other workers' collectives.
+
+    Attributes:
+      update_op: the single op to run each step, in place of the
+        per-optimizer ``minimize`` ops: it applies every group (or none)
+        and updates the loss scales. With accumulation and no engine, run
+        it for every micro-batch; with an engine, run ``accumulate_op`` for
+        the first ``accumulation_steps - 1`` micro-batches and ``update_op``
+        for the last.
+      per_group: with ``build(per_group_ops=True)``, a dict from group name
+        to an op that computes, checks and applies that group alone (same
+        managers and counters), for alternating loops; empty otherwise.
+      accumulate_op: with accumulation, the op that adds a micro-batch
+        without closing the window (no collective, no cond); None otherwise.
+      is_finite: bool scalar, the run's overflow decision (all groups; the
+        window's, with accumulation and an engine).
+      applied: bool scalar, True when the run applies (any group, with
+        ``skip_policy="per_group"``); None with a SyncReplicasOptimizer
+        group, whose chief decides.
+      loss_scale: float32 scalar, the builder manager's scale for this run,
+        before the manager's update.
+      skipped_steps: int64 scalar, the checkpointed count of steps (windows)
+        on which some group did not apply, before this run.
+      window_end: bool scalar, True when the run closes an accumulation
+        window (always True without accumulation).
+      grads_and_vars: dict from group name to its unscaled (gradient,
+        variable) pairs of this run.
+      groups: dict from group name to its ``GroupReport``.
+      diagnosis: the ``SkipReport`` (its ``skip_reason`` None through a
+        SyncReplicasOptimizer, whose chief decides).
+      underflow: with ``build(measure_underflow=True)``, a dict from group
+        name to its ``underflow.Underflow``; empty otherwise.
+      observed: dict from the name of each observer passed to
+        ``build(observers=...)`` to what its ``report`` returned.
+      clear_status: the op that clears Ascend's float-status register (a
+        no-op off the register); every register-reading step runs it first.
     """
 
 
@@ -518,8 +508,9 @@ class MultiOptimizerLossScale(object):
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
             record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu)
+            diagnosis = _diagnosis.SkipDiagnosis(record)
             observers = [] if first_scale is None else [first_scale]
-            observers.append(_diagnosis.SkipDiagnosis(record))
+            observers.append(diagnosis)
             if _underflow.listens(plan):
                 observers.append(_underflow.Hearing())
             measurement = [_underflow.Measurement()] if measure_underflow else []
@@ -529,9 +520,9 @@ class MultiOptimizerLossScale(object):
                                      observers=observers + extra_observers + measurement)
             clear_status = plan.backend.clear_status()
             applied = None if plan.mode == "chief" else joint.applied
-            skip_reason, groups_overflowed = (None, {}) if applied is None else record.report(
-                skipped_steps, applied)
-            last_skip = record.last_skip()
+            reported = joint.reports[observers.index(diagnosis)]
+            report = SkipReport(None, {}, record.last_skip()) if applied is None else SkipReport(
+                reported[0], reported[1], record.last_skip())
         per_group = {}
         if per_group_ops:
             for group in plan.groups:
@@ -549,13 +540,14 @@ class MultiOptimizerLossScale(object):
         if plan.backend.reads_register and plan.checks:
             _backends.claim_register(self, "a " + what)
         return TrainOps(
-            update_op=joint.update_op, is_finite=joint.is_finite, loss_scale=joint.loss_scale,
-            grads_and_vars=joint.grads_and_vars, applied=applied,
-            window_end=joint.window_end, group_is_finite=joint.group_is_finite,
-            loss_scales=joint.loss_scales, accumulate_op=joint.accumulate_op,
-            per_group=per_group, skipped_steps=skipped_steps.before, clear_status=clear_status,
-            underflow=joint.reports[-1] if measurement else {},
-            skip_reason=skip_reason,
-            groups_overflowed=groups_overflowed, last_skip=last_skip,
-            observed=dict((observer.name, report) for observer, report in zip(
-                extra_observers, joint.reports[len(observers):])))
+            update_op=joint.update_op, per_group=per_group, accumulate_op=joint.accumulate_op,
+            is_finite=joint.is_finite, applied=applied, loss_scale=joint.loss_scale,
+            skipped_steps=skipped_steps.before, window_end=joint.window_end,
+            grads_and_vars=joint.grads_and_vars,
+            groups=dict((name, GroupReport(joint.group_is_finite[name],
+                                           joint.loss_scales.get(name)))
+                        for name in plan.group_names),
+            diagnosis=report, underflow=joint.reports[-1] if measurement else {},
+            observed=dict((observer.name, item) for observer, item in zip(
+                extra_observers, joint.reports[len(observers):])),
+            clear_status=clear_status)

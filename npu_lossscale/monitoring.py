@@ -59,16 +59,17 @@ def summaries(train_ops, family="loss_scale", step_applied=False):
             tf.summary.scalar("%s/scale" % family, train_ops.loss_scale),
             tf.summary.scalar("%s/skipped_total" % family, train_ops.skipped_steps),
         ]
-        record = train_ops.last_skip
+        record = train_ops.diagnosis.last_skip
+        known = _diagnostics.REASONS[:record.reason_counts.shape.as_list()[0]]
         result.extend(
             tf.summary.scalar("%s/skips_%s" % (family, reason), record.reason_counts[code])
-            for code, reason in enumerate(_diagnostics.REASONS) if code != _diagnostics.APPLIED)
+            for code, reason in enumerate(known) if code != _diagnostics.APPLIED)
         group_names = [_diagnostics.decoded(name)
                        for name in tf.get_static_value(record.group_names)]
         result.extend(
             tf.summary.scalar("%s/overflows_%s" % (family, name), record.group_counts[index])
             for index, name in enumerate(group_names))
-        scales = train_ops.loss_scales
+        scales = dict((name, group.loss_scale) for name, group in train_ops.groups.items())
         if len(set(tensor.name for tensor in scales.values())) > 1:
             result.extend(tf.summary.scalar("%s/scale_%s" % (family, name), scale)
                           for name, scale in sorted(scales.items()))
@@ -183,7 +184,7 @@ class LossScaleHook(tf.train.SessionRunHook):
         if self._step_runs is not None:
             self._step = self._step_runs.of(run_context.original_args.fetches)
             if self._step is not None and self._step.joint:
-                fetches.update(skip_reason=self._train.skip_reason,
+                fetches.update(skip_reason=self._train.diagnosis.skip_reason,
                                window_end=self._train.window_end)
             elif self._step is not None:
                 fetches.update(skipped_before=self._train.skipped_steps)
@@ -203,7 +204,7 @@ class LossScaleHook(tf.train.SessionRunHook):
         else:
             # The count moved in this run iff it skipped; the record holds why.
             after, reason = session.run([self._train.skipped_steps,
-                                         self._train.last_skip.reason])
+                                         self._train.diagnosis.last_skip.reason])
             window_end = True
             if after <= results["skipped_before"]:
                 reason = _diagnostics.APPLIED
@@ -227,18 +228,18 @@ class _StepRuns(object):
     """Which step op of a ``TrainOps`` a run runs, from what it fetches.
 
     A run runs the joint step when a fetched op or tensor depends, over
-    data and control edges, on its ``applied`` tensor (which ``update_op``,
-    ``skip_reason`` and the other reports follow); a per-group step when it
-    depends on that ``per_group`` op. The walk runs once per set of fetched
+    data and control edges, on its ``update_op`` (the other fields are
+    worked out without a step); a per-group step when it depends on that
+    ``per_group`` op. The walk runs once per set of fetched
     ops and reads the graph only, so a finalized graph is fine.
 
     Args:
-      train_ops: a ``TrainOps`` with an ``applied`` tensor.
+      train_ops: a ``TrainOps``.
     """
 
     def __init__(self, train_ops):
         self._graph = train_ops.update_op.graph
-        self._targets = {train_ops.applied.op: _StepOp(None, True)}
+        self._targets = {train_ops.update_op: _StepOp(None, True)}
         for name, op in train_ops.per_group.items():
             self._targets[op] = _StepOp("per_group[%r]" % (name,), False)
         self._known = {}
@@ -337,7 +338,7 @@ class CollapseMonitor(object):
       monitor = npu_lossscale.CollapseMonitor(train, collapse_after=20,
                                               on_collapse="stop")
       for batch in batches:
-          _, reason = sess.run([train.update_op, train.skip_reason], feed(batch))
+          _, reason = sess.run([train.update_op, train.diagnosis.skip_reason], feed(batch))
           if monitor.observe(reason, sess):
               break  # monitor.collapse.message says why
 
@@ -365,7 +366,7 @@ class CollapseMonitor(object):
         if on_collapse not in COLLAPSE_ACTIONS:
             raise ValueError("on_collapse must be one of %r, got %r. Pass 'warn', 'stop' "
                              "or 'raise'." % (COLLAPSE_ACTIONS, on_collapse))
-        if train_ops.skip_reason is None:
+        if train_ops.diagnosis.skip_reason is None:
             raise ValueError("train_ops has no skip_reason: its step goes through a "
                              "SyncReplicasOptimizer, whose chief decides the skips. Watch "
                              "the chief's managers with FloorWarningHook instead.")
@@ -391,7 +392,7 @@ class CollapseMonitor(object):
         """Counts one run of a step op and acts on a collapse.
 
         Args:
-          skip_reason: the run's fetched ``TrainOps.skip_reason``: an int
+          skip_reason: the run's fetched ``TrainOps.diagnosis.skip_reason``: an int
             code of ``diagnostics.REASONS`` (a numpy integer, as
             ``session.run`` returns it, is fine).
           session: the session of the step; read (a run of its own) at the
@@ -516,21 +517,21 @@ def _reason_code(skip_reason):
     """
     if isinstance(skip_reason, (tf.Tensor, tf.Operation)) or _checks.is_variable(skip_reason):
         raise TypeError("skip_reason must be the value session.run fetched, got the tensor "
-                        "%r. Fetch train.skip_reason with update_op and pass its value."
+                        "%r. Fetch train.diagnosis.skip_reason with update_op and pass its value."
                         % (skip_reason.name,))
     if isinstance(skip_reason, np.ndarray) and skip_reason.shape == ():
         skip_reason = skip_reason[()]
     if isinstance(skip_reason, (bool, np.bool_)):
         raise TypeError("skip_reason must be a reason code, got the bool %r (is_finite or "
-                        "applied?). Fetch train.skip_reason and pass its value."
+                        "applied?). Fetch train.diagnosis.skip_reason and pass its value."
                         % (skip_reason,))
     if not isinstance(skip_reason, (int, np.integer)):
         raise TypeError("skip_reason must be an int code of diagnostics.REASONS, got %r (%s). "
-                        "Pass the value fetched from train.skip_reason."
+                        "Pass the value fetched from train.diagnosis.skip_reason."
                         % (skip_reason, type(skip_reason).__name__))
     if not 0 <= int(skip_reason) < len(_diagnostics.REASONS):
         raise ValueError("skip_reason must be a code in 0..%d, got %r. Pass the value "
-                         "fetched from train.skip_reason."
+                         "fetched from train.diagnosis.skip_reason."
                          % (len(_diagnostics.REASONS) - 1, skip_reason))
     return int(skip_reason)
 

@@ -35,7 +35,7 @@ class _ClassName(object):
 
 class StepState(collections.namedtuple(
         "StepState", ["plan", "global_step", "scales", "scaled", "grads", "flags",
-                      "closing", "reduced_flags"])):
+                      "closing", "reduced_flags", "window_end"])):
     """What the step has made when a hook is called (None: not yet).
 
     Attributes:
@@ -54,12 +54,16 @@ class StepState(collections.namedtuple(
         run's, or an accumulation window's sums and flags).
       reduced_flags: at the close, the flags after the reduction across
         replicas and workers.
+      window_end: for ``report`` in an accumulation window closed by
+        ``update_op`` itself, the bool that this run closes the window
+        (``closing`` is then the window as the run sees it, read without
+        writing); None when the run closes its step.
     """
 
     def __new__(cls, plan, global_step=None, scales=None, scaled=None, grads=None,
-                flags=None, closing=None, reduced_flags=None):
+                flags=None, closing=None, reduced_flags=None, window_end=None):
         return super(StepState, cls).__new__(cls, plan, global_step, scales, scaled, grads,
-                                             flags, closing, reduced_flags)
+                                             flags, closing, reduced_flags, window_end)
 
 
 class Hooked(collections.namedtuple("Hooked", ["ops", "entry_ops"])):

@@ -96,7 +96,7 @@ def build(accumulation):
     with tf.control_dependencies([train.update_op]):
         step = tf.assign_add(runs, 1)
     fetches = [step, train.is_finite, train.applied, train.window_end,
-               train.loss_scales["discriminator"], train.loss_scales["generator"]]
+               train.groups["discriminator"].loss_scale, train.groups["generator"].loss_scale]
     return dict(model=model, train=train, runs=runs, fetches=fetches,
                 managers=(d_manager, g_manager), global_step=global_step)
 

@@ -22,7 +22,7 @@ The run checks, and reports as violations:
   is finite, every ``check_every`` steps and at the end;
 * ``global_step`` equals the number of applied steps (checked with the
   weights, and at the end), and ``applied`` equals ``is_finite`` each step;
-* each skipped step has a reason (``TrainOps.skip_reason``) and every
+* each skipped step has a reason (``TrainOps.diagnosis.skip_reason``) and every
   applied step none: a poisoned loss is "loss_not_finite" and names its
   group, a predicted scale overflow "gradients_overflowed", a poisoned batch
   one of the two;
@@ -92,7 +92,7 @@ from npu_lossscale.core import gradients as _gradients  # noqa: E402
 
 #: The builder's count of skipped steps (TrainOps.skipped_steps reads it).
 SKIPPED_STEPS = "loss_scale/skipped_steps"
-#: The builder's last-skip record (TrainOps.last_skip reads it).
+#: The builder's last-skip record (TrainOps.diagnosis.last_skip reads it).
 LAST_SKIP = "loss_scale/last_skip"
 from graph_mode import set_graph_mode  # noqa: E402
 
@@ -337,7 +337,7 @@ def run_soak(config, log=None):
             # check_every steps.
             step_fn = sess.make_callable(
                 [train.update_op, train.is_finite, train.loss_scale, train.applied,
-                 train.skip_reason, train.groups_overflowed], feed_list=feeds)
+                 train.diagnosis.skip_reason, train.diagnosis.groups_overflowed], feed_list=feeds)
             monitor = nl.CollapseMonitor(train, collapse_after=config.floor_warning_after,
                                          on_collapse="stop")
 

@@ -65,7 +65,7 @@ def backend(request):
 
 def _observed(sess, train, feed):
     _, reason, overflowed, applied = sess.run(
-        [train.update_op, train.skip_reason, train.groups_overflowed, train.applied], feed)
+        [train.update_op, train.diagnosis.skip_reason, train.diagnosis.groups_overflowed, train.applied], feed)
     return reason, overflowed, applied
 
 
@@ -102,7 +102,7 @@ def test_one_hundred_faults_each_get_their_reason_groups_and_variables(graph, ba
                 right += 1
             else:
                 wrong.append((fault, got))
-        counts = sess.run(train.last_skip.reason_counts)
+        counts = sess.run(train.diagnosis.last_skip.reason_counts)
     assert right == 100, wrong[:4]
     by_reason = collections.Counter(expected(f, model, saturation)[0] for f in faults)
     assert [int(c) for c in counts] == [0] + [by_reason[r] for r in diagnostics.REASONS[1:]]
@@ -132,10 +132,12 @@ def test_a_backward_overflow_in_a_variable_used_twice_names_it(graph, backend, k
 
 @pytest.mark.parametrize("gate", ["pivot", "cond"])
 def test_the_summed_terms_are_read_only_in_the_skip_branch(graph, saturation_mode, gate):
-    """The terms of the shared weight's gradient are read by its sum and by
-    the skip branch's capture (the If, or a v1 cond's Switch), nothing else:
-    an applied step computes nothing more than the sum, and runs nothing of
-    the diagnosis but a lowered or v1 cond's Switch per captured tensor."""
+    """The terms of the shared weight's gradient are read by its sum, by
+    the skip branch's capture (the If, or a v1 cond's Switch) and by the
+    skip report's If (run only when ``diagnosis.skip_reason`` is fetched),
+    nothing else: an applied step computes nothing more than the sum, and
+    runs nothing of the diagnosis but a lowered or v1 cond's Switch per
+    captured tensor."""
     model = build_shared_model()
     train = build_step(model, "npu", gate=gate)
     (unscaled, _), = train.grads_and_vars["d"]
@@ -143,7 +145,9 @@ def test_the_summed_terms_are_read_only_in_the_skip_branch(graph, saturation_mod
     assert len(scaled) == 1 and len(scaled[0].op.inputs) == 2
     for term in scaled[0].op.inputs:
         readers = sorted(op.type for op in term.consumers())
-        assert readers in (["AddN", "If"], ["AddN", "StatelessIf"], ["AddN", "Switch"]), readers
+        readers.remove("AddN")
+        assert 1 <= len(readers) <= 2, readers
+        assert set(readers) <= {"If", "StatelessIf", "Switch"}, readers
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         metadata = config_pb2.RunMetadata()
@@ -242,7 +246,7 @@ def test_the_record_stays_out_of_checkpoints(graph, tmp_path):
         assert sess.run(train.skipped_steps) == 1
         sess.run(train.update_op, fault_feed(model, Fault(NAN_LOSS, ("b",), ())))
         skip = diagnostics.read_last_skip(sess, train)
-        counts = sess.run(train.last_skip.reason_counts)
+        counts = sess.run(train.diagnosis.last_skip.reason_counts)
     assert (skip.number, skip.groups, int(counts[diagnostics.LOSS_NOT_FINITE])) == (1, ("b",), 1)
 
 
@@ -280,25 +284,25 @@ def test_per_group_ops_write_the_shared_record(graph):
         sess.run(train.per_group["b"], fault_feed(model, Fault(HUGE_GRADIENT, ("b",), ("b/b",))))
         assert diagnostics.read_last_skip(sess, train) == diagnostics.Skip(
             1, None, "gradients_overflowed", ("b",), ("b/b",))
-        assert list(sess.run(train.last_skip.group_counts)) == [0, 1]
+        assert list(sess.run(train.diagnosis.last_skip.group_counts)) == [0, 1]
 
 
 def test_accumulation_diagnoses_the_window_sums(graph):
     """With accumulation the closing run inspects the window's float32
-    sums: the loss of an earlier micro-batch is gone, so a NaN loss there
-    reads as its NaN gradients; the variables are those whose sums are not
-    finite."""
+    sums and the window's count of non-finite losses: a NaN loss in an
+    earlier micro-batch is loss_not_finite (issue 32), and the variables
+    are those whose sums are not finite."""
     model = build_model()
     train = build_step(model, "is_finite", build_args={"accumulation_steps": 2})
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         sess.run(train.update_op, fault_feed(model, Fault(NAN_LOSS, ("b",), ())))
-        reason = sess.run([train.update_op, train.skip_reason], model.feed)[1]
-        assert reason == diagnostics.GRADIENTS_OVERFLOWED
+        reason = sess.run([train.update_op, train.diagnosis.skip_reason], model.feed)[1]
+        assert reason == diagnostics.LOSS_NOT_FINITE
         assert diagnostics.read_last_skip(sess, train) == diagnostics.Skip(
-            1, 0, "gradients_overflowed", ("b",), ("b/w", "b/b"))
+            1, 0, "loss_not_finite", ("b",), ("b/w", "b/b"))
         sess.run(train.update_op, model.feed)
-        assert sess.run([train.update_op, train.skip_reason], model.feed)[1] == 0
+        assert sess.run([train.update_op, train.diagnosis.skip_reason], model.feed)[1] == 0
 
 
 def test_reason_names_and_messages():
@@ -358,7 +362,7 @@ def test_read_last_skip_names_a_wrong_argument(graph, misuse):
                 "train_ops must be the TrainOps returned by build(), got the Operation "
                 "%r" % op.name, "the whole TrainOps"]),
             "None": (sess, None, TypeError, ["train_ops must be the TrainOps", "got None"]),
-            "last_skip": (sess, train.last_skip, TypeError, [
+            "last_skip": (sess, train.diagnosis.last_skip, TypeError, [
                 "train_ops must be the TrainOps", "(LastSkip)"]),
         }[misuse]
         with pytest.raises(error) as raised:
@@ -407,7 +411,7 @@ with tf.Session() as sess:
         poisoned = index % 2  # the rank the fault is injected on
         feed = t.fault_feed(model, fault) if rank == poisoned else model.feed
         reason, overflowed, applied = sess.run(
-            [train.update_op, train.skip_reason, train.groups_overflowed, train.applied],
+            [train.update_op, train.diagnosis.skip_reason, train.diagnosis.groups_overflowed, train.applied],
             feed)[1:]
         skip = diagnostics.read_last_skip(sess, train)
         rows.append([int(reason), sorted(g for g in overflowed if overflowed[g]), bool(applied),

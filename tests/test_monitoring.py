@@ -270,6 +270,7 @@ def test_summaries_count_skips_by_reason_and_group(graph):
                       "loss_scale/skips_gradients_overflowed": 0.0,
                       "loss_scale/skips_other_worker_overflowed": 0.0,
                       "loss_scale/skips_register_outside_gradients": 0.0,
+                      "loss_scale/skips_requested": 0.0, "loss_scale/skips_loss_spike": 0.0,
                       "loss_scale/overflows_d": 0.0, "loss_scale/overflows_g": 2.0}
 
 
@@ -335,7 +336,7 @@ def test_warn_policy_warns_once_per_collapse_and_rearms_after_an_applied_step(gr
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for feed in feeds:
-                reason = sess.run([train.update_op, train.skip_reason], feed)[1]
+                reason = sess.run([train.update_op, train.diagnosis.skip_reason], feed)[1]
                 seen.append((int(reason), monitor.observe(reason, sess) is not None))
     collapse_warnings = [str(w.message) for w in caught if "collapsed" in str(w.message)]
     assert [code for code, _ in seen] == [2, 1, 1, 1, 0, 1, 1, 1]
@@ -389,7 +390,7 @@ def test_windows_that_do_not_close_are_not_counted(graph):
         sess.run(tf.global_variables_initializer())
         fired = []
         for _ in range(4):
-            _, reason, end = sess.run([train.update_op, train.skip_reason, train.window_end],
+            _, reason, end = sess.run([train.update_op, train.diagnosis.skip_reason, train.window_end],
                                       nan_loss)
             fired.append(monitor.observe(reason, sess, window_end=end) is not None)
     assert fired == [False, False, False, True] and monitor.skips == 2
@@ -414,7 +415,7 @@ def test_a_step_without_skip_reason_cannot_be_watched(graph):
     _, train = _train()
     with pytest.raises(ValueError, match=r"train_ops has no skip_reason: its step goes "
                                          r"through a SyncReplicasOptimizer"):
-        nl.CollapseMonitor(train._replace(skip_reason=None))
+        nl.CollapseMonitor(train._replace(diagnosis=train.diagnosis._replace(skip_reason=None)))
 
 
 # -- the collapse policy watches what it is given, or refuses it (issue 32) ---
@@ -555,14 +556,15 @@ def _observe_misuses(train, model):
         "is_finite True": (True, TypeError, ["skip_reason must be a reason code",
                                              "the bool True", "is_finite"]),
         "numpy bool": (np.bool_(False), TypeError, ["got the bool",
-                                                    "train.skip_reason"]),
+                                                    "train.diagnosis.skip_reason"]),
         "numpy float": (np.float32(1.0), TypeError, ["skip_reason must be an int code",
-                                                     "float32", "train.skip_reason"]),
+                                                     "float32", "train.diagnosis.skip_reason"]),
         "float": (2.0, TypeError, ["got 2.0 (float)"]),
         "None": (None, TypeError, ["got None (NoneType)"]),
-        "tensor": (train.skip_reason, TypeError, ["the value session.run fetched",
-                                                   repr(train.skip_reason.name)]),
-        "out of range": (7, ValueError, ["skip_reason must be a code in 0..4, got 7"]),
+        "tensor": (train.diagnosis.skip_reason, TypeError, ["the value session.run fetched",
+                                                   repr(train.diagnosis.skip_reason.name)]),
+        "out of range": (99, ValueError, ["skip_reason must be a code in 0..%d, got 99"
+                                          % (len(nl.diagnostics.REASONS) - 1)]),
     }
 
 
@@ -590,7 +592,7 @@ def test_observe_takes_what_session_run_returns(graph):
     monitor = nl.CollapseMonitor(train, collapse_after=5, on_collapse="stop")
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
-        reason = sess.run([train.update_op, train.skip_reason], model.feed)[1]
+        reason = sess.run([train.update_op, train.diagnosis.skip_reason], model.feed)[1]
         assert isinstance(reason, np.integer)
         assert monitor.observe(reason, sess) is None
         for code in (np.int32(1), np.int64(2), np.array(1, np.int32), 3):
@@ -641,7 +643,7 @@ def test_accumulation_without_window_end_is_refused(graph):
     nan_loss[model.poison_g] = np.nan
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
-        _, reason, end = sess.run([train.update_op, train.skip_reason, train.window_end],
+        _, reason, end = sess.run([train.update_op, train.diagnosis.skip_reason, train.window_end],
                                   nan_loss)
         with pytest.raises(ValueError) as raised:
             monitor.observe(reason, sess)
@@ -660,7 +662,7 @@ def test_without_accumulation_window_end_is_optional(graph):
     nan_loss[model.poison_g] = np.nan
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
-        reason = sess.run([train.update_op, train.skip_reason], nan_loss)[1]
+        reason = sess.run([train.update_op, train.diagnosis.skip_reason], nan_loss)[1]
         assert monitor.observe(reason, sess).skips == 1
 
 
@@ -674,7 +676,7 @@ def test_the_monitor_takes_a_finalized_graph(graph):
     nan_loss[model.poison_g] = np.nan
     with tf.Session() as sess:
         sess.run(init)
-        reason = sess.run([train.update_op, train.skip_reason], nan_loss)[1]
+        reason = sess.run([train.update_op, train.diagnosis.skip_reason], nan_loss)[1]
         assert monitor.observe(reason, sess) is not None
 
 
@@ -691,7 +693,7 @@ def test_a_plain_alternating_loop_watches_each_group_as_documented(graph):
         for name in ["d", "g"] * 5:
             feed = nan_loss if len(made) >= 2 else model.feed
             before, _ = sess.run([train.skipped_steps, train.per_group[name]], feed)
-            after, reason = sess.run([train.skipped_steps, train.last_skip.reason])
+            after, reason = sess.run([train.skipped_steps, train.diagnosis.last_skip.reason])
             made.append(name)
             if monitor.observe(reason if after > before else 0, sess, step=name):
                 break

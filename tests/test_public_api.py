@@ -28,8 +28,13 @@ def test_all_is_pinned():
 
 
 def test_train_ops_fields():
+    # The step ops, what a loop fetches with update_op, then the grouped
+    # rest (issue 31: the diagnosis one record, the groups' decisions and
+    # scales one dict of records).
     assert npu_lossscale.TrainOps._fields == (
-        "update_op", "is_finite", "loss_scale", "grads_and_vars",
-        "applied", "window_end", "group_is_finite", "loss_scales", "accumulate_op",
-        "per_group", "skipped_steps", "clear_status", "underflow", "skip_reason",
-        "groups_overflowed", "last_skip")  # new fields only at the end
+        "update_op", "per_group", "accumulate_op", "is_finite", "applied", "loss_scale",
+        "skipped_steps", "window_end", "grads_and_vars", "groups", "diagnosis", "underflow",
+        "observed", "clear_status")
+    from npu_lossscale.builder import GroupReport, SkipReport
+    assert GroupReport._fields == ("is_finite", "loss_scale")
+    assert SkipReport._fields == ("skip_reason", "groups_overflowed", "last_skip")

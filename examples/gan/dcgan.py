@@ -94,7 +94,7 @@ class Graph(object):
         # float32 view: an fp32 run has no float16 to measure.
         self.train = scaler.build(global_step=self.global_step,
                                   measure_underflow=args.precision == "fp16")
-        # The names of TrainOps.skip_reason's codes, for curves.png.
+        # The names of TrainOps.diagnosis.skip_reason's codes, for curves.png.
         self.reasons = nl.diagnostics.REASONS
 
         # 3. What runs with the update: the skipped-step count and the moving
@@ -161,7 +161,7 @@ def train(tf, args, graph, config, resume_from, train_images, workers=None):
                 "g_loss": graph.g_loss,
                 "step": graph.global_step,
                 "is_finite": graph.train.is_finite,
-                "skip_reason": graph.train.skip_reason,
+                "skip_reason": graph.train.diagnosis.skip_reason,
                 "loss_scale": graph.train.loss_scale,
                 "skipped": graph.skipped_total,
                 "train": graph.step_op,  # the ONE update op for both networks

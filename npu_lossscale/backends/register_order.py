@@ -37,7 +37,6 @@ def order_after_clear(clear, tensors):
       clear: an op.
       tensors: tensors (or operations).
     """
-    state = _graph_state.of(clear.graph)
     passes = {}  # op -> whether it passes graph inputs on (_passes_on_input)
 
     def parents_of(op):
@@ -57,8 +56,7 @@ def order_after_clear(clear, tensors):
                 and not _inside_loop(op)
                 and any(_is_graph_input(parent) or _passes_on_input(parent, passes)
                         for parent in parents)):
-            _graph_state.add_control_input(op, clear)
-            state.register_ordered.append(op)
+            _graph_state.defer_control_input(op, clear)
 
 
 def _is_graph_input(op):

@@ -133,7 +133,7 @@ def check_global_step(global_step):
 #: skip record's readers use; checked by name, as builder.py imports this
 #: module.
 _TRAIN_OPS_FIELDS = ("update_op", "loss_scale", "applied", "skipped_steps", "clear_status",
-                     "skip_reason", "last_skip", "per_group", "window_end")
+                     "diagnosis", "per_group", "window_end")
 
 
 def check_train_ops(train_ops, argument="train_ops"):
@@ -150,9 +150,11 @@ def check_train_ops(train_ops, argument="train_ops"):
         raise TypeError("%s must be the TrainOps returned by build(), got the %s %r. Pass "
                         "the whole TrainOps (train, not one of its ops)."
                         % (argument, type(train_ops).__name__, train_ops.name))
+    shown = repr(train_ops)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
     raise TypeError("%s must be the TrainOps returned by MultiOptimizerLossScale.build(), "
-                    "got %r (%s). Pass the TrainOps that build() returned."
-                    % (argument, train_ops, type(train_ops).__name__))
+                    "got %s (%s). Pass the TrainOps that build() returned."
+                    % (argument, shown, type(train_ops).__name__))
 
 
 def is_session(value):

@@ -21,7 +21,8 @@ from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import overflow as _overflow
 
 
-class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over"])):
+class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over",
+                                                 "loss_flags"], defaults=(None,))):
     """What closing a step needs.
 
     Attributes:
@@ -35,10 +36,14 @@ class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mea
       mean_over: the number of micro-batches ``grads`` sum, 1 without
         accumulation: the applied gradients are their mean, taken after the
         reduction across workers, in each variable's dtype.
+      loss_flags: for an accumulation window, ordered dict from group name
+        to the count of its micro-batches whose loss was not finite; None
+        when the losses themselves are at hand.
     """
 
 
-class Closed(collections.namedtuple("Closed", ["applied", "decisions", "grads"])):
+class Closed(collections.namedtuple("Closed", ["applied", "decisions", "grads", "state"],
+                                       defaults=(None,))):
     """A closed step.
 
     Attributes:
@@ -46,6 +51,8 @@ class Closed(collections.namedtuple("Closed", ["applied", "decisions", "grads"])
         follows the applies, the counters and the manager updates.
       decisions: the step's ``Decisions``.
       grads: ordered dict from group name to the applied pairs.
+      state: the ``seams.StepState`` at the close (None for a worker whose
+        chief closes).
     """
 
 
@@ -94,7 +101,7 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
                                on_skip=on_skip, on_apply=on_apply if plan.conditions else None)
     with tf.control_dependencies(committed.ops + updates):
         applied = tf.identity(committed.applied, name="applied")
-    return Closed(applied, decisions, grads)
+    return Closed(applied, decisions, grads, state)
 
 
 def transformed(plan, grads):
@@ -151,6 +158,7 @@ class Decisions(object):
     """
 
     def __init__(self, flags, after):
+        self.flags = flags
         self._after = [_gradients.dense_values(t) for t in after]
         self.by_check = collections.OrderedDict()
         for name, flag in flags.items():

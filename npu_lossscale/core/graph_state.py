@@ -39,6 +39,8 @@ class GraphState(object):
       claimed: ``claims.ClaimedState`` records, one per piece of state that
         several step ops update.
       gates: names of the ops a step's gate returns.
+      pending: (op, dep) control inputs a step being built adds to the
+        user's ops once it is built (``defer_control_input``).
     """
 
     def __init__(self):
@@ -47,12 +49,57 @@ class GraphState(object):
         self.register_ordered = []
         self.claimed = []
         self.gates = set()
+        self.pending = []
+        self.building = False
 
 
 def of(graph=None):
     """The ``GraphState`` of ``graph`` (the default graph if None)."""
     graph = tf.get_default_graph() if graph is None else graph
     return _tf_internals.library_state(graph, GraphState)
+
+
+def defer_control_input(op, dep):
+    """``op`` runs after ``dep``: at once, or, while a step is being built
+    (``building``), once it is built, so that a build that fails leaves
+    the user's op as it was."""
+    state = of(op.graph)
+    state.pending.append((op, dep))
+    if not state.building:
+        _flush(state)
+
+
+@contextlib.contextmanager
+def building(graph=None):
+    """The build of one step: the control inputs it defers are added when
+    it returns, and dropped when it raises.
+
+    Yields:
+      Nothing.
+    """
+    state = of(graph)
+    state.building = True
+    try:
+        yield
+    except BaseException:
+        del state.pending[:]
+        raise
+    finally:
+        state.building = False
+    _flush(state)
+
+
+def _flush(state):
+    """Adds the deferred control inputs (once each)."""
+    done = set()
+    for op, dep in state.pending:
+        if (op, dep) in done or dep in op.control_inputs:
+            continue
+        done.add((op, dep))
+        add_control_input(op, dep)
+        if dep is state.register_clear:
+            state.register_ordered.append(op)
+    del state.pending[:]
 
 
 def add_control_input(op, dep):

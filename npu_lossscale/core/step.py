@@ -40,8 +40,10 @@ from npu_lossscale import seams as _seams
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import claims as _claims
 from npu_lossscale.core import close as _close
+from npu_lossscale.core.close import Decisions
 from npu_lossscale.core import context as _context
 from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import graph_walk as _graph_walk
 from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.core import plan as _plan
@@ -153,6 +155,14 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
     Returns:
       A ``Step``.
     """
+    with _graph_state.building():
+        return _build_step(plan, description, global_step, skipped_steps, update_ops,
+                           counters, given, observers)
+
+
+def _build_step(plan, description, global_step, skipped_steps, update_ops, counters, given,
+                observers):
+    """``build_step``, inside ``graph_state.building``."""
     state = _seams.StepState(plan, global_step)
     before_read = [observer.before_scale_read(state) for observer in observers]
     scales = collections.OrderedDict()
@@ -179,22 +189,26 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
             closed = _close.close(plan, closing, global_step, skipped_steps, update_ops,
                                   observers, state)
         applied, decisions, reported = closed.applied, closed.decisions, closed.grads
+        seen = closed.state if closed.state is not None else state
     else:
         opened = _window.open_window(plan, grads, flags)
         accumulate_op = opened.accumulate_op
         if plan.window.closed_by_update_op:
             sums, entry = _window.close_by_update_op(plan, opened, grads)
-            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps),
+            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps,
+                                                       sums.loss_flags),
                                   global_step, skipped_steps, update_ops, observers, state)
             applied = _window.finish(opened, closed)
             decisions, reported, entry_ops = closed.decisions, closed.grads, [entry]
+            seen = closed.state
         else:
             this_run = _window.add_this_run(plan, opened, grads, after)
 
             def at_window_end():
                 sums = _window.sums_at_window_end(plan, opened, this_run, grads)
                 return _window.finish(opened, _close.close(
-                    plan, _close.Closing(sums.flags, sums.grads, [], sums.steps),
+                    plan, _close.Closing(sums.flags, sums.grads, [], sums.steps,
+                                         sums.loss_flags),
                     global_step, skipped_steps, update_ops, observers, state))
 
             applied = tf.cond(this_run.window_end, at_window_end,
@@ -204,9 +218,14 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
             decisions = _close.Decisions(flags, [g for pairs in grads.values()
                                                  for g, _ in pairs])
             reported, entry_ops = grads, this_run.adds
-    reports = [observer.report(state) for observer in observers]
+            window_end = this_run.seen.window_end
+            seen = state._replace(
+                closing=_close.Closing(this_run.seen.sums.flags, collections.OrderedDict(), [],
+                                       plan.window.steps, this_run.seen.sums.loss_flags),
+                reduced_flags=this_run.seen.sums.flags, window_end=window_end)
+    reports = [observer.report(seen) for observer in observers]
     step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op,
-                   reports)
+                   reports, seen)
     # With mode "chief" the workers move nothing: the chief's sync op does.
     states = [] if plan.mode == "chief" else _moved_state(plan, counters)
     _claims.claim(states, description,
@@ -259,8 +278,16 @@ class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled"]
     for given gradients)."""
 
 
-def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op, reports):
-    """The step's tensors, as ``TrainOps`` reports them."""
+def _report(plan, scales, done, decisions, grads, window_end, accumulate_op, reports, seen):
+    """The step's tensors, as ``TrainOps`` reports them.
+
+    ``update_op`` follows ``done``, the end of the step. The decisions are
+    worked out again from the run's flags (and ``applied`` from the flags
+    as the close reduced them, ``seen``), apart from the ones the gates and
+    the run-time claims hang on: fetched without ``update_op`` they apply,
+    write and claim nothing.
+    """
+    decisions = Decisions(decisions.flags, [])
     is_finite = tf.identity(decisions.all_of([item.name for item in plan.checks]),
                             name="is_finite")
     group_is_finite = dict(
@@ -268,8 +295,17 @@ def _report(plan, scales, applied, decisions, grads, window_end, accumulate_op, 
         for name in plan.group_names)
     loss_scales = dict((name, scales[plan.scale_of(name)].value)
                        for name in plan.group_names if scales)
+    applied = done
+    if seen.reduced_flags is not None:
+        reduced = Decisions(seen.reduced_flags, [])
+        conditions = [item.name for item in plan.conditions]
+        applied = tf.reduce_any(tf.stack([reduced.all_of(list(gate.checks) + conditions)
+                                          for gate in plan.gates]))
+        if seen.window_end is not None:
+            applied = tf.logical_and(seen.window_end, applied)
+        applied = tf.identity(applied, name="applied_step")
     return Step(
-        update_op=tf.group(applied.op, name="update"), is_finite=is_finite, applied=applied,
+        update_op=tf.group(done.op, name="update"), is_finite=is_finite, applied=applied,
         window_end=tf.constant(True, name="window_end") if window_end is None else window_end,
         group_is_finite=group_is_finite, grads_and_vars=dict(grads),
         loss_scale=scales[plan.managers[0].name].value if scales else None,

@@ -25,6 +25,7 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 
+import numpy as np
 import tensorflow.compat.v1 as tf
 
 
@@ -114,14 +115,24 @@ class Opened(collections.namedtuple(
     """
 
 
-class ThisRun(collections.namedtuple("ThisRun", ["adds", "window_end", "window_flags"])):
+class ThisRun(collections.namedtuple("ThisRun", ["adds", "window_end", "window_flags",
+                                                 "seen"])):
     """This run's micro-batch added, when every run is ``update_op``.
 
     Attributes:
       adds: the ops adding it (every write of ``update_op`` follows them).
       window_end: bool scalar, True when this run is the window's last.
       window_flags: the window's flags so far, read after the adds.
+      seen: the window as this run sees it without writing anything: a
+        ``Sums`` of its flags and loss flags (read before the adds, plus
+        this run's; no gradients), and ``window_end`` as a second field
+        (``Seen``).
     """
+
+
+class Seen(collections.namedtuple("Seen", ["sums", "window_end"])):
+    """The window with this run in it, computed from reads that precede
+    this run's adds: fetching it writes nothing."""
 
 
 def open_window(plan, grads, flags):
@@ -136,8 +147,8 @@ def open_window(plan, grads, flags):
       An ``Opened``.
     """
     accumulator = GradientAccumulator(grads, plan.window.steps,
-                                      len(plan.groups) + len(plan.conditions))
-    vector = _flag_vector(plan, flags)
+                                      2 * len(plan.groups) + len(plan.conditions))
+    vector = tf.concat([_flag_vector(plan, flags), _loss_bits(plan)], 0)
     with tf.name_scope("accumulate_only"):
         check = _window_position_check(accumulator, last=False)
         with tf.control_dependencies([check]):
@@ -147,10 +158,11 @@ def open_window(plan, grads, flags):
     return Opened(accumulator, vector, accumulate_op, check)
 
 
-class Sums(collections.namedtuple("Sums", ["flags", "grads", "steps"])):
+class Sums(collections.namedtuple("Sums", ["flags", "grads", "steps", "loss_flags"])):
     """What a window hands to the close: the window's summed flags, per
-    check, and summed float32 gradients, per group, over ``steps``
-    micro-batches."""
+    check and condition, summed float32 gradients, per group, over
+    ``steps`` micro-batches, and per group the count of micro-batches whose
+    loss was not finite."""
 
 
 def close_by_update_op(plan, opened, grads):
@@ -174,7 +186,8 @@ def close_by_update_op(plan, opened, grads):
         with tf.control_dependencies(adds):
             sums = accumulator.sums(grads)
             window_flags = accumulator.window_flags.read_value()
-    return Sums(_check_flags(plan, window_flags), sums, plan.window.steps), last
+    return Sums(_check_flags(plan, window_flags), sums, plan.window.steps,
+                _loss_flags(plan, window_flags)), last
 
 
 def add_this_run(plan, opened, grads, after):
@@ -190,12 +203,21 @@ def add_this_run(plan, opened, grads, after):
       A ``ThisRun``.
     """
     accumulator = opened.accumulator
-    adds = accumulator.accumulate(grads, opened.flag_vector)
+    with tf.name_scope("seen"):
+        # Snapshots: a ref variable's read would alias what the adds write.
+        position = tf.raw_ops.Snapshot(input=accumulator.micro_step.read_value())
+        before = tf.raw_ops.Snapshot(input=accumulator.window_flags.read_value())
+        flags = before + opened.flag_vector
+        seen = Seen(Sums(_check_flags(plan, flags), collections.OrderedDict(),
+                         plan.window.steps, _loss_flags(plan, flags)),
+                    tf.equal(position, plan.window.steps - 1, name="window_end"))
+    with tf.control_dependencies([position, before]):
+        adds = accumulator.accumulate(grads, opened.flag_vector)
     with tf.control_dependencies(adds + list(after)):
         window_end = tf.equal(accumulator.micro_step.read_value(), plan.window.steps - 1,
                               name="window_end")
         window_flags = accumulator.window_flags.read_value()
-    return ThisRun(adds, window_end, window_flags)
+    return ThisRun(adds, window_end, window_flags, seen)
 
 
 def sums_at_window_end(plan, opened, this_run, grads):
@@ -212,7 +234,7 @@ def sums_at_window_end(plan, opened, this_run, grads):
       A ``Sums``.
     """
     return Sums(_check_flags(plan, this_run.window_flags), opened.accumulator.sums(grads),
-                plan.window.steps)
+                plan.window.steps, _loss_flags(plan, this_run.window_flags))
 
 
 def finish(opened, closed):
@@ -249,6 +271,28 @@ def _flag_vector(plan, flags):
     return tf.stack([flags[plan.check_of(name)] if plan.check_of(name) else tf.zeros([])
                      for name in plan.group_names]
                     + [flags[item.name] for item in plan.conditions], name="flags")
+
+
+def _loss_bits(plan):
+    """One float32 per group: 1 when its loss is not finite this run (0 for
+    a group without a loss at hand)."""
+    def not_finite(loss):
+        # No IsFinite: CANN has none (tf_adapter's docs). NaN differs from
+        # itself; inf exceeds float32's largest.
+        loss = tf.cast(loss, tf.float32)
+        return tf.cast(tf.logical_or(tf.not_equal(loss, loss),
+                                     tf.greater(tf.abs(loss), np.finfo(np.float32).max)),
+                       tf.float32)
+
+    return tf.stack([tf.zeros([]) if group.loss is None else not_finite(group.loss)
+                     for group in plan.groups], name="loss_bits")
+
+
+def _loss_flags(plan, window_flags):
+    """The window's count of non-finite losses of each group."""
+    offset = len(plan.groups) + len(plan.conditions)
+    return collections.OrderedDict(
+        (name, window_flags[offset + index]) for index, name in enumerate(plan.group_names))
 
 
 def _check_flags(plan, window_flags):

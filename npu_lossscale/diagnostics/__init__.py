@@ -18,10 +18,10 @@ one reason:
 ==  ===========================  ==========================================
 
 It also works out which groups and which variables overflowed on this
-worker, and writes all of it to the record ``TrainOps.last_skip`` reads
+worker, and writes all of it to the record ``TrainOps.diagnosis.last_skip`` reads
 (the variable ``loss_scale/last_skip``), with counts of skips by reason and
 by group.
-``TrainOps.skip_reason`` and ``TrainOps.groups_overflowed`` read that record
+``TrainOps.diagnosis.skip_reason`` and ``TrainOps.diagnosis.groups_overflowed`` read that record
 after the run, for the run itself. This module holds the reasons and reads
 the record back (``read_last_skip``, ``describe``); ``diagnosis`` builds
 the branch and writes it.
@@ -35,7 +35,7 @@ import numpy as np
 
 from npu_lossscale.core import checks as _checks
 
-#: The reason codes, by name; ``TrainOps.skip_reason`` is an index into it.
+#: The reason codes, by name; ``TrainOps.diagnosis.skip_reason`` is an index into it.
 #: ``register_reason`` appends a skip condition's own reason.
 REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
            "other_worker_overflowed", "register_outside_gradients", "requested",
@@ -107,10 +107,10 @@ def reason_name(code):
     """
     if isinstance(code, bool) or not isinstance(code, (int, np.integer)):
         raise TypeError("code must be an int reason code, got %r. Pass the value "
-                        "fetched from TrainOps.skip_reason." % (code,))
+                        "fetched from TrainOps.diagnosis.skip_reason." % (code,))
     if not 0 <= int(code) < len(REASONS):
         raise ValueError("code must be in 0..%d, got %r. Pass the value fetched from "
-                         "TrainOps.skip_reason." % (len(REASONS) - 1, code))
+                         "TrainOps.diagnosis.skip_reason." % (len(REASONS) - 1, code))
     return REASONS[int(code)]
 
 
@@ -122,7 +122,7 @@ class LastSkip(collections.namedtuple(
     Written only in the skip branch of the step, so reading it never runs a
     step: fetch it in a run of its own (``read_last_skip``). Fetched in the
     same run as ``update_op`` it may show the record before or after that
-    run's skip; use ``TrainOps.skip_reason`` for the run itself. It reads
+    run's skip; use ``TrainOps.diagnosis.skip_reason`` for the run itself. It reads
     one variable, ``loss_scale/last_skip`` (``Record``), that no collection
     holds: checkpoints do not save it (a checkpoint written before it
     existed restores with a default Saver), no initializer is needed, and
@@ -169,7 +169,7 @@ def decode(values):
     """The ``Skip`` in fetched ``LastSkip`` values, or None before any skip.
 
     Args:
-      values: what ``session.run(train_ops.last_skip)`` returned.
+      values: what ``session.run(train_ops.diagnosis.last_skip)`` returned.
 
     Returns:
       A ``Skip``, or None when ``values.number`` is 0.
@@ -214,7 +214,7 @@ def read_last_skip(session, train_ops):
                         % (type(session).__name__, train_ops))
     _checks.check_train_ops(train_ops)
     _checks.check_session(session, train_ops.update_op.graph, "train_ops")
-    return decode(session.run(train_ops.last_skip))
+    return decode(session.run(train_ops.diagnosis.last_skip))
 
 
 def describe(skip):

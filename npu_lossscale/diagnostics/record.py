@@ -33,7 +33,8 @@ from npu_lossscale.diagnostics import (
 from npu_lossscale import diagnostics as _diagnostics
 
 
-class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturation"])):
+class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturation",
+                                                   "loss_flags"], defaults=(None,))):
     """What the skip branch inspects.
 
     Attributes:
@@ -47,6 +48,9 @@ class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturatio
       saturation: whether a value of exactly +-65504 (or its dtype's
         largest) counts as overflowed: the gradients of a run read by a
         float-status register, which saturates.
+      loss_flags: where the losses are not at hand (an accumulation
+        window), ordered dict from group name to the count of micro-batches
+        whose loss was not finite; None otherwise.
     """
 
 
@@ -75,31 +79,78 @@ class SkipDiagnosis(_seams.StepObserver):
         self.record = record
 
     def on_skip(self, state):
-        plan, closing = state.plan, state.closing
-        if plan.window.steps == 1 and state.scaled:
-            evidence = evidence_of(
-                plan, state.scaled if plan.backend.reads_register else state.grads)
-        else:
-            evidence = Evidence(collections.OrderedDict(), closing.grads, False)
-        record, global_step = self.record, state.global_step
+        plan, record = state.plan, self.record
+        evidence = _evidence(state)
         with tf.name_scope("diagnose"):
             # True on every run that gets here (flags are >= 0, and one is
             # set); a value, not a constant, so that nothing folds it.
             skipped = tf.greater(tf.add_n(list(state.reduced_flags.values())), 0.0)
-            # Read out here: a ref variable cannot enter a function.
-            step = (tf.constant(-1, tf.int64) if global_step is None
-                    else tf.cast(global_step.read_value(), tf.int64))
-            reduced = state.reduced_flags
+            step = _global_step(state.global_step)
 
             def diagnose():
-                with tf.control_dependencies([record.write(plan, evidence, closing.flags,
-                                                           reduced, step)]):
+                found = record.diagnose(plan, evidence, state.closing.flags,
+                                        state.reduced_flags)
+                with tf.control_dependencies([record.write(found, step)]):
                     return tf.constant(True)
 
             done = _tf_internals.cond_v2(skipped, diagnose, lambda: tf.constant(False),
                                          name="diagnose")
             _keep_whole(done)
             return [done.op]
+
+    def report(self, state):
+        """``SkipReport`` of the run: its reason and the groups that
+        overflowed, worked out again in a functional ``If`` that runs the
+        diagnosis only when the run skips. Nothing of it writes, so
+        fetching it alone changes nothing; it runs only when fetched.
+
+        Returns:
+          ``(skip_reason, groups_overflowed)``: an int32 scalar, and a dict
+          from group name to a bool scalar; None when ``state`` has no
+          close (a worker whose chief decides).
+        """
+        if state.reduced_flags is None:
+            return None
+        plan, record = state.plan, self.record
+        evidence = _evidence(state)
+        names = record.group_names
+        with tf.name_scope("skip_report"):
+            if state.reduced_flags:
+                skipped = tf.greater(tf.add_n(list(state.reduced_flags.values())), 0.0)
+            else:
+                skipped = tf.constant(False)
+            if state.window_end is not None:
+                skipped = tf.logical_and(state.window_end, skipped)
+
+            def diagnose():
+                found = record.diagnose(plan, evidence, state.closing.flags,
+                                        state.reduced_flags)
+                return found.reason, found.groups
+
+            reason, groups = _tf_internals.cond_v2(
+                skipped, diagnose,
+                lambda: (tf.constant(0, tf.int64), tf.zeros([len(names)], tf.int64)),
+                name="diagnose")
+            _keep_whole(reason)
+            overflowed = tf.cast(groups, tf.bool)
+            return (tf.cast(reason, tf.int32, name="skip_reason"),
+                    dict((name, tf.identity(overflowed[index], name="overflowed_%d" % index))
+                         for index, name in enumerate(names)))
+
+
+def _evidence(state):
+    """What a diagnosis of ``state``'s close inspects (``SkipDiagnosis``)."""
+    plan, closing = state.plan, state.closing
+    if plan.window.steps == 1 and state.scaled:
+        return evidence_of(plan, state.scaled if plan.backend.reads_register else state.grads)
+    return Evidence(collections.OrderedDict(), closing.grads, False, closing.loss_flags)
+
+
+def _global_step(global_step):
+    """int64 scalar: the global step's value (-1 without one), read out of
+    any function (a ref variable cannot enter one)."""
+    return (tf.constant(-1, tf.int64) if global_step is None
+            else tf.cast(global_step.read_value(), tf.int64))
 
 
 def _keep_whole(output):
@@ -126,6 +177,11 @@ def evidence_of(plan, scaled):
     losses = collections.OrderedDict(
         (group.name, group.loss) for group in plan.groups if group.loss is not None)
     return Evidence(losses, scaled, plan.backend.reads_register)
+
+
+class Diagnosed(collections.namedtuple("Diagnosed", ["reason", "groups", "variables"])):
+    """Why a step skipped (``Record.diagnose``): an int64 reason code, and
+    int64 0/1 masks over the record's groups and variables."""
 
 
 #: The record's scalar fields; the others are vectors.
@@ -223,8 +279,8 @@ class Record(object):
                 reason_counts=self._field(values, "reason_counts"),
                 group_counts=self._field(values, "group_counts"))
 
-    def write(self, plan, evidence, local_flags, reduced_flags, step):
-        """The op that diagnoses a skipped step and writes the record.
+    def diagnose(self, plan, evidence, local_flags, reduced_flags):
+        """Works out why a step skipped, without writing anything.
 
         Build it only in a skip branch. Every op made here is a node the
         executor passes over (dead) on each applied step, so the checks are
@@ -238,16 +294,17 @@ class Record(object):
             before the sum across workers (the branch runs only when the
             summed flags say skip).
           reduced_flags: the same flags summed across workers.
-          step: int64 scalar, the global step's value (-1 without one).
 
         Returns:
-          The write op.
+          A ``Diagnosed``.
         """
         checked = [name for name in plan.group_names
                    if any(name in check.groups for check in plan.checks)]
         heads = _inspection.LossHeads(evidence)
         losses = [(name, heads.value(evidence.losses[name]))
                   for name in checked if evidence.losses.get(name) is not None]
+        counted = [(name, evidence.loss_flags[name]) for name in checked
+                   if evidence.loss_flags is not None and name in evidence.loss_flags]
         grads = [(name, grad, var.op.name) for name in checked
                  for grad, var in evidence.grads.get(name, ())]
         # One entry per loss, then per gradient; bad[i] for entry i.
@@ -255,6 +312,12 @@ class Record(object):
         entry_groups = [name for name, _ in losses] + [name for name, _, _ in grads]
         bad = _inspection.bad_entries(entries, evidence.saturation,
                                       terms_from=len(losses))
+        if counted:
+            # A window's losses, as counts of non-finite ones: first.
+            bad = tf.concat([tf.greater(tf.stack([flag for _, flag in counted]), 0.0), bad], 0)
+            losses = counted + losses
+            entries = [flag for _, flag in counted] + entries
+            entry_groups = [name for name, _ in counted] + entry_groups
         flags = tf.cast(bad, tf.int64)
         if entries:
             membership = np.array([[int(group == name) for group in entry_groups]
@@ -290,6 +353,19 @@ class Record(object):
                 tf.stack([reduced_flags[name] for name in checks]), 0.0))
                           if checks else tf.constant(False))
             reason = tf.where(overflowed, reason, fired)
+        return Diagnosed(reason, groups, variables)
+
+    def write(self, diagnosed, step):
+        """The op that writes a skipped step's ``Diagnosed`` to the record.
+
+        Args:
+          diagnosed: what ``diagnose`` found.
+          step: int64 scalar, the global step's value (-1 without one).
+
+        Returns:
+          The write op.
+        """
+        reason, groups, variables = diagnosed
         old = self._values()
         counts = self._slices["reason_counts"]
         new = tf.concat([
@@ -298,28 +374,3 @@ class Record(object):
                                                            dtype=tf.int64),
             self._field(old, "group_counts") + groups, groups, variables], 0)
         return self.variable.assign(new, read_value=False)
-
-    def report(self, skipped_steps, applied):
-        """``TrainOps.skip_reason`` and ``groups_overflowed``: reads of the
-        record after the run, for the run (zero and False unless it skipped).
-
-        Args:
-          skipped_steps: the ``commit.SkippedSteps`` counter.
-          applied: the step's ``applied`` tensor (it follows the step).
-
-        Returns:
-          ``(skip_reason, groups_overflowed)``: an int32 scalar, and a dict
-          from group name to a bool scalar.
-        """
-        with tf.name_scope("skip_report"), tf.control_dependencies([applied]):
-            skipped = tf.greater(skipped_steps.variable.read_value(), skipped_steps.before,
-                                 name="skipped")
-            values = self._values()
-            reason = tf.where(skipped, tf.cast(self._field(values, "reason"), tf.int32),
-                              tf.zeros([], tf.int32), name="skip_reason")
-            groups = tf.cast(self._field(values, "groups"), tf.bool)
-            overflowed = dict((name, tf.logical_and(skipped, groups[index],
-                                                    name="overflowed_%d" % index))
-                              for index, name in enumerate(self.group_names))
-        return reason, overflowed
-
