@@ -472,12 +472,14 @@ class MultiOptimizerLossScale(object):
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
         _underflow.check_measurable(plan, measure_underflow)
         _sync_replicas.check_builder_options(plan, update_ops, per_group_ops)
+        reduced = None
         if self._engine is None and not self._independent:
-            _distributed.check_cluster(
+            reduced = _distributed.check_cluster(
                 "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
                 aggregated=plan.mode == "chief")
         train = self._build(plan, global_step, update_ops, per_group_ops, measure_underflow,
-                            first_scale, observers)
+                            [item for item in (reduced, first_scale) if item is not None],
+                            observers)
         self._built = True
         return train
 
@@ -499,7 +501,7 @@ class MultiOptimizerLossScale(object):
                 if group.name in self._towers else group for group in self._groups]
 
     def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow,
-               first_scale, extra_observers):
+               first, extra_observers):
         """The joint step, then the per-group steps if asked."""
         what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
         counters = _claims.StateKey(self, "the step counters of " + what)
@@ -509,8 +511,7 @@ class MultiOptimizerLossScale(object):
             skipped_steps = _commit.SkippedSteps()
             record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu)
             diagnosis = _diagnosis.SkipDiagnosis(record)
-            observers = [] if first_scale is None else [first_scale]
-            observers.append(diagnosis)
+            observers = list(first) + [diagnosis]
             if _underflow.listens(plan):
                 observers.append(_underflow.Hearing())
             measurement = [_underflow.Measurement()] if measure_underflow else []

@@ -31,6 +31,7 @@ class IsFiniteBackend(Backend):
     name = "is_finite"
     #: Each check reads its own gradients, so groups can be checked apart.
     reads_register = False
+    gives_evidence = True
 
     def __init__(self, on_npu=False):
         #: Whether the step runs on Ascend (in INF/NaN mode), where v1

@@ -49,6 +49,7 @@ class NpuFloatStatusBackend(Backend):
     #: One device-wide register: a read sees every overflow since the last
     #: clear, whichever group caused it.
     reads_register = True
+    gives_evidence = True
 
     #: The register exists only on Ascend.
     on_npu = True

@@ -11,6 +11,7 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
+from npu_lossscale import managers as _managers
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import gradients as _gradients
 
@@ -95,6 +96,33 @@ def condition_flags(plan, state):
                 "skip condition %r returned %r from flag(state); return a float32 scalar "
                 "tensor (0.0 to apply)." % (item.condition.name, flag))
         result[item.name] = flag
+    return result
+
+
+def unscaled_flags(plan, before, unscaled):
+    """The checks' flags, each also covering its groups' unscaled float16
+    gradients where the scale may be below 1 (the unscale then multiplies
+    by more than 1, and a finite float16 value can overflow in it;
+    ``managers.scale_may_be_below_one``).
+
+    Args:
+      plan: the ``plan.Plan``.
+      before: ordered dict from flag name to float32 flag.
+      unscaled: ordered dict from group name to the unscaled pairs.
+
+    Returns:
+      A new ordered dict of the same names.
+    """
+    result = collections.OrderedDict(before)
+    for item in plan.checks:
+        tensors = [grad for name in item.groups
+                   if _managers.scale_may_be_below_one(plan.group(name).manager)
+                   for grad, _ in unscaled[name]
+                   if grad.dtype.base_dtype == tf.float16]
+        if tensors:
+            with tf.name_scope("unscaled"):
+                result[item.name] = result[item.name] + _backends.checked_flag(
+                    plan.backend, tensors)
     return result
 
 

@@ -184,7 +184,8 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     if plan.window.steps == 1:
         closing = _close.Closing(flags, grads, after, 1)
         if plan.mode == "chief":
-            closed = plan.reduction.engine.close(plan, closing, global_step, skipped_steps)
+            closed = plan.reduction.engine.close(plan, closing, global_step, skipped_steps,
+                                                 observers)
         else:
             closed = _close.close(plan, closing, global_step, skipped_steps, update_ops,
                                   observers, state)
@@ -269,7 +270,8 @@ def _gradients_and_flags(plan, scales, given):
         scaled = _gradients.scaled_gradients(plan, scales, plan.group_names)
         packing = _gradients.pack(plan, scaled)
         flags = _overflow.flags(plan, scaled, packing, after=list(plan.losses))
-    return _Computed(_gradients.unscale_all(plan, scales, scaled, packing), flags, scaled)
+    unscaled = _gradients.unscale_all(plan, scales, scaled, packing)
+    return _Computed(unscaled, _overflow.unscaled_flags(plan, flags, unscaled), scaled)
 
 
 class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled"])):

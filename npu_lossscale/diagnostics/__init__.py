@@ -39,9 +39,9 @@ from npu_lossscale.core import checks as _checks
 #: ``register_reason`` appends a skip condition's own reason.
 REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
            "other_worker_overflowed", "register_outside_gradients", "requested",
-           "loss_spike")
+           "loss_spike", "backend_flagged")
 APPLIED, LOSS_NOT_FINITE, GRADIENTS_OVERFLOWED, OTHER_WORKER_OVERFLOWED, \
-    REGISTER_OUTSIDE_GRADIENTS, REQUESTED, LOSS_SPIKE = range(len(REASONS))
+    REGISTER_OUTSIDE_GRADIENTS, REQUESTED, LOSS_SPIKE, BACKEND_FLAGGED = range(len(REASONS))
 
 #: What to do about each reason, as the collapse message says it.
 FIXES = (
@@ -61,6 +61,9 @@ FIXES = (
     "the step was asked to be skipped (build(skip_global_steps=...)): nothing to fix.",
     "a loss exceeded skip_loss_spikes times its moving average: check the batch "
     "behind it; the weights and the loss scale stayed as they were.",
+    "the step's backend (a Backend of your own) flagged values that are all finite, "
+    "and it gives no per-variable evidence: ask the backend which values it "
+    "flagged.",
 )
 
 

@@ -328,8 +328,10 @@ class Record(object):
         position = dict((var, len(losses) + index) for index, (_, _, var) in enumerate(grads))
         variables = tf.gather(tf.concat([flags, tf.zeros([1], tf.int64)], 0),
                               [position.get(var, len(entries)) for var in self.variable_names])
-        reason = tf.constant(REGISTER_OUTSIDE_GRADIENTS if evidence.saturation
-                             else GRADIENTS_OVERFLOWED, tf.int64)
+        reason = tf.constant(
+            REGISTER_OUTSIDE_GRADIENTS if evidence.saturation
+            else GRADIENTS_OVERFLOWED if plan.backend.gives_evidence
+            else _diagnostics.BACKEND_FLAGGED, tf.int64)
         if grads:
             reason = tf.where(tf.reduce_any(bad[len(losses):]),
                               tf.constant(GRADIENTS_OVERFLOWED, tf.int64), reason)

@@ -60,8 +60,8 @@ class Towers(_seams.ReductionEngine):
     def reduce(self, flags, grads, allreduce_gradients):
         return self.inner.reduce(flags, grads, allreduce_gradients)
 
-    def close(self, plan, closing, global_step, skipped_steps):
-        return self.inner.close(plan, closing, global_step, skipped_steps)
+    def close(self, plan, closing, global_step, skipped_steps, observers=()):
+        return self.inner.close(plan, closing, global_step, skipped_steps, observers)
 
 
 def _mean(grads, count):

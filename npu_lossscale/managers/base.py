@@ -317,6 +317,19 @@ def static_scale(manager):
     return getattr(manager, "static_loss_scale", None)
 
 
+def scale_may_be_below_one(manager):
+    """Whether ``manager``'s scale may be below 1, so that unscaling
+    multiplies by more than 1: a float16 gradient can then overflow in the
+    unscale itself. False for a constant scale of at least 1 and for a
+    floor (``min_loss_scale``) of at least 1; True for a manager that
+    declares neither."""
+    static = static_scale(manager)
+    if static is not None:
+        return static < 1.0
+    floor = getattr(manager, "min_loss_scale", None)
+    return not (isinstance(floor, (int, float)) and floor >= 1.0)
+
+
 def scale_moves(manager):
     """Whether ``manager``'s update can change its state.
 

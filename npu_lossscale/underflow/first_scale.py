@@ -23,6 +23,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale.core import commit as _commit
+from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.managers import base as _manager_base
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
@@ -106,7 +107,7 @@ def measured_scale(groups, margin):
     scale = tf.pow(2.0, exponent)
     # log2 may round up at an exact power of two: step down once if so.
     scale = tf.where(tf.greater(scale * amax, limit), scale * 0.5, scale)
-    usable = tf.logical_and(tf.greater(amax, 0.0), tf.is_finite(scale))
+    usable = tf.logical_and(tf.greater(amax, 0.0), _gradients.finite(scale))
     return tf.where(usable, scale, tf.constant(np.nan, tf.float32))
 
 
