@@ -24,6 +24,14 @@ from npu_lossscale import diagnostics, seams
 from readme_blocks import block
 
 
+@pytest.fixture(autouse=True)
+def _reasons_restored(monkeypatch):
+    """A reason registered by a build is the process's: undo it after each
+    test, so that the test files after this one see the library's own."""
+    monkeypatch.setattr(diagnostics, "REASONS", diagnostics.REASONS)
+    monkeypatch.setattr(diagnostics, "FIXES", diagnostics.FIXES)
+
+
 # -- the classes of docs/extending.md --
 
 class Halve(seams.GradientTransform):
