@@ -15,7 +15,15 @@ one reason:
 4   register_outside_gradients   Ascend's float-status register says
                                  overflow while every gradient is finite and
                                  unsaturated: an op outside the gradients
+5   requested                    the step was asked to be skipped
+                                 (``build(skip_global_steps=...)``)
+6   loss_spike                   a loss exceeded ``skip_loss_spikes`` times
+                                 its moving average
 ==  ===========================  ==========================================
+
+A skip condition (``seams.SkipCondition``) may add a reason of its own
+(``register_reason``); where a check says overflow too, the check's reason
+is given.
 
 It also works out which groups and which variables overflowed on this
 worker, and writes all of it to the record ``TrainOps.diagnosis.last_skip`` reads
