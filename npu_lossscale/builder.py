@@ -463,7 +463,8 @@ class MultiOptimizerLossScale(object):
                                               _seams.SkipCondition)
         observers = _checks.check_instances("observers", observers, _seams.StepObserver)
         for condition in conditions:
-            _diagnosis_reasons.register_reason(condition.reason, condition.fix)
+            _diagnosis_reasons.register_reason(condition.reason, condition.fix,
+                                               holds_scale=not condition.moves_scale)
         plan = _step.plan_step(self._groups_to_build(), self._manager, self._options(
             accumulation_steps, count_skipped_steps, conditions), global_step,
                                "MultiOptimizerLossScale.build")

@@ -296,7 +296,7 @@ assert sess.run(gs) == 1
     # features.md, skip_global_steps: global steps 3 to 5 skipped.
     "net_skipping_steps": Setup(_NET_ADDED, '''
 assert sess.run([gs, train.skipped_steps]) == [8, 3]
-skip = nl.diagnostics.decode(sess.run(train.last_skip))
+skip = nl.diagnostics.decode(sess.run(train.diagnosis.last_skip))
 assert (skip.reason, skip.global_step, skip.number) == ("requested", 5, 3)
 assert sess.run(manager.state)[1] == 5  # the applied steps alone counted
 ''' + _SCALE_HELD, shim=False),
@@ -304,7 +304,7 @@ assert sess.run(manager.state)[1] == 5  # the applied steps alone counted
     # features.md, skip_loss_spikes: the bad batch after the warm-up skipped.
     "net_skipping_spikes": Setup(_NET_ADDED, '''
 assert sess.run([gs, train.skipped_steps]) == [129, 1]
-skip = nl.diagnostics.decode(sess.run(train.last_skip))
+skip = nl.diagnostics.decode(sess.run(train.diagnosis.last_skip))
 assert (skip.reason, skip.global_step) == ("loss_spike", 120)
 assert sess.run(manager.state)[1] == 129
 ''' + _SCALE_HELD, shim=False),

@@ -136,6 +136,10 @@ def transformed_flags(plan, before, after):
       before: ordered dict from flag name to float32 flag.
       after: ordered dict from group name to the transformed pairs.
 
+    The transformed values are read themselves (``_values_flag``), not
+    through the backend: the close may run inside an accumulation window's
+    cond, where a float-status read cannot be built.
+
     Returns:
       A new ordered dict of the same names.
     """
@@ -146,6 +150,23 @@ def transformed_flags(plan, before, after):
                    for grad, _ in after[name]]
         if tensors and item.name in result:
             with tf.name_scope("transformed"):
-                result[item.name] = result[item.name] + _backends.checked_flag(
-                    plan.backend, tensors)
+                result[item.name] = result[item.name] + _values_flag(
+                    tensors, plan.backend.reads_register)
     return result
+
+
+def _values_flag(tensors, saturation):
+    """A float32 flag, 1.0 when a tensor holds an inf or a NaN, or with
+    ``saturation`` a float16 tensor holds +-65504 (a saturated result on
+    Ascend's register). Read from the values, so it can be built anywhere
+    (an accumulation window's cond), without ``IsFinite`` (CANN has none).
+    """
+    values = [_gradients.dense_values(tensor) for tensor in tensors]
+    total = tf.add_n([tf.reduce_sum(tf.cast(value, tf.float32)) for value in values])
+    bad = tf.logical_not(_gradients.finite(total))
+    saturable = [value for value in values if value.dtype.base_dtype == tf.float16]
+    if saturation and saturable:
+        largest = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(tf.cast(value, tf.float32)))
+                                          for value in saturable]))
+        bad = tf.logical_or(bad, tf.greater_equal(largest, 65504.0))
+    return tf.cast(bad, tf.float32)

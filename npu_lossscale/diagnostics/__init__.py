@@ -75,12 +75,20 @@ FIXES = (
 )
 
 
-def register_reason(name, fix):
+#: The reasons of skip conditions that hold the loss scale (asked-for
+#: skips, loss spikes): they say nothing of the scale, so the collapse
+#: policy (``monitoring.CollapseMonitor``) passes over them.
+HOLDING_REASONS = frozenset(["requested", "loss_spike"])
+
+
+def register_reason(name, fix, holds_scale=False):
     """The code of a skip condition's reason, added to ``REASONS`` if new.
 
     Args:
       name: the reason's name, a non-empty str.
       fix: what to do about a skip for this reason, one sentence.
+      holds_scale: whether a skip for this reason leaves the loss scale as
+        it was (``HOLDING_REASONS``).
 
     Returns:
       The int code (``REASONS.index(name)``).
@@ -89,7 +97,7 @@ def register_reason(name, fix):
       TypeError: unless ``name`` and ``fix`` are str.
       ValueError: for an empty name.
     """
-    global REASONS, FIXES  # pylint: disable=global-statement
+    global REASONS, FIXES, HOLDING_REASONS  # pylint: disable=global-statement
     if not isinstance(name, str) or not isinstance(fix, str):
         raise TypeError("a skip condition's reason and fix must be str, got reason=%r, "
                         "fix=%r. Set e.g. reason = 'negative_loss' and fix = 'check the "
@@ -100,6 +108,8 @@ def register_reason(name, fix):
     if name not in REASONS:
         REASONS = REASONS + (name,)
         FIXES = FIXES + (fix,)
+        if holds_scale:
+            HOLDING_REASONS = HOLDING_REASONS.union([name])
     return REASONS.index(name)
 
 
