@@ -10,6 +10,7 @@ power of two ``s`` with ``s * amax <= 65504 / 2**m``, found in numpy.
 """
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -237,6 +238,27 @@ def test_towers_are_measured_each_as_its_float16_backprop_runs(graph):
         for margin, train in enumerate(trains):
             got = sess.run([train.update_op, train.loss_scale, train.is_finite], feed)[1:]
             assert got == [2.0 ** (15 - margin), True]
+
+
+def test_later_runs_compute_nothing_of_the_measurement(graph):
+    """After the first run only the flags are read: in the step stats of a
+    later run (grappler on, as by default) no op of the float32 view runs,
+    but a v1 cond's switches of what it captures."""
+    model = hand_model(tf.float16)
+    train = _build(model, nl.DynamicLossScaleManager(), measure_first_scale=True)
+    metadata = tf.RunMetadata()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(2):
+            sess.run(train.update_op, {model.x: X})
+        sess.run(train.update_op, {model.x: X},
+                 options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                 run_metadata=metadata)
+    ran = [node.node_name for stats in metadata.step_stats.dev_stats
+           for node in stats.node_stats]
+    assert any("first_scale" in name for name in ran)  # the flags were read
+    assert [name for name in ran if "float32_view" in name
+            and not re.search(r"/Switch(_\d+)?$", name)] == []
 
 
 # -- once per manager, saved with checkpoints --

@@ -96,8 +96,10 @@ class FirstScale(_seams.StepObserver):
                     with tf.control_dependencies([assign]):
                         return [tf.assign(known.flags, tf.logical_or(flags, mine)).op]
 
-                gate = _commit.cond_if if plan.gate_kind == "cond" else _commit.run_if
-                ops.append(gate(due, measure, "measure").op)
+                # A cond, whatever the gate: under the pivot, grappler drops
+                # the view's float32-to-float32 casts with the control inputs
+                # that held it, and the view's forward ran on every run.
+                ops.append(_commit.cond_if(due, measure, "measure").op)
             entries.append(due.op)
         return _seams.Hooked(ops, entries)
 
