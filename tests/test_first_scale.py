@@ -10,6 +10,7 @@ power of two ``s`` with ``s * amax <= 65504 / 2**m``, found in numpy.
 """
 
 import collections
+import functools
 import re
 
 import numpy as np
@@ -17,8 +18,9 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import raises_with
+from conftest import fresh_process, raises_with
 from models import add_gan_groups, two_group_gan
+from readme_blocks import run_example
 
 FLOAT16_MAX = 65504.0
 BATCH, DIM, HIDDEN = 8, 3, 5
@@ -72,20 +74,26 @@ def hand_model(dtype, gain=1.0, variables=None):
     return Model(x, losses, variables, tracked)
 
 
-def reference_amax(groups, gain=1.0, batch=X):
+def reference_amax(groups, gain=1.0):
     """The largest |gradient| of the float32 twin over the groups' variables
-    and the tensors their float16 backprop holds (downstream of them)."""
+    and the tensors their float16 backprop holds (downstream of them), on
+    the batch X. ``groups``: a dict from loss name to variable names."""
+    return _reference_amax(tuple((name, tuple(names)) for name, names in groups.items()), gain)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_amax(groups, gain):
     with tf.Graph().as_default():
         model = hand_model(tf.float32, gain)
         maxima = []
-        for name, var_names in groups.items():
+        for name, var_names in groups:
             held = [tensor for tensor, depends in model.tracked if depends & set(var_names)]
             targets = [model.variables[v] for v in var_names] + held
             grads = [g for g in tf.gradients(model.losses[name], targets) if g is not None]
             maxima += [tf.reduce_max(tf.abs(g)) for g in grads]
         with tf.Session() as sess:
             sess.run(tf.global_variables_initializer())
-            return float(np.max(sess.run(maxima, {model.x: batch})))
+            return float(np.max(sess.run(maxima, {model.x: X})))
 
 
 def largest_power_of_two(amax, margin, low=2.0 ** -126, high=2.0 ** 126):
@@ -100,12 +108,14 @@ def largest_power_of_two(amax, margin, low=2.0 ** -126, high=2.0 ** 126):
     return float(np.clip(scale, low, high))
 
 
-def _build(model, manager, groups=GROUPS, **build_args):
+def _build(model, manager, groups=GROUPS, learning_rate=0.01, global_step=True,
+           **build_args):
     scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
     for name, var_names in groups.items():
-        scaler.add(model.losses[name], tf.train.GradientDescentOptimizer(0.01),
+        scaler.add(model.losses[name], tf.train.GradientDescentOptimizer(learning_rate),
                    var_list=[model.variables[v] for v in var_names], name=name)
-    return scaler.build(global_step=tf.train.get_or_create_global_step(), **build_args)
+    return scaler.build(global_step=tf.train.get_or_create_global_step() if global_step
+                        else None, **build_args)
 
 
 def _first_run(train, feed):
@@ -119,16 +129,24 @@ def _first_run(train, feed):
 # -- the measured scale against the reference --
 
 @pytest.mark.parametrize("gain", [1e-4, 1.0, 300.0])
-@pytest.mark.parametrize("margin", [0, 1, 3])
-def test_the_first_scale_is_the_largest_power_of_two_under_the_limit(graph, margin, gain):
-    """Two groups on one manager: the first run's scale is the reference's,
-    exactly, and that float16 step at that scale on the same batch is finite
-    (margin 0 as well)."""
+def test_the_first_scale_is_the_largest_power_of_two_under_the_limit(graph, gain):
+    """Two groups on one manager, margins 0, 1 and 3 (a builder each, which
+    applies nothing): the first run's scale is the reference's, exactly, and
+    that float16 step at that scale on the same batch is finite."""
     model = hand_model(tf.float16, gain)
-    manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 20, min_loss_scale=2.0 ** -20)
-    train = _build(model, manager, measure_first_scale=True, first_scale_margin=margin)
-    want = largest_power_of_two(reference_amax(GROUPS, gain), margin)
-    assert _first_run(train, {model.x: X}) == (want, True)
+    trains = {}
+    for margin in (0, 1, 3):
+        with tf.name_scope("margin%d" % margin):
+            manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 20,
+                                                 min_loss_scale=2.0 ** -20)
+            trains[margin] = _build(model, manager, learning_rate=0.0, global_step=None,
+                                    measure_first_scale=True, first_scale_margin=margin)
+    amax = reference_amax(GROUPS, gain)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for margin, train in trains.items():
+            got = sess.run([train.update_op, train.loss_scale, train.is_finite], {model.x: X})
+            assert got[1:] == [largest_power_of_two(amax, margin), True], margin
 
 
 def test_each_group_measures_only_what_its_backprop_holds(graph):
@@ -365,6 +383,13 @@ def test_assign_loss_scale_clips_resets_the_counters_and_ignores_nan(graph):
             assert list(sess.run(manager.state)) == [want, 0.0, 0.0, 0.0], given
         sess.run(assign, {value: np.nan})
         assert list(sess.run(manager.state)) == [2.0 ** 12, 0.0, 0.0, 0.0]
+
+
+@fresh_process
+def test_the_docs_example_prints_what_the_docs_show(tmp_path):
+    """docs/features.md's example, run as written."""
+    stdout, shown = run_example("first-scale-example", tmp_path)
+    assert shown and stdout == shown
 
 
 # -- refusals --

@@ -16,8 +16,9 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from npu_lossscale import diagnostics
-from conftest import LAST_SKIP, SKIPPED_STEPS, raises_with, snapshot_globals
+from conftest import LAST_SKIP, SKIPPED_STEPS, fresh_process, raises_with, snapshot_globals
 from graph_walk import gated_ops, is_collective
+from readme_blocks import run_example
 from skip_faults import HUGE, poisoned_gradient
 
 #: Two CPU devices, one per tower.
@@ -381,6 +382,13 @@ def test_clip_norm_clips_the_towers_mean(graph):
         sess.run(tf.global_variables_initializer())
         sess.run(train.update_op, {model.x: X})
         _assert_close(_weights(sess, model), want.after, tf.float16)
+
+
+@fresh_process
+def test_the_docs_example_prints_what_the_docs_show(tmp_path):
+    """docs/features.md's example, run as written."""
+    stdout, shown = run_example("towers-example", tmp_path)
+    assert shown and stdout == shown
 
 
 # -- refusals --
