@@ -96,9 +96,10 @@ class FirstScale(_seams.StepObserver):
                     with tf.control_dependencies([assign]):
                         return [tf.assign(known.flags, tf.logical_or(flags, mine)).op]
 
-                # A cond, whatever the gate: under the pivot, grappler drops
+                # A cond, whatever the gate: under the pivot, grappler removes
                 # the view's float32-to-float32 casts with the control inputs
-                # that held it, and the view's forward ran on every run.
+                # that hold the view back, and its forward pass would run on
+                # every run.
                 ops.append(_commit.cond_if(due, measure, "measure").op)
             entries.append(due.op)
         return _seams.Hooked(ops, entries)
