@@ -99,6 +99,12 @@ class LossScaleManager(object):
       Its ``update_loss_scale`` of the same run follows that op, so the
       update can read the record at once.
 
+    A manager that takes a measured first scale
+    (``build(measure_first_scale=True)``) defines ``assign_loss_scale(scale)``:
+    the op that sets its scale to ``scale`` (a float32 scalar tensor) within
+    its bounds, and leaves its state as it is when ``scale`` is NaN
+    (``takes_measured_scale``).
+
     Example, a manager written against this protocol (docs/managers.md,
     "Adding a manager")::
 
