@@ -465,8 +465,10 @@ class MultiOptimizerLossScale(object):
         for condition in conditions:
             _diagnosis_reasons.register_reason(condition.reason, condition.fix,
                                                holds_scale=not condition.moves_scale)
-        plan = _step.plan_step(self._groups_to_build(), self._manager, self._options(
-            accumulation_steps, count_skipped_steps, conditions), global_step,
+        options = self._options(accumulation_steps, count_skipped_steps, conditions)
+        # Checked with each tower group's first tower loss; the towers' mean
+        # (ops) is made once every check has passed.
+        plan = _step.plan_step(self._groups, self._manager, options, global_step,
                                "MultiOptimizerLossScale.build")
         first_scale = _first_scale.check_first_scale(plan, measure_first_scale,
                                                      first_scale_margin)
@@ -478,6 +480,9 @@ class MultiOptimizerLossScale(object):
             reduced = _distributed.check_cluster(
                 "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
                 aggregated=plan.mode == "chief")
+        if self._towers:
+            plan = _step.plan_step(self._groups_to_build(), self._manager, options,
+                                   global_step, "MultiOptimizerLossScale.build")
         train = self._build(plan, global_step, update_ops, per_group_ops, measure_underflow,
                             [item for item in (reduced, first_scale) if item is not None],
                             observers)
