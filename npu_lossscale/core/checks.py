@@ -11,7 +11,6 @@ trusted."""
 
 from __future__ import absolute_import, division, print_function
 
-import inspect
 import math
 import numbers
 import re
@@ -65,46 +64,6 @@ def check_optimizer(optimizer, argument="optimizer"):
         raise TypeError(
             "%s is already a loss-scale wrapper (%s), got %r. Pass the optimizer it "
             "wraps." % (argument, wrappers[0], optimizer))
-
-
-def check_not_wrapped(optimizer, what):
-    """Refuses a call of ``optimizer``'s methods by another loss-scale wrapper.
-
-    ``enable_mixed_precision_graph_rewrite(LossScaleOptimizer(...))`` (or
-    ``NPULossScaleOptimizer`` around it) scales the loss a second time and
-    calls ``apply_gradients`` inside its own ``tf.cond``. Nothing of the
-    wrapper reaches ``optimizer`` but the calls, so the check walks the
-    Python call stack for a caller whose ``self`` is a loss-scale wrapper
-    other than ``optimizer``.
-
-    Args:
-      optimizer: our ``LossScaleOptimizer``.
-      what: the method called, for the message.
-
-    Raises:
-      TypeError: when a loss-scale wrapper calls ``what``.
-    """
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            caller = frame.f_locals.get("self")
-            if caller is not None and caller is not optimizer:
-                names = [cls.__name__ for cls in type(caller).__mro__]
-                if _GRAPH_REWRITE_WRAPPER in names:
-                    raise TypeError(
-                        "%s was called by TF's %s (from enable_mixed_precision_graph_rewrite), "
-                        "which scales the loss again. Drop that call and turn the rewrite "
-                        "on in the session config (%s)."
-                        % (what, _GRAPH_REWRITE_WRAPPER, _GRAPH_REWRITE_DOC))
-                wrappers = [name for name in names if name in _LOSS_SCALE_WRAPPERS]
-                if wrappers:
-                    raise TypeError(
-                        "%s was called by %s, another loss-scale wrapper, so the loss "
-                        "would be scaled twice. Use one of the two wrappers."
-                        % (what, wrappers[0]))
-            frame = frame.f_back
-    finally:
-        del frame
 
 
 def check_global_step(global_step):

@@ -52,7 +52,7 @@ def _traced_from_eager(graph):
         return tf.executing_eagerly()
 
 
-def require_graph_mode(what, eager_functions=False):
+def require_graph_mode(what, eager_functions=False, hint=""):
     """Raises ValueError unless ops are being made at the top level of a graph.
 
     Refused, for every backend: eager execution, and a ``tf.cond`` branch or
@@ -65,6 +65,7 @@ def require_graph_mode(what, eager_functions=False):
       eager_functions: True where ``what`` also works at the top level of a
         ``tf.function`` that an eager program calls (it makes no variable of
         its own, so the function's retracing cannot make a second one).
+      hint: a sentence added to the message for a call inside control flow.
 
     Raises:
       ValueError: before any op is made, for eager execution, inside a
@@ -89,7 +90,7 @@ def require_graph_mode(what, eager_functions=False):
     raise ValueError(
         "%s must be built at the top level of the graph, got a call inside %s. Build "
         "it outside tf.cond, tf.while_loop and tf.function; branch in Python around "
-        "session.run instead." % (what, inside))
+        "session.run instead.%s" % (what, inside, " " + hint if hint else ""))
 
 
 def require_top_level(what):
