@@ -201,3 +201,32 @@ def test_float16_indexed_slices_with_duplicate_indices_cannot_write_an_inf(graph
         np.testing.assert_array_equal(sess.run(table), np.zeros([3, 1]))
         assert sess.run([train.update_op, train.applied], {ids: [1, 1], value: 3.0})[1]
         np.testing.assert_array_equal(sess.run(table), [[0.0], [-6.0], [0.0]])
+
+
+def test_unscale_and_clip_are_one_multiply(graph):
+    """Issue 34: with clip_norm (and nothing else to transform, no window,
+    no reduction) each applied gradient is the scaled gradient times one
+    scalar, 1/scale and the clip factor together; the numbers are those of
+    tf.clip_by_global_norm on the unscaled gradients within float32
+    rounding."""
+    rng = np.random.RandomState(0)
+    w = tf.Variable(rng.randn(200, 100).astype(np.float32), name="w")
+    x = tf.constant(rng.randn(8, 200).astype(np.float32))
+    loss = tf.reduce_mean(tf.square(tf.matmul(tf.cast(x, tf.float16), tf.cast(w, tf.float16))))
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0 ** 10), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="g",
+               clip_norm=0.5)
+    train = scaler.build()
+    (applied, _), = train.grads_and_vars["g"]
+    assert applied.op.type == "Mul"
+    scaled, factor = applied.op.inputs
+    assert scaled.op.type != "Mul" and factor.shape.ndims == 0
+    # No other multiply of the gradient's size: the norm reads it, only
+    # the fused Mul scales it.
+    assert [op.type for op in scaled.consumers() if op.type == "Mul"] == ["Mul"]
+    reference, _ = tf.clip_by_global_norm(tf.gradients(tf.cast(loss, tf.float32), [w]), 0.5)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        ours, want = sess.run([applied, reference[0]])
+    assert np.linalg.norm(ours) == pytest.approx(0.5, rel=1e-5)
+    np.testing.assert_allclose(ours, want, rtol=2e-3, atol=1e-6)

@@ -479,6 +479,28 @@ def unscale_all(plan, scales, scaled, packing):
     Returns:
       Ordered dict from group name to unscaled pairs.
     """
-    return collections.OrderedDict(
-        (name, packing.unscale(pairs, scales[plan.manager_use(plan.group(name).manager).name]))
-        for name, pairs in scaled.items())
+    result = collections.OrderedDict()
+    for name, pairs in scaled.items():
+        scale = scales[plan.manager_use(plan.group(name).manager).name]
+        fused = fused_transform(plan, name)
+        if fused is not None:
+            with tf.name_scope("%s/%s" % (name, fused.name)):
+                inverse = tf.ones([]) if scale.is_unit else scale.inverse
+                scale = scale._replace(inverse=fused.factor(plan.group(name), pairs, inverse),
+                                       is_unit=False)
+        result[name] = packing.unscale(pairs, scale)
+    return result
+
+
+def fused_transform(plan, name):
+    """The transform of group ``name`` that the unscale applies in its own
+    multiply, or None: its only transform, when it offers a ``factor``
+    (one scalar for every gradient, as a clip by the global norm is) and
+    the unscaled gradients are the ones applied (no accumulation window,
+    no reduction of the gradients across workers)."""
+    transforms = plan.group(name).transforms
+    if (len(transforms) != 1 or getattr(transforms[0], "factor", None) is None
+            or plan.window.steps > 1 or plan.mode == "chief"
+            or (plan.reduction.active and plan.reduction.allreduce_gradients)):
+        return None
+    return transforms[0]
