@@ -46,6 +46,20 @@ class CollectiveEngine(_seams.ReductionEngine):
     ``mean_gradient``."""
 
     mode = "workers"
+    #: Whether float16 gradients are reduced in float16 (``float16_mean``)
+    #: rather than widened to float32 (``widened``).
+    float16 = False
+
+    def workers(self):
+        """The number of workers (an int)."""
+        raise NotImplementedError
+
+    def float16_mean(self, grad):
+        """The mean of a dense float16 gradient, reduced in float16: each
+        worker divides by the worker count first, so the sum of their
+        values, each at most 65504 / n, cannot overflow (half the bytes of
+        the float32 reduction; values below n * 2**-24 flush to 0)."""
+        return self.sum(grad * tf.constant(1.0 / self.workers(), tf.float16))
 
     def sum(self, tensor):
         """Allreduce-sum of a dense float32 tensor across workers."""
@@ -95,7 +109,12 @@ class HorovodEngine(CollectiveEngine):
         """Allreduce-average of a gradient (IndexedSlices allgathered)."""
         if isinstance(grad, tf.IndexedSlices):  # gathered, never summed
             return self._hvd.allreduce(grad, op=self._hvd.Average)
+        if self.float16 and grad.dtype.base_dtype == tf.float16:
+            return self.float16_mean(grad)
         return widened(grad, lambda wide: self._hvd.allreduce(wide, op=self._hvd.Average))
+
+    def workers(self):
+        return self._hvd.size()
 
 
 class HcclEngine(CollectiveEngine):
@@ -115,7 +134,13 @@ class HcclEngine(CollectiveEngine):
         def mean(wide):
             summed = self._hccl_ops.allreduce(wide, "sum")
             return summed / tf.cast(self._rank_size, summed.dtype.base_dtype)
-        return widened(tf.convert_to_tensor(grad), mean)
+        grad = tf.convert_to_tensor(grad)
+        if self.float16 and grad.dtype.base_dtype == tf.float16:
+            return self.float16_mean(grad)
+        return widened(grad, mean)
+
+    def workers(self):
+        return self._rank_size
 
 
 def widened(grad, reduce_fn):
