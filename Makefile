@@ -34,7 +34,8 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_misuse.py tests/test_underflow.py tests/test_managers_listening.py \
             tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
             tests/test_recipes.py tests/test_peer_suites.py tests/test_step_cost.py \
-            tests/test_port.py
+            tests/test_port.py tests/test_transform_grads.py tests/test_skip_conditions.py \
+            tests/test_seams.py tests/test_towers.py tests/test_first_scale.py
 # TF215_TESTS run again on TF 2.15.1: what needs it (tf.estimator; Horovod,
 # built against it: test_distributed.py and the audit's Horovod test), and
 # what depends on TF's version rather than on our own logic: checkpoint
@@ -43,6 +44,7 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
 # layers (Keras 3 on TF 2.21), the public API on an older TF, and the
 # scripts `python -m npu_lossscale.port` rewrites (issue 33: both legs).
 TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
+               tests/test_cluster_checks.py::test_horovods_wrapper_around_our_optimizer_trains_as_without_the_variable \
                tests/test_audit.py::test_horovod_allreduce_inside_cond \
                tests/test_cluster_checks.py::test_horovod_distributed_optimizer_under_horovodrun_env_builds \
                tests/test_checkpoint.py tests/test_manager_checkpoints.py \

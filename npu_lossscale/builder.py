@@ -193,6 +193,12 @@ class MultiOptimizerLossScale(object):
         and flags are reduced once per window, by ``update_op``; the
         micro-batches before it run ``accumulate_op``, which holds no
         collective, so no collective ever needs a cond around it.
+      allreduce_float16: with "horovod" or "hccl", average float16 gradients
+        in float16, each worker's divided by the number of workers first (a
+        sum of values at most 65504 / n cannot overflow): half the bytes of
+        the default float32 average, at the cost of the values below
+        n * 2**-24, which flush to 0. For bandwidth-bound float16 models;
+        an accumulation window's sums are float32 and stay so.
 
       gate: how the apply gate is built. "auto" (default): a ``tf.cond``
         where Ascend needs one (``ENABLE_FORCE_V2_CONTROL=1`` set, or the npu
@@ -210,7 +216,8 @@ class MultiOptimizerLossScale(object):
     """
 
     def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
-                 distributed=None, allreduce_gradients=True, gate="auto"):
+                 distributed=None, allreduce_gradients=True, gate="auto",
+                 allreduce_float16=False):
         _context.require_graph_mode("MultiOptimizerLossScale")
         _managers.check_manager(loss_scale_manager)
         _checks.check_bool(
@@ -223,7 +230,16 @@ class MultiOptimizerLossScale(object):
         self._requested_backend = backend
         _backends.resolve_backend(backend, warn=False)  # refuses a bad backend now
         self._skip_policy = skip_policy
+        _checks.check_bool("allreduce_float16", allreduce_float16,
+                           "Pass True to average float16 gradients in float16.")
         self._engine = _distributed.resolve_engine(distributed)
+        if allreduce_float16:
+            if not isinstance(self._engine, _distributed.CollectiveEngine):
+                raise ValueError(
+                    "allreduce_float16=True needs distributed='horovod' or 'hccl', got "
+                    "distributed=%r. Pass one of them, or leave allreduce_float16 off."
+                    % (distributed,))
+            self._engine.float16 = True
         self._independent = distributed is False
         _distributed.check_no_strategy("MultiOptimizerLossScale")
         self._allreduce_gradients = allreduce_gradients
@@ -463,21 +479,29 @@ class MultiOptimizerLossScale(object):
                                               _seams.SkipCondition)
         observers = _checks.check_instances("observers", observers, _seams.StepObserver)
         for condition in conditions:
-            _diagnosis_reasons.register_reason(condition.reason, condition.fix)
-        plan = _step.plan_step(self._groups_to_build(), self._manager, self._options(
-            accumulation_steps, count_skipped_steps, conditions), global_step,
+            _diagnosis_reasons.register_reason(condition.reason, condition.fix,
+                                               holds_scale=not condition.moves_scale)
+        options = self._options(accumulation_steps, count_skipped_steps, conditions)
+        # Checked with each tower group's first tower loss; the towers' mean
+        # (ops) is made once every check has passed.
+        plan = _step.plan_step(self._groups, self._manager, options, global_step,
                                "MultiOptimizerLossScale.build")
         first_scale = _first_scale.check_first_scale(plan, measure_first_scale,
                                                      first_scale_margin)
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
         _underflow.check_measurable(plan, measure_underflow)
         _sync_replicas.check_builder_options(plan, update_ops, per_group_ops)
+        reduced = None
         if self._engine is None and not self._independent:
-            _distributed.check_cluster(
+            reduced = _distributed.check_cluster(
                 "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
                 aggregated=plan.mode == "chief")
+        if self._towers:
+            plan = _step.plan_step(self._groups_to_build(), self._manager, options,
+                                   global_step, "MultiOptimizerLossScale.build")
         train = self._build(plan, global_step, update_ops, per_group_ops, measure_underflow,
-                            first_scale, observers)
+                            [item for item in (reduced, first_scale) if item is not None],
+                            observers)
         self._built = True
         return train
 
@@ -499,7 +523,7 @@ class MultiOptimizerLossScale(object):
                 if group.name in self._towers else group for group in self._groups]
 
     def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow,
-               first_scale, extra_observers):
+               first, extra_observers):
         """The joint step, then the per-group steps if asked."""
         what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
         counters = _claims.StateKey(self, "the step counters of " + what)
@@ -509,8 +533,7 @@ class MultiOptimizerLossScale(object):
             skipped_steps = _commit.SkippedSteps()
             record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu)
             diagnosis = _diagnosis.SkipDiagnosis(record)
-            observers = [] if first_scale is None else [first_scale]
-            observers.append(diagnosis)
+            observers = list(first) + [diagnosis]
             if _underflow.listens(plan):
                 observers.append(_underflow.Hearing())
             measurement = [_underflow.Measurement()] if measure_underflow else []

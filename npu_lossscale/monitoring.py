@@ -371,7 +371,9 @@ class CollapseMonitor(object):
                             "e.g. step='g' for train.per_group['g']." % (step,))
         streak = self._streaks.setdefault(step, _Streak())
         self._last = step
-        if not closes:
+        if not closes or _diagnostics.REASONS[code] in _diagnostics.HOLDING_REASONS:
+            # A skip that holds the scale (asked for, a loss spike) says
+            # nothing of it: neither a skip of the streak nor an applied step.
             return streak.collapse
         if code == _diagnostics.APPLIED:
             if self.collapse is not None and self.collapse is streak.collapse:

@@ -32,6 +32,13 @@ _CLUSTER_ROUTES = {
 }
 
 
+#: Why apply_gradients may be called inside a tf.cond: another loss-scale
+#: wrapper (contrib's, npu_bridge's) applies inside its own cond.
+_WRAPPED_HINT = ("If another loss-scale wrapper (NPULossScaleOptimizer, contrib's "
+                 "LossScaleOptimizer) wraps this one, it scales the loss a second time: use "
+                 "one of the two wrappers.")
+
+
 class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimizer):
     """Wraps one TF1 optimizer with loss scaling and overflow skipping.
 
@@ -164,7 +171,6 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
         ``loss`` may be a callable taking no argument, as there. Pairs whose
         gradient is None are kept, as the base class does.
         """
-        _checks.check_not_wrapped(self, "LossScaleOptimizer.compute_gradients")
         _context.require_graph_mode("LossScaleOptimizer.compute_gradients",
                                    eager_functions=True)
         _distributed.check_no_strategy("LossScaleOptimizer.compute_gradients")
@@ -216,9 +222,8 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
         that fetches two step ops updating one manager fails with an
         InvalidArgumentError before the second one writes anything.
         """
-        _checks.check_not_wrapped(self, "LossScaleOptimizer.apply_gradients")
         _context.require_graph_mode("LossScaleOptimizer.apply_gradients",
-                                   eager_functions=True)
+                                   eager_functions=True, hint=_WRAPPED_HINT)
         _distributed.check_no_strategy("LossScaleOptimizer.apply_gradients")
         _checks.check_global_step(global_step)
         grads_and_vars = list(grads_and_vars)
@@ -257,7 +262,7 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
                 _distributed.check_cluster(
                     "LossScaleOptimizer.apply_gradients", plan, _CLUSTER_ROUTES,
                     "is_distributed=False",
-                    aggregated=aggregated or plan.mode == "chief")
+                    aggregated=aggregated or plan.mode == "chief", given=present)
             step = _step.build_step(
                 plan, "LossScaleOptimizer %s, step %s" % (self.get_name(), scope.rstrip("/")),
                 global_step, given=present)
@@ -288,3 +293,13 @@ def _state_holder(opt):
             break
         opt = inner
     return opt
+
+
+# TF's enable_mixed_precision_graph_rewrite(LossScaleOptimizer(...)) would
+# scale the loss a second time, and apply in its own cond: it refuses at the
+# wrap itself.
+_tf_internals.refuse_graph_rewrite_wrapping(LossScaleOptimizer, TypeError(
+    "enable_mixed_precision_graph_rewrite got a LossScaleOptimizer, which TF's "
+    "MixedPrecisionLossScaleOptimizer would wrap and scale again. Pass it the plain "
+    "optimizer and turn the rewrite on in the session config, or use LossScaleOptimizer "
+    "alone (docs/features.md, 'Graph-rewrite mixed precision')."))

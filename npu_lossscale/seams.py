@@ -277,8 +277,9 @@ class ReductionEngine(object):
         del allreduce_gradients
         return flags, grads
 
-    def close(self, plan, closing, global_step, skipped_steps):
-        """With mode "chief": this worker's close (push and wait). Returns a
+    def close(self, plan, closing, global_step, skipped_steps, observers=()):
+        """With mode "chief": this worker's close (push and wait); the
+        chief's close gives ``observers`` its skip branch. Returns a
         ``core.close.Closed``."""
         raise NotImplementedError("%s has mode %r but no close()." % (type(self).__name__,
                                                                      self.mode))

@@ -11,6 +11,7 @@ from tensorflow.core.framework import attr_value_pb2, types_pb2, variable_pb2  #
 from tensorflow.python.framework import op_def_registry  # 1.15-2.21
 from tensorflow.python.ops import cond_v2 as _cond_v2  # 1.15-2.21
 from tensorflow.python.ops import resource_variable_ops  # 1.15-2.21
+from tensorflow.python.training.experimental import mixed_precision  # 1.15-2.21
 
 # pylint: disable=protected-access
 
@@ -20,6 +21,27 @@ AttrValue = attr_value_pb2.AttrValue
 DT_HALF = types_pb2.DT_HALF
 DT_FLOAT = types_pb2.DT_FLOAT
 VariableDef = variable_pb2.VariableDef
+
+
+def refuse_graph_rewrite_wrapping(optimizer_cls, refusal):
+    """Makes ``enable_mixed_precision_graph_rewrite(opt)`` raise ``refusal``
+    (an exception) for an instance of ``optimizer_cls`` when it would wrap
+    it: ``mixed_precision._REGISTERED_WRAPPER_OPTIMIZER_CLS`` (1.15-2.21;
+    values are wrapper classes in 1.15, ``(wrapper_fn, wrapper_cls)`` since
+    2.1), with this class's entry first so that it is consulted before
+    ``tf.train.Optimizer``'s."""
+    class Refused(object):  # pylint: disable=too-few-public-methods
+        """Never an instance; built, it raises the refusal."""
+
+        def __new__(cls, opt, loss_scale):
+            raise type(refusal)(*refusal.args)
+
+    table = mixed_precision._REGISTERED_WRAPPER_OPTIMIZER_CLS
+    entries = list(table.items())
+    entry = (Refused, Refused) if entries and isinstance(entries[0][1], tuple) else Refused
+    table.clear()
+    table[optimizer_cls] = entry
+    table.update((key, value) for key, value in entries if key is not optimizer_cls)
 
 
 def registered_op_def(op_type):

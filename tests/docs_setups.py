@@ -103,6 +103,34 @@ def feed(micro_batch):
 sess = FirstRunInitialises()
 '''
 
+# One group in float32 on a fixed batch, before its add(): a least-squares
+# fit whose loss stays positive.
+_NET = _COMMON + '''
+x_value = rng.randn(8, 3).astype(np.float32)
+y_value = rng.randn(8, 1).astype(np.float32)
+w_value = np.array([[0.5], [-0.5], [1.0]], np.float32)
+bad_batch = 100 * x_value
+x = tf.placeholder_with_default(x_value, [8, 3], name="x")
+y = tf.placeholder_with_default(y_value, [8, 1], name="y")
+w = tf.get_variable("w", initializer=w_value)
+loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+gs = tf.train.get_or_create_global_step()
+manager = nl.DynamicLossScaleManager()
+scaler = nl.MultiOptimizerLossScale(manager)
+sess = FirstRunInitialises()
+'''
+
+# The same, added as the group "net" (SGD 0.1).
+_NET_ADDED = _NET + '''
+scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="net")
+'''
+
+# What a skip condition of the builder's leaves: the scale where it started,
+# no overflow counted.
+_SCALE_HELD = '''
+assert sess.run(manager.state).tolist()[::2] == [2.0 ** 15, 0.0]
+'''
+
 SETUPS = {
     # README, Quick start: the seed's loop before the port (no loss scaling).
     "seed_loop": Setup(_COMMON + '''
@@ -254,6 +282,32 @@ train = scaler.build(global_step=gs, accumulation_steps=4)
 ''', '''
 assert sess.run(gs) == 2
 ''', shim=False),
+
+    # features.md, transform_grads_fn: each gradient clipped to norm 0.5 by
+    # the fn, against numpy's least-squares gradient.
+    "net_to_add": Setup(_NET, '''
+grad = 2.0 / 8 * x_value.T.dot(x_value.dot(w_value) - y_value)
+clipped = grad * min(1.0, 0.5 / np.linalg.norm(grad))
+assert np.linalg.norm(grad) > 0.5
+np.testing.assert_allclose(sess.run(w), w_value - 0.1 * clipped, rtol=1e-5)
+assert sess.run(gs) == 1
+''', shim=False),
+
+    # features.md, skip_global_steps: global steps 3 to 5 skipped.
+    "net_skipping_steps": Setup(_NET_ADDED, '''
+assert sess.run([gs, train.skipped_steps]) == [8, 3]
+skip = nl.diagnostics.decode(sess.run(train.diagnosis.last_skip))
+assert (skip.reason, skip.global_step, skip.number) == ("requested", 5, 3)
+assert sess.run(manager.state)[1] == 5  # the applied steps alone counted
+''' + _SCALE_HELD, shim=False),
+
+    # features.md, skip_loss_spikes: the bad batch after the warm-up skipped.
+    "net_skipping_spikes": Setup(_NET_ADDED, '''
+assert sess.run([gs, train.skipped_steps]) == [129, 1]
+skip = nl.diagnostics.decode(sess.run(train.diagnosis.last_skip))
+assert (skip.reason, skip.global_step) == ("loss_spike", 120)
+assert sess.run(manager.state)[1] == 129
+''' + _SCALE_HELD, shim=False),
 
     # features.md, bfloat16: losses in bfloat16.
     "bfloat16_gan": Setup(_COMMON + '''

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
@@ -48,10 +49,37 @@ def _builder(optimizer=None, **kwargs):
     return scaler, gs, x
 
 
+def _averaged(grads_and_vars):
+    """Each gradient through a collective op (TF's CollectiveReduce over
+    two members), as an averaging optimizer's are: built, never run."""
+    return [(None if grad is None else tf.raw_ops.CollectiveReduce(
+        input=grad, group_size=2, group_key=1, instance_key=index + 1, merge_op="Add",
+        final_op="Div", subdiv_offsets=[0]), var)
+        for index, (grad, var) in enumerate(grads_and_vars)]
+
+
 class _DistributedOptimizer(tf.train.GradientDescentOptimizer):
     """Named as Horovod names the class of ``hvd.DistributedOptimizer``
-    (``horovod/tensorflow/__init__.py``), which is how the builder knows it
-    (``distributed.reduces_gradients``); Horovod is not installed here."""
+    (``horovod/tensorflow/__init__.py``), and averaging its gradients with a
+    collective as it does; Horovod is not installed on this leg."""
+
+    def compute_gradients(self, *args, **kwargs):
+        return _averaged(super(_DistributedOptimizer, self).compute_gradients(*args, **kwargs))
+
+
+class _Averaging(tf.train.Optimizer):
+    """An averaging wrapper around another optimizer, as
+    ``hvd.DistributedOptimizer(LossScaleOptimizer(opt))`` is."""
+
+    def __init__(self, inner):
+        super(_Averaging, self).__init__(False, "Averaging")
+        self._inner = inner
+
+    def compute_gradients(self, *args, **kwargs):
+        return _averaged(self._inner.compute_gradients(*args, **kwargs))
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        return self._inner.apply_gradients(grads_and_vars, global_step, name)
 
 
 # -- the environment, read ------------------------------------------------------
@@ -183,6 +211,37 @@ def test_an_averaging_optimizer_under_horovod_builds(graph, monkeypatch):
     scaler.build(global_step=gs)
 
 
+def test_a_loss_scale_optimizer_inside_an_averaging_wrapper_builds(graph, monkeypatch):
+    """Issue 32: hvd.DistributedOptimizer(LossScaleOptimizer(opt)) hands our
+    apply_gradients the averaged gradients, so every rank checks the same
+    ones: not refused (it was, with "wrap opt in hvd.DistributedOptimizer")."""
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    gs, _, w, loss = fed_linear_model()
+    inner = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
+                                  nl.DynamicLossScaleManager())
+    _Averaging(inner).minimize(loss, global_step=gs, var_list=[w])
+
+
+@pytest.mark.parametrize("api", ["builder", "optimizer"])
+def test_a_patched_compute_gradients_without_a_collective_is_refused(graph, monkeypatch, api):
+    """Issue 32: the check looks at what the step reduces, not at how the
+    optimizer was called: a compute_gradients replaced on the instance that
+    averages nothing is refused (it built a graph with no collective)."""
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    opt = tf.train.GradientDescentOptimizer(1.0)
+    plain = opt.compute_gradients
+    opt.compute_gradients = lambda *args, **kwargs: plain(*args, **kwargs)
+    with pytest.raises(ValueError, match=r"one of 2 workers \(HOROVOD_SIZE\), and group .* "
+                                         r"gradient of 'w' is not averaged across them"):
+        if api == "builder":
+            scaler, gs, _ = _builder(opt)
+            scaler.build(global_step=gs)
+        else:
+            gs, _, w, loss = fed_linear_model()
+            nl.LossScaleOptimizer(opt, nl.DynamicLossScaleManager()).minimize(
+                loss, global_step=gs, var_list=[w])
+
+
 def test_an_averaging_optimizer_on_the_register_is_refused(graph, monkeypatch):
     """The float-status register sees only this device's overflows, whatever
     the gradients' average says."""
@@ -230,6 +289,33 @@ def test_horovod_distributed_optimizer_under_horovodrun_env_builds(graph, monkey
     monkeypatch.setenv("HOROVOD_SIZE", "2")
     scaler, gs, _ = _builder(hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(1.0)))
     scaler.build(global_step=gs)
+
+
+def test_horovods_wrapper_around_our_optimizer_trains_as_without_the_variable(monkeypatch):
+    """Issue 32: hvd.DistributedOptimizer(LossScaleOptimizer(opt)) under
+    HOROVOD_SIZE=2 (one process here: Horovod's size is 1) trains as it
+    does without the variable, bit for bit."""
+    hvd = pytest.importorskip("horovod.tensorflow",
+                              reason="Horovod is built against TF 2.15.1 (.venv-tf215)")
+    hvd.init()
+
+    def train():
+        with tf.Graph().as_default():
+            gs, x, w, loss = fed_linear_model()
+            opt = hvd.DistributedOptimizer(nl.LossScaleOptimizer(
+                tf.train.GradientDescentOptimizer(0.1), nl.DynamicLossScaleManager()))
+            step = opt.minimize(loss, global_step=gs, var_list=[w])
+            with tf.Session() as sess:
+                sess.run(tf.global_variables_initializer())
+                for value in range(3):
+                    sess.run(step, {x: np.full(x.shape.as_list(), value + 1.0, np.float32)})
+                return sess.run([w, gs])
+
+    alone = train()
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    ranked = train()
+    np.testing.assert_array_equal(ranked[0], alone[0])
+    assert ranked[1] == alone[1] == 3
 
 
 # -- tf.distribute strategies with several replicas in one graph -----------------

@@ -307,9 +307,9 @@ def test_accumulation_diagnoses_the_window_sums(graph):
 
 def test_reason_names_and_messages():
     assert diagnostics.REASONS[0] == "applied"
-    assert diagnostics.REASONS[:7] == (
+    assert diagnostics.REASONS[:8] == (
         "applied", "loss_not_finite", "gradients_overflowed", "other_worker_overflowed",
-        "register_outside_gradients", "requested", "loss_spike")
+        "register_outside_gradients", "requested", "loss_spike", "backend_flagged")
     count = len(diagnostics.REASONS)
     assert [diagnostics.reason_name(code) for code in range(count)] == list(diagnostics.REASONS)
     assert diagnostics.reason_name(np.int32(3)) == "other_worker_overflowed"

@@ -119,20 +119,31 @@ def test_without_gradient_allreduce_rank0_still_skips_the_step_rank1_broke(tmp_p
 
 
 @needs_horovod
-def test_float16_gradients_whose_sum_overflows_are_averaged_exactly(tmp_path):
+@pytest.mark.parametrize("float16", [False, True])
+def test_float16_gradients_whose_sum_overflows_are_averaged_exactly(tmp_path, float16):
     """Each rank's float16 gradient is 40000; their float16 sum is inf, so a
     float16 average would apply -inf after the overflow check passed. The
-    builder averages in float32 (distributed.widened): both ranks apply the
-    exact mean, w = -1e-4 * 40000."""
+    builder averages in float32 (distributed.widened), or with
+    allreduce_float16=True in float16 with each rank's value halved first
+    (20000 + 20000 fits): both ranks apply the exact mean,
+    w = -1e-4 * 40000. On 64 random float16 gradients per rank the float16
+    reduction equals the float32 one within float16 rounding (issue 34)."""
     worker = os.path.join(REPO, "tests", "distributed", "fp16_sum_worker.py")
     command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
                "-H", "localhost:2", "--gloo", "--network-interfaces", "lo",
-               sys.executable, worker, str(tmp_path)]
+               sys.executable, worker, str(tmp_path)] + (["--float16"] if float16 else [])
     done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=REPO)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     expected = [float(np.float16(-1e-4 * 40000.0)), True]
-    assert _results(tmp_path) == [expected, expected]
+    ranks = _results(tmp_path)
+    assert [rank[:2] for rank in ranks] == [expected, expected]
+    for rank in ranks:
+        wide, half = np.array(rank[2]), np.array(rank[3])
+        assert np.all(np.isfinite(half)) and np.any(half != 0.0)
+        # One float16 rounding of the halves and one of their sum: 2 ulps.
+        np.testing.assert_allclose(half, wide, rtol=2 * 2.0 ** -10, atol=2.0 ** -14)
+    assert ranks[0][2:] == ranks[1][2:]
 
 
 @needs_horovod

@@ -135,3 +135,98 @@ def test_shared_loss_backprops_once(graph):
             return len([op for op in tf.get_default_graph().get_operations()
                         if "gradients" in op.name])
     assert count_grad_ops(shared=True) < count_grad_ops(shared=False)
+
+
+# -- nothing applied escapes the check (issue 32, item 7) -----------------------
+
+def test_clipping_finite_gradients_whose_norm_overflows_float32_stays_finite(graph):
+    """Finite float32 gradients of about 1e30: tf.clip_by_global_norm's sum
+    of squares overflows float32 and clips every gradient to NaN (checked
+    below, TF itself); the clip_norm transform rescales first, so the
+    applied step writes finite weights, clipped to the norm by hand."""
+    w = tf.Variable(np.zeros([2], np.float32))
+    loss = tf.reduce_sum(w * np.array([3e30, 4e30], np.float32))  # gradient [3e30, 4e30]
+    reference, _ = tf.clip_by_global_norm([tf.constant([3e30, 4e30], tf.float32)], 1.0)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], clip_norm=1.0)
+    train = scaler.build()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert np.all(np.isnan(sess.run(reference)))
+        assert sess.run([train.update_op, train.applied])[1]
+        np.testing.assert_allclose(sess.run(w), [-0.6, -0.8], rtol=1e-6)
+
+
+def test_unscaling_float16_by_more_than_one_cannot_write_an_inf(graph):
+    """At a scale of 0.5 the float16 backprop of w * a * b holds 0.5 * b,
+    then 0.5 * a * b = 45000 for a = b = 300 (finite); unscaling doubles it
+    to 90000, inf in float16. The check covers the unscaled float16
+    gradients then, so the step skips and the weight stays finite; a
+    gradient that fits applies."""
+    w = tf.Variable(np.zeros([1], np.float16))
+    a = tf.placeholder(tf.float16, [])
+    b = tf.placeholder(tf.float16, [])
+    loss = tf.reduce_sum(w * a * b)
+    manager = nl.DynamicLossScaleManager(initial_scale=0.5, min_loss_scale=0.5,
+                                         growth_steps=1000)
+    scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w])
+    train = scaler.build()
+    scaled = [tf.gradients(loss, [w], grad_ys=tf.constant(0.5, tf.float16))[0]]
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert np.isfinite(sess.run(scaled, {a: 300.0, b: 300.0})[0]).all()  # 45000
+        assert not sess.run([train.update_op, train.applied], {a: 300.0, b: 300.0})[1]
+        assert np.all(np.isfinite(sess.run(w))) and sess.run(w)[0] == 0.0
+        assert sess.run([train.update_op, train.applied], {a: 10.0, b: 10.0})[1]
+        assert sess.run(w)[0] == -100.0
+
+
+def test_float16_indexed_slices_with_duplicate_indices_cannot_write_an_inf(graph):
+    """Two float16 rows of 40000 for one index: each finite, their sum
+    (80000) is inf in float16, and the apply would add them after the
+    check. They are summed (in float32) before the check: the step skips,
+    the table stays finite; duplicates that fit apply their sum."""
+    table = tf.Variable(np.zeros([3, 1], np.float16))
+    ids = tf.placeholder(tf.int32, [2])
+    value = tf.placeholder(tf.float16, [])
+    loss = tf.reduce_sum(tf.gather(table, ids)) * value
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[table])
+    train = scaler.build()
+    assert isinstance(train.grads_and_vars["group_0"][0][0], tf.IndexedSlices)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert not sess.run([train.update_op, train.applied], {ids: [1, 1], value: 40000.0})[1]
+        np.testing.assert_array_equal(sess.run(table), np.zeros([3, 1]))
+        assert sess.run([train.update_op, train.applied], {ids: [1, 1], value: 3.0})[1]
+        np.testing.assert_array_equal(sess.run(table), [[0.0], [-6.0], [0.0]])
+
+
+def test_unscale_and_clip_are_one_multiply(graph):
+    """Issue 34: with clip_norm (and nothing else to transform, no window,
+    no reduction) each applied gradient is the scaled gradient times one
+    scalar, 1/scale and the clip factor together; the numbers are those of
+    tf.clip_by_global_norm on the unscaled gradients within float32
+    rounding."""
+    rng = np.random.RandomState(0)
+    w = tf.Variable(rng.randn(200, 100).astype(np.float32), name="w")
+    x = tf.constant(rng.randn(8, 200).astype(np.float32))
+    loss = tf.reduce_mean(tf.square(tf.matmul(tf.cast(x, tf.float16), tf.cast(w, tf.float16))))
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0 ** 10), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="g",
+               clip_norm=0.5)
+    train = scaler.build()
+    (applied, _), = train.grads_and_vars["g"]
+    assert applied.op.type == "Mul"
+    scaled, factor = applied.op.inputs
+    assert scaled.op.type != "Mul" and factor.shape.ndims == 0
+    # No other multiply of the gradient's size: the norm reads it, only
+    # the fused Mul scales it.
+    assert [op.type for op in scaled.consumers() if op.type == "Mul"] == ["Mul"]
+    reference, _ = tf.clip_by_global_norm(tf.gradients(tf.cast(loss, tf.float32), [w]), 0.5)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        ours, want = sess.run([applied, reference[0]])
+    assert np.linalg.norm(ours) == pytest.approx(0.5, rel=1e-5)
+    np.testing.assert_allclose(ours, want, rtol=2e-3, atol=1e-6)

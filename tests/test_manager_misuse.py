@@ -167,6 +167,10 @@ _BAD_SCALES = {
     "subnormal": (tf.float32, 4.0, lambda v: 2.0 ** -127, "[0]"),
     # Its inverse, 2**-127, is subnormal: read as 0, it zeroed every gradient.
     "above_2**126": (tf.float32, 4.0, lambda v: 2.0 ** 127, "[1.70141"),
+    # Issue 32: a custom manager at 1e-30 flushed every float16 gradient and
+    # trained nothing, silently.
+    "1e-30": (tf.float32, 4.0, lambda v: 1e-30, "[1e-30]"),
+    "below_2**-24": (tf.float32, 4.0, lambda v: 2.0 ** -25, "[2.98023"),
     "float32_max": (tf.float32, 4.0, lambda v: FLOAT32_MAX, "[3.40282"),
 }
 
@@ -190,7 +194,7 @@ def test_custom_scale_outside_the_range_fails_the_run_and_moves_nothing(graph, p
         with pytest.raises(tf.errors.InvalidArgumentError) as error:
             sess.run(update, model.feed)
         after = _state(sess, model, optimizer)
-    _message_has(error, "_StoredScale", "outside [2**-126, 2**126]",
+    _message_has(error, "_StoredScale", "outside [2**-24, 2**126]",
                  "tf.clip_by_value(new_scale, 1.0, 2.0 ** 64)", printed)
     for old, new in zip(before, after):
         assert old.tobytes() == new.tobytes()
@@ -241,10 +245,12 @@ def test_custom_scale_below_one_is_accepted_and_trains_exactly(path, scale):
 
 
 @pytest.mark.parametrize("path", ["builder", "optimizer"])
-@pytest.mark.parametrize("scale", [2.0 ** -126, 2.0 ** 126])
+@pytest.mark.parametrize("scale", [2.0 ** -24, 2.0 ** 126])
 def test_custom_scale_at_the_ends_of_the_range_runs(graph, path, scale):
-    """The check lets both ends through, and the step applies (what it
-    applies at 2**-126, gradients flushed to 0, is the manager's choice)."""
+    """The check lets both ends through, and the step applies. Below 2**-24
+    (float16's smallest subnormal) a custom manager's scale fails the run
+    (issue 32: at 1e-30 every float16 gradient flushed and nothing
+    trained, silently)."""
     update, model = _build(_StoredScale(scale), path)
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())

@@ -708,3 +708,15 @@ def test_rank_size_environment_read_as_tf_adapter_does():
     assert distributed.rank_size_from_environment({}) == 1
     assert distributed.rank_size_from_environment({"RANK_SIZE": "8"}) == 8
     assert distributed.rank_size_from_environment({"CM_WORKER_SIZE": "4"}) == 4
+
+
+@pytest.mark.parametrize("distributed, value, error, match", [
+    (None, True, ValueError, r"allreduce_float16=True needs distributed='horovod' or 'hccl', "
+                             r"got distributed=None"),
+    (False, True, ValueError, r"got distributed=False"),
+    (None, "yes", TypeError, r"allreduce_float16"),
+])
+def test_float16_allreduce_needs_an_engine(graph, distributed, value, error, match):
+    with pytest.raises(error, match=match):
+        nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), distributed=distributed,
+                                   allreduce_float16=value)

@@ -271,6 +271,7 @@ def test_summaries_count_skips_by_reason_and_group(graph):
                       "loss_scale/skips_other_worker_overflowed": 0.0,
                       "loss_scale/skips_register_outside_gradients": 0.0,
                       "loss_scale/skips_requested": 0.0, "loss_scale/skips_loss_spike": 0.0,
+                      "loss_scale/skips_backend_flagged": 0.0,
                       "loss_scale/overflows_d": 0.0, "loss_scale/overflows_g": 2.0}
 
 

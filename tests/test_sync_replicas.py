@@ -87,7 +87,10 @@ def table(tmp_path_factory):
 
 
 def _without(records, key):
-    return [dict((k, v) for k, v in record.items() if k != key) for record in records]
+    """The records without ``key`` (and the builder's last-skip reads, which
+    the other routes do not have)."""
+    dropped = (key, "last_skip", "last_reason")
+    return [dict((k, v) for k, v in record.items() if k not in dropped) for record in records]
 
 
 # -- the table -------------------------------------------------------------------
@@ -122,6 +125,16 @@ def test_tfs_own_wrapper_hangs_after_the_skip(table):
 
 def test_the_builder_counts_the_skip_once(table):
     assert [r["skipped_steps"] for r in table["builder"]["records"]] == [0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("scenario", ["builder", "saturated/builder"])
+def test_the_chiefs_skip_reaches_the_last_skip_record(table, scenario):
+    """Issue 32: the chief diagnoses the skip it takes, in its gate's skip
+    branch, into the builder's record (once, at the poisoned step; before,
+    last_skip stayed blank while skipped_steps was 1)."""
+    records = table[scenario]["records"]
+    assert [r["last_skip"] for r in records] == [0, 0, 1, 1, 1, 1]
+    assert nl.diagnostics.reason_name(records[-1]["last_reason"]) == "gradients_overflowed"
 
 
 @pytest.mark.parametrize("route", ["builder", "ours_outside"])
@@ -239,6 +252,27 @@ def test_sync_with_update_ops_or_per_group_ops_is_refused(graph):
                      update_ops=[tf.assign_add(counter, 1.0)])
     with pytest.raises(ValueError, match="per_group_ops=True with a SyncReplicas"):
         scaler.build(global_step=gs, count_skipped_steps=True, per_group_ops=True)
+
+
+@pytest.mark.parametrize("api", ["builder", "optimizer"])
+def test_sync_inside_sync_is_refused_before_any_op(graph, api):
+    """Issue 32: a SyncReplicasOptimizer wrapping another gets a clear error
+    that names the fix, before any op of the step."""
+    gs, _, w, loss = fed_linear_model()
+    nested = _sync(_sync(tf.train.GradientDescentOptimizer(1.0)))
+    manager = nl.DynamicLossScaleManager()
+    before = len(tf.get_default_graph().get_operations())
+    with pytest.raises(ValueError, match=r"wraps another SyncReplicasOptimizer.*Wrap the plain "
+                                         r"optimizer in one SyncReplicasOptimizer"):
+        if api == "builder":
+            scaler = nl.MultiOptimizerLossScale(manager)
+            scaler.add(loss, nested, var_list=[w])
+            scaler.build(global_step=gs, count_skipped_steps=True)
+        else:
+            nl.LossScaleOptimizer(nested, manager,
+                                  count_skipped_steps=True).minimize(loss, global_step=gs)
+    if api == "builder":  # the optimizer's compute_gradients runs before its apply
+        assert len(tf.get_default_graph().get_operations()) == before
 
 
 def test_sync_around_a_loss_scale_wrapper_in_the_builder_is_refused(graph):

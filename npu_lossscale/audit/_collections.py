@@ -6,7 +6,8 @@ from a ``tf.Graph``'s collections, or from a ``MetaGraphDef``'s
 from __future__ import absolute_import, division, print_function
 
 import tensorflow.compat.v1 as tf
-from tensorflow.core.framework import variable_pb2
+
+from npu_lossscale import tf_internals as _tf_internals
 
 __all__ = ["Collections", "node_name", "of_graph", "of_meta_graph"]
 
@@ -87,7 +88,7 @@ def _variable_defs(meta, key):
         return []
     result = []
     for raw in meta.collection_def[key].bytes_list.value:
-        var_def = variable_pb2.VariableDef()
+        var_def = _tf_internals.VariableDef()
         var_def.ParseFromString(raw)
         result.append(var_def)
     return result

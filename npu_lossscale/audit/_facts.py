@@ -37,20 +37,7 @@ STATUS_ALLOC_TYPES = frozenset(["NpuAllocFloatStatus"])
 #: Op types whose output tells whether values overflowed.
 CHECK_TYPES = frozenset(["IsFinite", "IsInf", "IsNan"]) | STATUS_TYPES
 
-COLLECTIVE_TYPES = frozenset([
-    "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
-    "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodAlltoall",
-    "HorovodReducescatter", "HorovodGroupedReducescatter", "HorovodJoin",
-    "HorovodBarrier",
-    "HcomAllReduce", "HcomAllGather", "HcomBroadcast", "HcomReduceScatter",
-    "HcomReduce", "HcomSend", "HcomReceive", "HcomAllToAllV", "HcomAllToAllVC",
-    "HcomGatherAllToAllV",
-    "NcclAllReduce", "NcclReduce", "NcclBroadcast",
-    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3",
-    "CollectiveGather", "CollectiveGatherV2", "CollectiveBcastSend",
-    "CollectiveBcastRecv", "CollectiveBcastSendV2", "CollectiveBcastRecvV2",
-    "CollectiveAllToAllV2", "CollectiveAllToAllV3", "CollectiveReduceScatterV2",
-])
+COLLECTIVE_TYPES = graph_walk.COLLECTIVE_TYPES
 _BROADCAST = re.compile(r"Broadcast|Bcast")
 _RESTORE_TYPES = frozenset(["RestoreV2", "Restore", "RestoreSlice"])
 SAVE_TYPES = {"SaveV2": 3, "Save": 2, "SaveSlices": 3}

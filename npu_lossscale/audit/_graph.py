@@ -23,8 +23,8 @@ from __future__ import absolute_import, division, print_function
 import collections
 
 import tensorflow.compat.v1 as tf
-from tensorflow.python.framework import op_def_registry
 
+from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_walk
 from npu_lossscale.audit import _collections
 
@@ -440,12 +440,8 @@ class GraphModel(object):
 
 
 def _registered_op(op_type):
-    """The ``OpDef`` registered for an op type here, or None (TF 1.15 has
-    ``get_registered_ops``; later releases ``get``)."""
-    get = getattr(op_def_registry, "get", None)
-    if get is not None:
-        return get(op_type)
-    return op_def_registry.get_registered_ops().get(op_type)
+    """The ``OpDef`` registered for an op type here, or None."""
+    return _tf_internals.registered_op_def(op_type)
 
 
 def _attr_or_default(attr, op_def, key):

@@ -47,6 +47,11 @@ class Backend(object):
     name = _ClassName()
     reads_register = False
     on_npu = False
+    #: Whether a skip it flags shows in the values the skip diagnosis reads
+    #: (a non-finite gradient or loss; +-65504 on a saturating register).
+    #: A check of its own (say a threshold) may flag finite values: its
+    #: skips then read "backend_flagged". Default False.
+    gives_evidence = False
 
     def overflow_flag(self, tensors, after=()):
         """Makes the flag of one check, at build time (once per check).

@@ -24,6 +24,7 @@ class IsFiniteBackend(Backend):
 
     name = "is_finite"
     reads_register = False
+    gives_evidence = True
 
     def __init__(self, on_npu=False):
         self.on_npu = on_npu  # Ascend in INF/NaN mode

@@ -32,6 +32,7 @@ class NpuFloatStatusBackend(Backend):
 
     name = "npu"
     reads_register = True
+    gives_evidence = True
     on_npu = True
 
     def __init__(self, gen_ops):

@@ -5,7 +5,6 @@ checked values are trusted. (Managers: ``managers.base``.)"""
 
 from __future__ import absolute_import, division, print_function
 
-import inspect
 import math
 import numbers
 import re
@@ -52,34 +51,6 @@ def check_optimizer(optimizer, argument="optimizer"):
         raise TypeError(
             "%s is already a loss-scale wrapper (%s), got %r. Pass the optimizer it "
             "wraps." % (argument, wrappers[0], optimizer))
-
-
-def check_not_wrapped(optimizer, what):
-    """Raises TypeError when another loss-scale wrapper calls ``what`` of our
-    ``LossScaleOptimizer`` ``optimizer`` (it would scale the loss twice).
-    Only the calls reach ``optimizer``, so the check walks the call stack
-    for a caller whose ``self`` is such a wrapper."""
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            caller = frame.f_locals.get("self")
-            if caller is not None and caller is not optimizer:
-                names = [cls.__name__ for cls in type(caller).__mro__]
-                if _GRAPH_REWRITE_WRAPPER in names:
-                    raise TypeError(
-                        "%s was called by TF's %s (from enable_mixed_precision_graph_rewrite), "
-                        "which scales the loss again. Drop that call and turn the rewrite "
-                        "on in the session config (%s)."
-                        % (what, _GRAPH_REWRITE_WRAPPER, _GRAPH_REWRITE_DOC))
-                wrappers = [name for name in names if name in _LOSS_SCALE_WRAPPERS]
-                if wrappers:
-                    raise TypeError(
-                        "%s was called by %s, another loss-scale wrapper, so the loss "
-                        "would be scaled twice. Use one of the two wrappers."
-                        % (what, wrappers[0]))
-            frame = frame.f_back
-    finally:
-        del frame
 
 
 def check_global_step(global_step):

@@ -121,7 +121,10 @@ def transformed(plan, grads):
     result = collections.OrderedDict()
     for name, pairs in grads.items():
         group = plan.group(name)
+        fused = _gradients.fused_transform(plan, name)
         for transform in group.transforms:
+            if transform is fused:  # applied with the unscale
+                continue
             with tf.name_scope("%s/%s" % (name, transform.name)):
                 pairs = _checked_pairs(transform, group, pairs,
                                        transform.transform(group, list(pairs)))

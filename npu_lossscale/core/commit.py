@@ -175,7 +175,8 @@ def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
     """Applies every ``Apply``, or nothing at all when not finite (``run_if``).
 
     Args:
-      is_finite: bool scalar.
+      is_finite: bool scalar; None when nothing can skip (no check, no
+        condition): the applies and the updates are built with no gate.
       applies: list of ``Apply``.
       global_step: a variable advanced by one on finite steps, or None.
       name: the name scope of the gate.
@@ -205,6 +206,13 @@ def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
                 updates = [_increment(global_step)]
         return updates
 
+    if is_finite is None:  # nothing can skip: no gate
+        with tf.name_scope(name) as scope:
+            done = list(apply_all(scope.rstrip("/")))
+            if isinstance(update_ops, Copies):
+                done += [_copy_op(op) for op in update_ops]
+            with tf.control_dependencies(done + list(update_ops)):
+                return tf.constant(True, name="applied")
     return gate(kind, is_finite, apply_all, name, existing=update_ops, otherwise=on_skip)
 
 
@@ -293,19 +301,26 @@ def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(
 
     conditions = [item.name for item in plan.conditions]
     counted_inside = None if plan.count_skipped_steps else global_step
+
+    def decision(names):
+        return decisions.all_of(names) if plan.flag_names else None
+
     if len(plan.gates) == 1:
         item = plan.gates[0]
-        applied = guarded_apply(decisions.all_of(list(item.checks) + conditions),
+        applied = guarded_apply(decision(list(item.checks) + conditions),
                                 applies(item), counted_inside, item.name, plan.gate_kind,
                                 update_ops, on_skip=on_skip, on_apply=on_apply)
         ops, every_group = [applied], applied
     else:
-        ops = [guarded_apply(decisions.all_of(list(item.checks) + conditions), applies(item),
+        ops = [guarded_apply(decision(list(item.checks) + conditions), applies(item),
                              name=item.name, kind=plan.gate_kind)
                for item in plan.gates]
         applied = tf.reduce_any(tf.stack(ops[:len(plan.gates)]))
         every_group = tf.reduce_all(tf.stack(ops[:len(plan.gates)]))
-        if update_ops or on_apply is not None:
+        if update_ops and not plan.flag_names:  # nothing can skip: no gate
+            ops.append(tf.group(*([_copy_op(op) for op in update_ops]
+                                  if isinstance(update_ops, Copies) else update_ops)))
+        elif update_ops or on_apply is not None:
             every = decisions.all_of(list(plan.flag_names), name="all_finite")
             ops.append(gate(plan.gate_kind, every,
                             lambda scope: [] if on_apply is None else list(on_apply()),
@@ -321,7 +336,7 @@ def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(
     if plan.count_skipped_steps and global_step is not None:
         with tf.control_dependencies(ops):
             ops = ops + [_increment(global_step)]
-    if skipped_steps is not None:
+    if skipped_steps is not None and plan.flag_names:
         ops.append(skipped_steps.increment(tf.logical_not(every_group)))
     return Committed(applied, ops)
 

@@ -40,13 +40,14 @@ def _traced_from_eager(graph):
         return tf.executing_eagerly()
 
 
-def require_graph_mode(what, eager_functions=False):
+def require_graph_mode(what, eager_functions=False, hint=""):
     """Raises ValueError unless ops are being made at the top level of a graph.
 
     Args:
       what: the name of the API being used, for the message.
       eager_functions: True where ``what`` also works in an eager program's
         ``tf.function`` (it makes no variable, so retracing is harmless).
+      hint: a sentence added to the message for a call inside control flow.
     """
     if tf.executing_eagerly():
         raise ValueError(
@@ -66,7 +67,7 @@ def require_graph_mode(what, eager_functions=False):
     raise ValueError(
         "%s must be built at the top level of the graph, got a call inside %s. Build "
         "it outside tf.cond, tf.while_loop and tf.function; branch in Python around "
-        "session.run instead." % (what, inside))
+        "session.run instead.%s" % (what, inside, " " + hint if hint else ""))
 
 
 def require_top_level(what):

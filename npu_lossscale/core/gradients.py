@@ -6,6 +6,7 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 
+import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import managers as _managers
@@ -17,9 +18,13 @@ from npu_lossscale import managers as _managers
 #: benchmarks/small_tensor_reads.py).
 SMALL_GRADIENT_ELEMENTS = 16384
 
-#: The scales ``check_scale`` accepts, 2**-126 to 2**126: the manager
-#: protocol's range (``managers.SCALE_RANGE`` says why).
+#: The manager protocol's range of scales (``managers.SCALE_RANGE`` says
+#: why).
 SCALE_RANGE = _managers.SCALE_RANGE
+#: The scales ``check_scale`` accepts from a manager that does not declare
+#: its range: the protocol's, floored at float16's smallest subnormal
+#: (2**-24), below which a float16 gradient under 0.5 flushes to 0.
+CUSTOM_SCALE_RANGE = (2.0 ** -24, SCALE_RANGE[1])
 
 
 class Scale(collections.namedtuple("Scale", ["value", "inverse", "is_unit"])):
@@ -31,6 +36,14 @@ class Scale(collections.namedtuple("Scale", ["value", "inverse", "is_unit"])):
       is_unit: True when the manager's scale is the constant 1, so there is
         nothing to unscale.
     """
+
+
+def finite(tensor):
+    """Elementwise: whether a float32 ``tensor`` is finite, without
+    ``IsFinite``, which CANN lacks (tf_adapter's docs): NaN differs from
+    itself, and inf exceeds float32's largest value."""
+    return tf.logical_and(tf.equal(tensor, tensor),
+                          tf.less_equal(tf.abs(tensor), np.finfo(np.float32).max))
 
 
 def dense_values(grad):
@@ -49,7 +62,7 @@ def scale_snapshot(manager):
 
     For a manager whose class does not declare ``keeps_scale_in_range``
     (custom, contrib's, npu_bridge's, subclasses of ours), the snapshot waits
-    for ``check_scale``: a scale outside ``SCALE_RANGE`` (0, negative, NaN,
+    for ``check_scale``: a scale outside ``CUSTOM_SCALE_RANGE`` (0, negative, NaN,
     inf, a float64 or float16 value that is inf in float32) fails the run
     before anything of the step runs. A declaring class (this package's
     managers) gets no check (``managers.declares_scale_in_range``).
@@ -101,7 +114,8 @@ def _prevent_feeding(tensor):
 
 
 def check_scale(manager, scale):
-    """The run-time check that a manager's scale lies in ``SCALE_RANGE``.
+    """The run-time check that a manager's scale lies in
+    ``CUSTOM_SCALE_RANGE``.
 
     A scale of 0 zeroes every scaled gradient and makes its unscaled value
     NaN (0 * inf); a NaN or infinite scale makes every gradient non-finite,
@@ -118,11 +132,12 @@ def check_scale(manager, scale):
       The ``Assert`` op; it fails the run with InvalidArgumentError, printing
       the manager's class, the scale and the fix.
     """
-    low, high = SCALE_RANGE
+    low, high = CUSTOM_SCALE_RANGE
     message = (
         "npu_lossscale: the loss-scale manager %s returned a loss scale outside "
-        "[2**-126, 2**126] from get_loss_scale() (0 makes the gradients NaN, NaN "
-        "and inf skip every step, beyond 2**126 1/scale flushes to 0). Keep it "
+        "[2**-24, 2**126] from get_loss_scale() (0 makes the gradients NaN, NaN "
+        "and inf skip every step, beyond 2**126 1/scale flushes to 0, below 2**-24 "
+        "every float16 gradient under 0.5 flushes to 0 and nothing trains). Keep it "
         "there in its update_loss_scale, e.g. tf.clip_by_value(new_scale, 1.0, "
         "2.0 ** 64). The scale was:"
         % type(manager).__name__)
@@ -309,12 +324,27 @@ def scaled_gradients(plan, scales, names, after=()):
                     for pairs in per_replica[name]]
         pairs = (replicas[0] if len(replicas) == 1
                  else engine.combine_replicas(group, replicas))
+        pairs = [(_summed_duplicates(grad), var) for grad, var in pairs]
         if not pairs:
             raise ValueError(
                 "group %r: its optimizer's compute_gradients returned no gradient for its "
                 "%d variables. Check its var_list." % (name, len(group.var_list)))
         result[name] = pairs
     return result
+
+
+def _summed_duplicates(grad):
+    """A float16 ``IndexedSlices`` with its duplicate indices summed, in
+    float32 and cast back, so that a sum that overflows float16 is an inf
+    the check sees; the apply would otherwise sum them after the check.
+    Anything else as it is."""
+    if not (isinstance(grad, tf.IndexedSlices) and grad.values.dtype.base_dtype == tf.float16):
+        return grad
+    with tf.name_scope("summed_duplicates"):
+        unique, positions = tf.unique(grad.indices)
+        summed = tf.unsorted_segment_sum(tf.cast(grad.values, tf.float32), positions,
+                                         tf.shape(unique)[0])
+        return tf.IndexedSlices(tf.cast(summed, tf.float16), unique, grad.dense_shape)
 
 
 def means(grads, steps):
@@ -449,6 +479,28 @@ def unscale_all(plan, scales, scaled, packing):
     Returns:
       Ordered dict from group name to unscaled pairs.
     """
-    return collections.OrderedDict(
-        (name, packing.unscale(pairs, scales[plan.manager_use(plan.group(name).manager).name]))
-        for name, pairs in scaled.items())
+    result = collections.OrderedDict()
+    for name, pairs in scaled.items():
+        scale = scales[plan.manager_use(plan.group(name).manager).name]
+        fused = fused_transform(plan, name)
+        if fused is not None:
+            with tf.name_scope("%s/%s" % (name, fused.name)):
+                inverse = tf.ones([]) if scale.is_unit else scale.inverse
+                scale = scale._replace(inverse=fused.factor(plan.group(name), pairs, inverse),
+                                       is_unit=False)
+        result[name] = packing.unscale(pairs, scale)
+    return result
+
+
+def fused_transform(plan, name):
+    """The transform of group ``name`` that the unscale applies in its own
+    multiply, or None: its only transform, when it offers a ``factor``
+    (one scalar for every gradient, as a clip by the global norm is) and
+    the unscaled gradients are the ones applied (no accumulation window,
+    no reduction of the gradients across workers)."""
+    transforms = plan.group(name).transforms
+    if (len(transforms) != 1 or getattr(transforms[0], "factor", None) is None
+            or plan.window.steps > 1 or plan.mode == "chief"
+            or (plan.reduction.active and plan.reduction.allreduce_gradients)):
+        return None
+    return transforms[0]

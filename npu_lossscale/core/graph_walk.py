@@ -243,3 +243,21 @@ def topological(nodes, parents):
                 state[node] = 2
                 order.append(node)
     return order
+
+
+#: Op types that exchange tensors across workers (Horovod, HCCL, NCCL, TF's
+#: collectives).
+COLLECTIVE_TYPES = frozenset([
+    "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+    "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodAlltoall",
+    "HorovodReducescatter", "HorovodGroupedReducescatter", "HorovodJoin",
+    "HorovodBarrier",
+    "HcomAllReduce", "HcomAllGather", "HcomBroadcast", "HcomReduceScatter",
+    "HcomReduce", "HcomSend", "HcomReceive", "HcomAllToAllV", "HcomAllToAllVC",
+    "HcomGatherAllToAllV",
+    "NcclAllReduce", "NcclReduce", "NcclBroadcast",
+    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3",
+    "CollectiveGather", "CollectiveGatherV2", "CollectiveBcastSend",
+    "CollectiveBcastRecv", "CollectiveBcastSendV2", "CollectiveBcastRecvV2",
+    "CollectiveAllToAllV2", "CollectiveAllToAllV3", "CollectiveReduceScatterV2",
+])

@@ -11,6 +11,7 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
+from npu_lossscale import managers as _managers
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import gradients as _gradients
 
@@ -98,6 +99,33 @@ def condition_flags(plan, state):
     return result
 
 
+def unscaled_flags(plan, before, unscaled):
+    """The checks' flags, each also covering its groups' unscaled float16
+    gradients where the scale may be below 1 (the unscale then multiplies
+    by more than 1, and a finite float16 value can overflow in it;
+    ``managers.scale_may_be_below_one``).
+
+    Args:
+      plan: the ``plan.Plan``.
+      before: ordered dict from flag name to float32 flag.
+      unscaled: ordered dict from group name to the unscaled pairs.
+
+    Returns:
+      A new ordered dict of the same names.
+    """
+    result = collections.OrderedDict(before)
+    for item in plan.checks:
+        tensors = [grad for name in item.groups
+                   if _managers.scale_may_be_below_one(plan.group(name).manager)
+                   for grad, _ in unscaled[name]
+                   if grad.dtype.base_dtype == tf.float16]
+        if tensors:
+            with tf.name_scope("unscaled"):
+                result[item.name] = result[item.name] + _backends.checked_flag(
+                    plan.backend, tensors)
+    return result
+
+
 def transformed_flags(plan, before, after):
     """The checks' flags, each also covering its groups' transformed
     gradients where a transform may turn finite values into non-finite ones
@@ -107,6 +135,10 @@ def transformed_flags(plan, before, after):
       plan: the ``plan.Plan``.
       before: ordered dict from flag name to float32 flag.
       after: ordered dict from group name to the transformed pairs.
+
+    The transformed values are read themselves (``_values_flag``), not
+    through the backend: the close may run inside an accumulation window's
+    cond, where a float-status read cannot be built.
 
     Returns:
       A new ordered dict of the same names.
@@ -118,6 +150,23 @@ def transformed_flags(plan, before, after):
                    for grad, _ in after[name]]
         if tensors and item.name in result:
             with tf.name_scope("transformed"):
-                result[item.name] = result[item.name] + _backends.checked_flag(
-                    plan.backend, tensors)
+                result[item.name] = result[item.name] + _values_flag(
+                    tensors, plan.backend.reads_register)
     return result
+
+
+def _values_flag(tensors, saturation):
+    """A float32 flag, 1.0 when a tensor holds an inf or a NaN, or with
+    ``saturation`` a float16 tensor holds +-65504 (a saturated result on
+    Ascend's register). Read from the values, so it can be built anywhere
+    (an accumulation window's cond), without ``IsFinite`` (CANN has none).
+    """
+    values = [_gradients.dense_values(tensor) for tensor in tensors]
+    total = tf.add_n([tf.reduce_sum(tf.cast(value, tf.float32)) for value in values])
+    bad = tf.logical_not(_gradients.finite(total))
+    saturable = [value for value in values if value.dtype.base_dtype == tf.float16]
+    if saturation and saturable:
+        largest = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(tf.cast(value, tf.float32)))
+                                          for value in saturable]))
+        bad = tf.logical_or(bad, tf.greater_equal(largest, 65504.0))
+    return tf.cast(bad, tf.float32)

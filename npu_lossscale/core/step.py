@@ -184,7 +184,8 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     if plan.window.steps == 1:
         closing = _close.Closing(flags, grads, after, 1)
         if plan.mode == "chief":
-            closed = plan.reduction.engine.close(plan, closing, global_step, skipped_steps)
+            closed = plan.reduction.engine.close(plan, closing, global_step, skipped_steps,
+                                                 observers)
         else:
             closed = _close.close(plan, closing, global_step, skipped_steps, update_ops,
                                   observers, state)
@@ -219,10 +220,19 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                                                  for g, _ in pairs])
             reported, entry_ops = grads, this_run.adds
             window_end = this_run.seen.window_end
+            window_flags = this_run.seen.sums.flags
+            if any(not transform.keeps_finite for group in plan.groups
+                   for transform in group.transforms):
+                # What a transform returns at the window's close is known
+                # only there: the fields follow the step here.
+                missed = tf.cast(tf.logical_and(window_end, tf.logical_not(applied)), tf.float32)
+                window_flags = collections.OrderedDict(
+                    (name, flag + missed if name in [item.name for item in plan.checks] else flag)
+                    for name, flag in window_flags.items())
             seen = state._replace(
-                closing=_close.Closing(this_run.seen.sums.flags, collections.OrderedDict(), [],
+                closing=_close.Closing(window_flags, collections.OrderedDict(), [],
                                        plan.window.steps, this_run.seen.sums.loss_flags),
-                reduced_flags=this_run.seen.sums.flags, window_end=window_end)
+                reduced_flags=window_flags, window_end=window_end)
     reports = [observer.report(seen) for observer in observers]
     step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op,
                    reports, seen)
@@ -269,7 +279,8 @@ def _gradients_and_flags(plan, scales, given):
         scaled = _gradients.scaled_gradients(plan, scales, plan.group_names)
         packing = _gradients.pack(plan, scaled)
         flags = _overflow.flags(plan, scaled, packing, after=list(plan.losses))
-    return _Computed(_gradients.unscale_all(plan, scales, scaled, packing), flags, scaled)
+    unscaled = _gradients.unscale_all(plan, scales, scaled, packing)
+    return _Computed(unscaled, _overflow.unscaled_flags(plan, flags, unscaled), scaled)
 
 
 class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled"])):

@@ -20,8 +20,9 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 
-import numpy as np
 import tensorflow.compat.v1 as tf
+
+from npu_lossscale.core import gradients as _gradients
 
 
 class GradientAccumulator(object):
@@ -198,11 +199,7 @@ def _loss_bits(plan):
     """One float32 per group: 1 when its loss is not finite this run (0 for
     a group without a loss at hand)."""
     def not_finite(loss):
-        # No IsFinite, which CANN lacks: NaN != NaN, inf > float32's max.
-        loss = tf.cast(loss, tf.float32)
-        return tf.cast(tf.logical_or(tf.not_equal(loss, loss),
-                                     tf.greater(tf.abs(loss), np.finfo(np.float32).max)),
-                       tf.float32)
+        return 1.0 - tf.cast(_gradients.finite(tf.cast(loss, tf.float32)), tf.float32)
 
     return tf.stack([tf.zeros([]) if group.loss is None else not_finite(group.loss)
                      for group in plan.groups], name="loss_bits")

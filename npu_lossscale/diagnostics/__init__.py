@@ -3,7 +3,9 @@ the last skip read back as Python values (``read_last_skip``, ``describe``).
 
 A skipped step is diagnosed in the skip branch of its own gate, so an
 applied step runs none of it (``evidence``, ``record``; docs/diagnosis.md
-describes each reason).
+describes each reason). A skip condition (``seams.SkipCondition``) may add a
+reason of its own (``register_reason``); where a check says overflow too,
+the check's reason is given.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -18,9 +20,9 @@ from npu_lossscale.core import checks as _checks
 #: and ``register_reason`` appends a skip condition's own.
 REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
            "other_worker_overflowed", "register_outside_gradients", "requested",
-           "loss_spike")
+           "loss_spike", "backend_flagged")
 APPLIED, LOSS_NOT_FINITE, GRADIENTS_OVERFLOWED, OTHER_WORKER_OVERFLOWED, \
-    REGISTER_OUTSIDE_GRADIENTS, REQUESTED, LOSS_SPIKE = range(len(REASONS))
+    REGISTER_OUTSIDE_GRADIENTS, REQUESTED, LOSS_SPIKE, BACKEND_FLAGGED = range(len(REASONS))
 
 #: What to do about each reason, as the collapse message says it.
 FIXES = (
@@ -40,15 +42,26 @@ FIXES = (
     "the step was asked to be skipped (build(skip_global_steps=...)): nothing to fix.",
     "a loss exceeded skip_loss_spikes times its moving average: check the batch "
     "behind it; the weights and the loss scale stayed as they were.",
+    "the step's backend (a Backend of your own) flagged values that are all finite, "
+    "and it gives no per-variable evidence: ask the backend which values it "
+    "flagged.",
 )
 
 
-def register_reason(name, fix):
+#: The reasons of skip conditions that hold the loss scale (asked-for
+#: skips, loss spikes): they say nothing of the scale, so the collapse
+#: policy (``monitoring.CollapseMonitor``) passes over them.
+HOLDING_REASONS = frozenset(["requested", "loss_spike"])
+
+
+def register_reason(name, fix, holds_scale=False):
     """The code of a skip condition's reason, added to ``REASONS`` if new.
 
     Args:
       name: the reason's name, a non-empty str.
       fix: what to do about a skip for this reason, one sentence.
+      holds_scale: whether a skip for this reason leaves the loss scale as
+        it was (``HOLDING_REASONS``).
 
     Returns:
       The int code (``REASONS.index(name)``).
@@ -57,7 +70,7 @@ def register_reason(name, fix):
       TypeError: unless ``name`` and ``fix`` are str.
       ValueError: for an empty name.
     """
-    global REASONS, FIXES  # pylint: disable=global-statement
+    global REASONS, FIXES, HOLDING_REASONS  # pylint: disable=global-statement
     if not isinstance(name, str) or not isinstance(fix, str):
         raise TypeError("a skip condition's reason and fix must be str, got reason=%r, "
                         "fix=%r. Set e.g. reason = 'negative_loss' and fix = 'check the "
@@ -68,6 +81,8 @@ def register_reason(name, fix):
     if name not in REASONS:
         REASONS = REASONS + (name,)
         FIXES = FIXES + (fix,)
+        if holds_scale:
+            HOLDING_REASONS = HOLDING_REASONS.union([name])
     return REASONS.index(name)
 
 

@@ -115,10 +115,11 @@ class SkipDiagnosis(_seams.StepObserver):
         evidence = _evidence(state)
         names = record.group_names
         with tf.name_scope("skip_report"):
-            if state.reduced_flags:
-                skipped = tf.greater(tf.add_n(list(state.reduced_flags.values())), 0.0)
-            else:
-                skipped = tf.constant(False)
+            if not state.reduced_flags:  # nothing can skip
+                return (tf.constant(0, tf.int32, name="skip_reason"),
+                        dict((name, tf.constant(False, name="overflowed_%d" % index))
+                             for index, name in enumerate(names)))
+            skipped = tf.greater(tf.add_n(list(state.reduced_flags.values())), 0.0)
             if state.window_end is not None:
                 skipped = tf.logical_and(state.window_end, skipped)
 
@@ -328,8 +329,10 @@ class Record(object):
         position = dict((var, len(losses) + index) for index, (_, _, var) in enumerate(grads))
         variables = tf.gather(tf.concat([flags, tf.zeros([1], tf.int64)], 0),
                               [position.get(var, len(entries)) for var in self.variable_names])
-        reason = tf.constant(REGISTER_OUTSIDE_GRADIENTS if evidence.saturation
-                             else GRADIENTS_OVERFLOWED, tf.int64)
+        reason = tf.constant(
+            REGISTER_OUTSIDE_GRADIENTS if evidence.saturation
+            else GRADIENTS_OVERFLOWED if plan.backend.gives_evidence
+            else _diagnostics.BACKEND_FLAGGED, tf.int64)
         if grads:
             reason = tf.where(tf.reduce_any(bad[len(losses):]),
                               tf.constant(GRADIENTS_OVERFLOWED, tf.int64), reason)

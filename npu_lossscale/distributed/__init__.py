@@ -31,6 +31,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
+from npu_lossscale.core import graph_walk as _graph_walk
 
 ENGINES = ("horovod", "hccl")
 # Optimizer classes that already allreduce their gradients.
@@ -45,6 +46,20 @@ class CollectiveEngine(_seams.ReductionEngine):
     ``mean_gradient``."""
 
     mode = "workers"
+    #: Whether float16 gradients are reduced in float16 (``float16_mean``)
+    #: rather than widened to float32 (``widened``).
+    float16 = False
+
+    def workers(self):
+        """The number of workers (an int)."""
+        raise NotImplementedError
+
+    def float16_mean(self, grad):
+        """The mean of a dense float16 gradient, reduced in float16: each
+        worker divides by the worker count first, so the sum of their
+        values, each at most 65504 / n, cannot overflow (half the bytes of
+        the float32 reduction; values below n * 2**-24 flush to 0)."""
+        return self.sum(grad * tf.constant(1.0 / self.workers(), tf.float16))
 
     def sum(self, tensor):
         """Allreduce-sum of a dense float32 tensor across workers."""
@@ -94,7 +109,12 @@ class HorovodEngine(CollectiveEngine):
         """Allreduce-average of a gradient (IndexedSlices allgathered)."""
         if isinstance(grad, tf.IndexedSlices):  # gathered, never summed
             return self._hvd.allreduce(grad, op=self._hvd.Average)
+        if self.float16 and grad.dtype.base_dtype == tf.float16:
+            return self.float16_mean(grad)
         return widened(grad, lambda wide: self._hvd.allreduce(wide, op=self._hvd.Average))
+
+    def workers(self):
+        return self._hvd.size()
 
 
 class HcclEngine(CollectiveEngine):
@@ -114,7 +134,13 @@ class HcclEngine(CollectiveEngine):
         def mean(wide):
             summed = self._hccl_ops.allreduce(wide, "sum")
             return summed / tf.cast(self._rank_size, summed.dtype.base_dtype)
-        return widened(tf.convert_to_tensor(grad), mean)
+        grad = tf.convert_to_tensor(grad)
+        if self.float16 and grad.dtype.base_dtype == tf.float16:
+            return self.float16_mean(grad)
+        return widened(grad, mean)
+
+    def workers(self):
+        return self._rank_size
 
 
 def widened(grad, reduce_fn):
@@ -283,18 +309,21 @@ def cluster_from_environment(environ=None):
     return None
 
 
-def check_cluster(what, plan, reduce_with, opt_out, aggregated=False):
-    """Raises ValueError when this process is one of several workers whose
-    skip decisions nothing makes equal.
+def check_cluster(what, plan, reduce_with, opt_out, aggregated=False, given=None):
+    """Refuses a step of one of several workers whose skip decisions nothing
+    makes equal, or returns the observer that checks its gradients.
 
-    Each worker would then skip on its own overflows alone, and the
+    Each worker would otherwise skip on its own overflows alone, and the
     replicas would drift apart silently. Accepted without an engine: a
     step whose decision a SyncReplicasOptimizer's chief takes on the
-    aggregate (``aggregated``), and one whose checked groups' optimizers
-    average their gradients across workers before the check
-    (``hvd.DistributedOptimizer``, npu_bridge's distributed wrappers), with
-    a backend that reads those gradients (not the float-status register,
-    which sees only this device's overflows).
+    aggregate (``aggregated``), and one whose checked gradients are
+    averaged across workers before the check (``hvd.DistributedOptimizer``,
+    npu_bridge's distributed wrappers), with a backend that reads those
+    gradients (not the float-status register, which sees only this
+    device's overflows). What decides is what the step reduces, not how the
+    optimizer was called: every checked gradient must come out of a
+    collective op (``graph_walk.COLLECTIVE_TYPES``), looked up once the
+    gradients exist.
 
     Args:
       what: the API being built, for the message.
@@ -303,6 +332,12 @@ def check_cluster(what, plan, reduce_with, opt_out, aggregated=False):
         workers decide alike, for the message.
       opt_out: the argument that declares the workers independent.
       aggregated: whether a SyncReplicasOptimizer's chief decides.
+      given: the (gradient, variable) pairs a ``LossScaleOptimizer`` was
+        handed, checked here; None for a builder's step, whose gradients
+        the returned observer checks.
+
+    Returns:
+      None, or a ``ReducedGradients`` observer for the step.
 
     Raises:
       ValueError: if the environment names several workers and none of the
@@ -310,16 +345,75 @@ def check_cluster(what, plan, reduce_with, opt_out, aggregated=False):
     """
     cluster = cluster_from_environment()
     if cluster is None or aggregated:
-        return
+        return None
     checked = [group for group in plan.groups if group.checked]
-    if not plan.backend.reads_register and all(
-            reduces_gradients(group.optimizer) for group in checked):
-        return
+    refusal = ReducedGradients(what, cluster, reduce_with[cluster.kind], opt_out)
+    if not plan.backend.reads_register:
+        if given is not None:
+            refusal.check(plan.groups[0].name, given)
+            return None
+        if all(reduces_gradients(group.optimizer) for group in checked):
+            return refusal
     raise ValueError(
         "%s: this process is one of %d workers (%s), but their skip decisions are not "
         "reduced, so the replicas would drift apart. %s, or pass %s if each worker "
         "trains alone." % (what, cluster.workers, cluster.source, reduce_with[cluster.kind],
                            opt_out))
+
+
+class ReducedGradients(_seams.StepObserver):
+    """Checks, once a step's gradients exist, that every checked gradient
+    comes out of a collective op: the workers then check equal gradients
+    and decide alike (``check_cluster``).
+
+    Args:
+      what: the API being built, for the message.
+      cluster: the ``Cluster``.
+      route: the route that makes the workers decide alike.
+      opt_out: the argument that declares the workers independent.
+    """
+
+    name = "reduced_gradients"
+
+    def __init__(self, what, cluster, route, opt_out):
+        self._what, self._cluster, self._route, self._opt_out = what, cluster, route, opt_out
+
+    def before_update(self, state):
+        for group in state.plan.groups:
+            if group.checked:
+                self.check(group.name, state.grads[group.name])
+        return _seams.Hooked()
+
+    def check(self, name, grads_and_vars):
+        """Raises ValueError unless every gradient of ``grads_and_vars``
+        depends on a collective op."""
+        for grad, var in grads_and_vars:
+            if grad is None:
+                continue
+            op = (grad.values if isinstance(grad, tf.IndexedSlices) else grad).op
+            if not any(_is_collective(node)
+                       for node in _graph_walk.depth_first([op], _data_parents)):
+                raise ValueError(
+                    "%s: this process is one of %d workers (%s), and group %r's gradient of "
+                    "%r is not averaged across them (no collective op computes it), so the "
+                    "replicas' skip decisions would drift apart. %s, or pass %s if each "
+                    "worker trains alone." % (
+                        self._what, self._cluster.workers, self._cluster.source, name,
+                        var.op.name, self._route, self._opt_out))
+
+
+def _is_collective(op):
+    """Whether ``op`` is a collective (npu_bridge's emulation included, by
+    the op type it stands for)."""
+    kind = op.type
+    shim = op.node_def.attr.get("_npu_shim_op_type")
+    if shim is not None and shim.s:
+        kind = shim.s.decode("utf-8")
+    return kind in _graph_walk.COLLECTIVE_TYPES
+
+
+def _data_parents(op):
+    return [tensor.op for tensor in op.inputs]
 
 
 def check_no_strategy(what):

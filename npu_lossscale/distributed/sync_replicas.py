@@ -104,7 +104,13 @@ def _check_plan(plan, options, global_step, api):
             "%s: count_skipped_steps=False with a SyncReplicasOptimizer, whose tokens "
             "follow global_step: a skipped step would leave every worker waiting "
             "forever. Pass %s." % (api, _ROUTE))
-    _checks.check_optimizer(_tf_internals.sync_replicas_inner(group.optimizer),
+    inner = _tf_internals.sync_replicas_inner(group.optimizer)
+    if is_sync_replicas(inner):
+        raise ValueError(
+            "%s: group %r's SyncReplicasOptimizer wraps another SyncReplicasOptimizer (%r), "
+            "which would aggregate twice and hand out two sets of tokens. Wrap the plain "
+            "optimizer in one SyncReplicasOptimizer." % (api, group.name, inner))
+    _checks.check_optimizer(inner,
                             argument="the optimizer the SyncReplicasOptimizer wraps")
     _check_beside(group.manager, global_step, api)
 
@@ -159,6 +165,7 @@ class _AggregateCheck(_backends.Backend):
     workers' pushed flags."""
 
     name = "is_finite"
+    gives_evidence = True
 
     def __init__(self, pushed):
         self._pushed = pushed
@@ -175,7 +182,8 @@ class _ChiefApply(object):
     the chief's apply, so that the aggregate goes through the step's close.
     ``group`` carries the wrapped optimizer."""
 
-    def __init__(self, plan, group, slot, skipped_steps, scope):
+    def __init__(self, plan, group, slot, skipped_steps, scope, observers=()):
+        self._observers = list(observers)
         self._plan = plan
         self._group = group
         self._slot = slot
@@ -198,7 +206,7 @@ class _ChiefApply(object):
         with tf.name_scope(self._scope):
             flags = _overflow.flags(chief, grads, _gradients.Packing([]), after=())
             closed = _close.close(chief, _close.Closing(flags, grads, [], 1), global_step,
-                                  self._skipped_steps)
+                                  self._skipped_steps, observers=self._observers)
         return closed.applied.op
 
 
@@ -214,10 +222,11 @@ def _optimizer_replaced(sync, stand_in):
         _tf_internals.set_sync_replicas_inner(sync, wrapped)
 
 
-def _close_worker(plan, closing, global_step, skipped_steps=None):
+def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
     """The close of a worker's step: it pushes its gradients and summed flag,
     ungated, and waits for its token; the chief's apply, built here too,
-    decides on the aggregate (``_ChiefApply``) and counts ``skipped_steps``.
+    decides on the aggregate (``_ChiefApply``), counts ``skipped_steps`` and
+    runs the step's ``observers`` in its skip branch.
 
     Returns:
       A ``close.Closed`` whose ``applied`` is this worker's own decision,
@@ -237,7 +246,7 @@ def _close_worker(plan, closing, global_step, skipped_steps=None):
         pushes.append((flag, slot))
     wrapped = _tf_internals.sync_replicas_inner(group.optimizer)
     chief = _ChiefApply(plan, group._replace(optimizer=wrapped), slot, skipped_steps,
-                        (scope + "/" if scope else "") + "sync_chief")
+                        (scope + "/" if scope else "") + "sync_chief", observers)
     with _optimizer_replaced(group.optimizer, chief):
         pushed = group.optimizer.apply_gradients(pushes, global_step=global_step)
     decisions = _close.Decisions(closing.flags, [g for g, _ in pairs])
@@ -278,5 +287,5 @@ class SyncReplicasEngine(_seams.ReductionEngine):
     def check_plan(self, plan, options, global_step, api):
         _check_plan(plan, options, global_step, api)
 
-    def close(self, plan, closing, global_step, skipped_steps):
-        return _close_worker(plan, closing, global_step, skipped_steps)
+    def close(self, plan, closing, global_step, skipped_steps, observers=()):
+        return _close_worker(plan, closing, global_step, skipped_steps, observers)

@@ -13,6 +13,8 @@ wrap (Horovod, HCCL) reduces as it does without them.
 
 from __future__ import absolute_import, division, print_function
 
+import collections
+
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
@@ -50,18 +52,30 @@ class Towers(_seams.ReductionEngine):
     def replica_losses(self, group):
         return self.replicas.get(group.name, (group.loss,))
 
+    def replica_scope(self, group, index):
+        """The tower loss's device, for an optimizer's own
+        ``compute_gradients``, which the step cannot ask to colocate."""
+        losses = self.replica_losses(group)
+        if group.own_backprop and len(losses) > 1:
+            return tf.device(losses[index].device)
+        return super(Towers, self).replica_scope(group, index)
+
     def combine_replicas(self, group, per_replica):
-        del group
-        count = len(per_replica)
+        """Each variable's mean over the towers, a tower without its
+        gradient counting as zero (the gradient of the towers' mean loss)."""
+        grads = collections.OrderedDict((var.name, (var, [])) for var in group.var_list)
+        for pairs in per_replica:
+            for grad, var in pairs:
+                grads[var.name][1].append(grad)
         with tf.name_scope("tower_mean"):
-            return [(_mean([pairs[index][0] for pairs in per_replica], count), var)
-                    for index, (_, var) in enumerate(per_replica[0])]
+            return [(_mean(found, len(per_replica)), var)
+                    for var, found in grads.values() if found]
 
     def reduce(self, flags, grads, allreduce_gradients):
         return self.inner.reduce(flags, grads, allreduce_gradients)
 
-    def close(self, plan, closing, global_step, skipped_steps):
-        return self.inner.close(plan, closing, global_step, skipped_steps)
+    def close(self, plan, closing, global_step, skipped_steps, observers=()):
+        return self.inner.close(plan, closing, global_step, skipped_steps, observers)
 
 
 def _mean(grads, count):

@@ -14,8 +14,8 @@ from __future__ import absolute_import, division, print_function
 from npu_lossscale.managers.base import (SCALE_RANGE, LossScaleManager, check_manager,
                                          check_manager_graph, declares_scale_in_range,
                                          describe, listens_to_underflow, manager_variables,
-                                         overflow_check_enabled, scale_moves,
-                                         static_scale)
+                                         overflow_check_enabled, scale_may_be_below_one,
+                                         scale_moves, static_scale)
 from npu_lossscale.managers.checkpoints import convert_checkpoint
 from npu_lossscale.managers.dynamic import DynamicLossScaleManager
 from npu_lossscale.managers.exponential import ExponentialUpdateLossScaleManager

@@ -59,8 +59,9 @@ class LossScaleManager(object):
       its groups; returns the op that records it, which the same run's
       ``update_loss_scale`` follows): with both, the step measures the
       manager's groups on those runs only;
-    * ``assign_loss_scale(scale)``: the op that sets the scale, for
-      ``build(measure_first_scale=True)``.
+    * ``assign_loss_scale(scale)``: the op that sets the scale within its
+      bounds, and changes nothing for a NaN ``scale``, for
+      ``build(measure_first_scale=True)`` (``takes_measured_scale``).
 
     Example (docs/managers.md, "Adding a manager")::
 
@@ -191,6 +192,19 @@ def assign_scale(manager, scale):
 def static_scale(manager):
     """The optional ``static_loss_scale``, None without it."""
     return getattr(manager, "static_loss_scale", None)
+
+
+def scale_may_be_below_one(manager):
+    """Whether ``manager``'s scale may be below 1, so that unscaling
+    multiplies by more than 1: a float16 gradient can then overflow in the
+    unscale itself. False for a constant scale of at least 1 and for a
+    floor (``min_loss_scale``) of at least 1; True for a manager that
+    declares neither."""
+    static = static_scale(manager)
+    if static is not None:
+        return static < 1.0
+    floor = getattr(manager, "min_loss_scale", None)
+    return not (isinstance(floor, (int, float)) and floor >= 1.0)
 
 
 def scale_moves(manager):

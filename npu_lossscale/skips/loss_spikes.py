@@ -53,12 +53,16 @@ class LossSpikes(_seams.SkipCondition):
     def _variables(self, names):
         """The count and each named group's average, made on first use."""
         with _graph_state.outside(self._scope), tf.name_scope("loss_spikes"):
+            # Resource variables: ``on_apply`` writes them inside the gate,
+            # a functional ``If`` under gate="cond" with control flow v2,
+            # where a ref variable cannot be assigned.
             if self._count is None:
                 self._count = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                          name="applied_steps")
+                                          use_resource=True, name="applied_steps")
             for name in names:
                 if name not in self._averages:
                     self._averages[name] = tf.Variable(0.0, dtype=tf.float32, trainable=False,
+                                                       use_resource=True,
                                                        name="average_%s" % name)
         return self._count, [self._averages[name] for name in names]
 

@@ -5,6 +5,7 @@ from __future__ import absolute_import, division, print_function
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
+from npu_lossscale.core import gradients as _gradients
 
 # The clip_norm values for which clip_by_global_norm stays exact: clip_norm
 # and 1 / clip_norm are both normal float32 numbers.
@@ -16,8 +17,11 @@ class ClipByGlobalNorm(_seams.GradientTransform):
     ``tf.clip_by_global_norm`` does, in float32.
 
     The norm is taken in float32: float16 squares overflow past a norm of
-    about 256, and TF's clip turns every gradient into NaN then, on a step
-    the check found finite. float32 gradients are clipped exactly as
+    about 256. Where even float32's sum of squares overflows (a norm past
+    about 1.8e19 of finite gradients), TF's clip turns every gradient into
+    NaN on a step the check found finite; the norm is then taken over the
+    gradients rescaled by their largest magnitude (``_global_norm``).
+    Otherwise float32 gradients are clipped exactly as
     ``tf.clip_by_global_norm`` clips them; others are cast back.
 
     Args:
@@ -34,9 +38,42 @@ class ClipByGlobalNorm(_seams.GradientTransform):
     def transform(self, group, grads_and_vars):
         del group
         wide = [_cast(grad, tf.float32) for grad, _ in grads_and_vars]
-        clipped, _ = tf.clip_by_global_norm(wide, self.clip_norm)
+        clipped, _ = tf.clip_by_global_norm(wide, self.clip_norm, use_norm=_global_norm(wide))
         return [(_cast(new, grad.dtype.base_dtype), var)
                 for new, (grad, var) in zip(clipped, grads_and_vars)]
+
+
+    def factor(self, group, scaled_pairs, inverse):
+        """The one multiplier that unscales and clips the scaled gradients:
+        ``inverse * clip_norm / max(inverse * norm, clip_norm)``, with the
+        global norm of the scaled gradients in float32 (``_global_norm``).
+
+        Args:
+          group: the ``core.plan.Group``.
+          scaled_pairs: its scaled (gradient, variable) pairs.
+          inverse: float32 scalar, one over the scale.
+
+        Returns:
+          A float32 scalar.
+        """
+        del group
+        norm = _global_norm([_cast(grad, tf.float32) for grad, _ in scaled_pairs])
+        return inverse * self.clip_norm / tf.maximum(norm * inverse, self.clip_norm)
+
+
+def _global_norm(grads):
+    """``tf.global_norm(grads)``, or where its sum of squares overflows
+    float32 while every gradient is finite, the same norm taken over the
+    gradients divided by their largest magnitude (which cannot overflow),
+    times that magnitude. Gradients that are not finite give a norm that is
+    not finite, as TF's does (the step skips then anyway)."""
+    values = [grad.values if isinstance(grad, tf.IndexedSlices) else grad for grad in grads]
+    norm = tf.global_norm(values)
+    largest = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(value)) for value in values]))
+    divisor = tf.where(tf.greater(largest, 0.0), largest, tf.ones([]))
+    rescaled = largest * tf.global_norm([value / divisor for value in values])
+    return tf.where(tf.logical_and(tf.logical_not(_gradients.finite(norm)),
+                                   _gradients.finite(largest)), rescaled, norm)
 
 
 def _cast(grad, dtype):

@@ -41,7 +41,10 @@ def transforms_of(fn):
         return ()
     if isinstance(fn, _seams.GradientTransform):
         return (fn,)
-    if isinstance(fn, type) or not callable(fn):
+    if isinstance(fn, type):
+        raise TypeError("transform_grads_fn=%r is a class; pass an instance or a function, "
+                        "e.g. transform_grads_fn=%s()." % (fn, fn.__name__))
+    if not callable(fn):
         raise TypeError(
             "transform_grads_fn must be a function from a list of (gradient, variable) "
             "pairs to a list, got %r. Pass e.g. lambda pairs: [(tf.clip_by_norm(g, 1.0), v) "

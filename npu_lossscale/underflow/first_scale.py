@@ -4,28 +4,43 @@ step, so that a script started at a scale far too high (ModelZoo's
 scale comes down, and one started far too low does not train on flushed
 gradients while it climbs.
 
-The first run that reaches a manager's scale read measures, before that
-read, the float32 view of its groups' losses (``float32_view``): the
-largest magnitude ``amax`` of every tensor the float16 backprop would hold
-(the variables' gradients and those of every float16 forward tensor), over
-the scale. The manager's scale becomes the largest power of two ``s`` with
+The first run of a step op that reaches a manager's scale read measures,
+before that read, the float32 view of its groups' losses
+(``float32_view``; each in-graph tower's loss on its own): the largest
+magnitude ``amax`` of every tensor the float16 backprop would hold (the
+variables' gradients and those of every float16 forward tensor), over the
+scale. The manager's scale becomes the largest power of two ``s`` with
 ``s * amax <= 65504 / 2**margin`` (Transformer Engine's rule for FP8 with
 its amax history), within the manager's bounds, and the step runs at it. A
-measurement that is 0 or not finite leaves the scale as it was. Later runs
-only read one flag, ``<scope>/first_scale_measured`` (saved with
-checkpoints, so a restored run does not measure again).
+measurement that is 0 or not finite leaves the scale as it was.
+
+Each group is measured once. With ``per_group_ops`` a group's op measures
+its own groups on its first run (it may not be fed what the others need):
+the first measurement of a manager sets its scale, a later one of another
+group only lowers it, so the group's first step does not overflow either.
+Later runs read one flag per group, ``<scope>/first_scale_measured``
+(saved with checkpoints, so a restored run does not measure again).
 """
 
 from __future__ import absolute_import, division, print_function
+
+import collections
 
 import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale.core import commit as _commit
+from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.managers import base as _manager_base
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
+
+
+class _Measured(collections.namedtuple("_Measured", ["manager", "groups", "flags"])):
+    """One manager's measurement state: the names of its groups (as the
+    joint step has them) and a bool variable, one flag per group, True once
+    that group was measured."""
 
 
 class FirstScale(_seams.StepObserver):
@@ -42,18 +57,19 @@ class FirstScale(_seams.StepObserver):
     def __init__(self, margin):
         self.margin = margin
         self._scope = _graph_state.current_scope()
-        self._measured = []  # (manager, its flag variable)
+        self._measured = []  # a _Measured per manager
 
-    def _flag(self, manager):
-        for known, flag in self._measured:
-            if known is manager:
-                return flag
+    def _state(self, use):
+        for known in self._measured:
+            if known.manager is use.manager:
+                return known
         with _graph_state.outside(self._scope):
-            flag = tf.Variable(False, trainable=False,
-                               name="first_scale_measured" if not self._measured
-                               else "first_scale_measured_%d" % len(self._measured))
-        self._measured.append((manager, flag))
-        return flag
+            flags = tf.Variable([False] * len(use.groups), trainable=False,
+                                name="first_scale_measured" if not self._measured
+                                else "first_scale_measured_%d" % len(self._measured))
+        known = _Measured(use.manager, tuple(use.groups), flags)
+        self._measured.append(known)
+        return known
 
     def before_scale_read(self, state):
         plan = state.plan
@@ -63,50 +79,90 @@ class FirstScale(_seams.StepObserver):
                       if plan.group(name).loss is not None]
             if not groups:
                 continue
-            flag = self._flag(use.manager)
+            known = self._state(use)
+            mine = tf.constant([name in use.groups for name in known.groups])
             with tf.name_scope("first_scale_%s" % use.name):
-                due = tf.logical_not(flag.read_value(), name="due")
+                flags = known.flags.read_value()
+                due = tf.logical_not(tf.reduce_all(tf.logical_or(flags, tf.logical_not(mine))),
+                                     name="due")
+                first = tf.logical_not(tf.reduce_any(flags), name="first")
 
-                def measure(scope, manager=use.manager, groups=groups, flag=flag):
+                def measure(scope, manager=use.manager, groups=groups, known=known,
+                            mine=mine, flags=flags, first=first):
                     del scope
-                    scale = measured_scale(groups, self.margin)
+                    scale = measured_scale(groups, self.margin, plan.reduction.engine)
+                    lowered = tf.minimum(tf.cast(manager.get_loss_scale(), tf.float32), scale)
+                    scale = tf.where(tf.logical_or(first, tf.is_nan(scale)), scale, lowered)
                     assign = _manager_base.assign_scale(manager, scale)
                     with tf.control_dependencies([assign]):
-                        return [tf.assign(flag, True).op]
+                        return [tf.assign(known.flags, tf.logical_or(flags, mine)).op]
 
-                gate = _commit.cond_if if plan.gate_kind == "cond" else _commit.run_if
-                ops.append(gate(due, measure, "measure").op)
+                # A cond, whatever the gate: under the pivot, grappler removes
+                # the view's float32-to-float32 casts with the control inputs
+                # that hold the view back, and its forward pass would run on
+                # every run.
+                ops.append(_commit.cond_if(due, measure, "measure").op)
             entries.append(due.op)
         return _seams.Hooked(ops, entries)
 
 
-def measured_scale(groups, margin):
+def measured_scale(groups, margin, engine=None):
     """The first scale of ``groups``' manager: the largest power of two under
     which their float32 view's amax stays at or below 65504 / 2**margin;
     NaN when the measurement is 0 or not finite (the manager then keeps its
     scale).
 
+    Each replica's loss (``seams.ReductionEngine.replica_losses``: each
+    in-graph tower's) is measured on its own, as its float16 backprop runs.
+
     Args:
       groups: ``plan.Group`` records sharing one manager.
       margin: powers of two of headroom, an int >= 0.
+      engine: the plan's ``seams.ReductionEngine``, or None for one replica.
 
     Returns:
       A float32 scalar tensor.
     """
-    view = Float32View([group.loss for group in groups])
+    engine = _seams.ReductionEngine() if engine is None else engine
+    replicas = [(loss, group) for group in groups for loss in engine.replica_losses(group)]
+    view = Float32View([loss for loss, _ in replicas])
     maxima = []
-    for group in groups:
-        backprop = view.backprop(group.loss, group.var_list)
+    for loss, group in replicas:
+        backprop = view.backprop(loss, group.var_list)
         maxima.append(backprop.activations_max_abs)
         maxima.extend(tf.reduce_max(tf.abs(tf.cast(_dense(grad), tf.float32)))
                       for grad in backprop.grads if grad is not None)
     amax = tf.reduce_max(tf.stack(maxima))
-    limit = _manager_base.FLOAT16_MAX / 2.0 ** margin
-    exponent = tf.floor(tf.math.log(limit / amax) / np.float32(np.log(2.0)))
-    scale = tf.pow(2.0, exponent)
-    # log2 may round up at an exact power of two: step down once if so.
+    return largest_power_of_two(amax, _manager_base.FLOAT16_MAX / 2.0 ** margin)
+
+
+#: The exponents a float32 scale and its inverse can both take as normal
+#: numbers (``managers.SCALE_RANGE``).
+_EXPONENTS = (-126.0, 126.0)
+
+
+def largest_power_of_two(amax, limit):
+    """The largest power of two ``s`` with ``s * amax <= limit`` (within
+    2**-126..2**126), or NaN when ``amax`` is 0, inf or NaN.
+
+    The logarithm only estimates the exponent (it may round either way at
+    an exact power of two); the two exact comparisons that follow correct
+    it by one step.
+
+    Args:
+      amax: a float32 scalar tensor.
+      limit: a positive Python float.
+
+    Returns:
+      A float32 scalar tensor.
+    """
+    limit = np.float32(limit)
+    estimate = tf.floor(tf.math.log(limit / amax) / np.float32(np.log(2.0)))
+    scale = tf.pow(2.0, tf.clip_by_value(estimate, *_EXPONENTS))
     scale = tf.where(tf.greater(scale * amax, limit), scale * 0.5, scale)
-    usable = tf.logical_and(tf.greater(amax, 0.0), tf.is_finite(scale))
+    scale = tf.where(tf.logical_and(tf.less_equal(scale * 2.0 * amax, limit),
+                                    tf.less(scale, 2.0 ** _EXPONENTS[1])), scale * 2.0, scale)
+    usable = tf.logical_and(tf.greater(amax, 0.0), _gradients.finite(amax))
     return tf.where(usable, scale, tf.constant(np.nan, tf.float32))
 
 

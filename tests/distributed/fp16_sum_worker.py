@@ -6,7 +6,11 @@ float16; the sum of the two ranks, 80000, is not. The builder averages float16
 gradients in float32, so both ranks apply the exact mean. Writes
 ``[w after one step, is_finite]`` to ``<out>/rank<R>.json``.
 
-Usage: fp16_sum_worker.py OUT_DIR
+Usage: fp16_sum_worker.py OUT_DIR [--float16]
+
+With --float16 the builder averages in float16, pre-divided by the rank
+count. Also writes, for 64 random float16 gradients per rank, the weights
+after one step of each reduction (float32, then float16).
 """
 
 import json
@@ -15,6 +19,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -29,21 +34,35 @@ import horovod.tensorflow as hvd  # noqa: E402
 import npu_lossscale as nl  # noqa: E402
 
 
-def main(out_dir):
+def main(out_dir, float16=False):
     hvd.init()
     x = tf.placeholder(tf.float16, [])
     w = tf.Variable(tf.constant(0.0, tf.float16))   # float16 weights: float16 gradients
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite",
-                                        distributed="horovod")
+                                        distributed="horovod", allreduce_float16=float16)
     scaler.add(w * x, tf.train.GradientDescentOptimizer(1e-4), var_list=[w], name="w")
     train = scaler.build()
+    # Random float16 gradients, different on each rank, in both reductions.
+    rng = np.random.RandomState(hvd.rank())
+    data = rng.uniform(-3e4, 3e4, size=[64]).astype(np.float16)
+    both = []
+    for index, half in enumerate((False, True)):
+        manager = nl.FixedLossScaleManager(1.0)
+        one = nl.MultiOptimizerLossScale(manager, backend="is_finite", distributed="horovod",
+                                         allreduce_float16=half)
+        u = tf.Variable(tf.zeros([64], tf.float16), name="u%d" % index)
+        one.add(tf.reduce_sum(u * tf.constant(data)), tf.train.GradientDescentOptimizer(1.0),
+                var_list=[u], name="u")
+        both.append((one.build().update_op, u))
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         finite = sess.run([train.update_op, train.is_finite], {x: 40000.0})[1]
-        result = [float(sess.run(w)), bool(finite)]
+        sess.run([op for op, _ in both])
+        result = [float(sess.run(w)), bool(finite)] + [
+            sess.run(u).astype(np.float32).tolist() for _, u in both]
     with open(os.path.join(out_dir, "rank%d.json" % hvd.rank()), "w") as handle:
         json.dump(result, handle)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--float16" in sys.argv[2:])

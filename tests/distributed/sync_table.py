@@ -80,14 +80,18 @@ def _tf_mixed():
 
 
 def build(scenario, loss, w, gs):
-    """Returns (sync optimizer, train op, scale tensor, skipped_steps or None)."""
+    """Returns (sync optimizer, train op, scale tensor, the builder's reads of
+    its counters or None)."""
     if scenario == "builder":
         manager = _manager()
         sync = tf.train.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1)
         scaler = nl.MultiOptimizerLossScale(manager)
         scaler.add(loss, sync, var_list=[w], name="model")
         train = scaler.build(global_step=gs, count_skipped_steps=True)
-        return sync, train.update_op, manager.get_loss_scale(), train.skipped_steps
+        return sync, train.update_op, manager.get_loss_scale(), {
+            "skipped_steps": train.skipped_steps,
+            "last_skip": train.diagnosis.last_skip.number,
+            "last_reason": train.diagnosis.last_skip.reason}
     if scenario == "ours_outside":
         manager = _manager()
         sync = tf.train.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1)
@@ -125,7 +129,7 @@ def run(scenario, hang_ms, saturation=False):
             return result
         reads = {"global_step": gs, "scale": scale, "w": w}
         if skipped is not None:
-            reads["skipped_steps"] = skipped
+            reads.update(skipped)
         hook = sync.make_session_run_hook(is_chief=True, num_tokens=0)
         session = tf.train.MonitoredTrainingSession(is_chief=True, hooks=[hook],
                                                     stop_grace_period_secs=1)

@@ -1,0 +1,369 @@
+"""The four seams (npu_lossscale/seams.py), each extended here, in the test
+file, with no edit to the library, and plugged in through the public API:
+a GradientTransform (add(transform_grads_fn=...)), a SkipCondition with a
+reason of its own (build(skip_conditions=...)), a StepObserver
+(build(observers=...), TrainOps.observed) and a ReductionEngine
+(MultiOptimizerLossScale(distributed=...)).
+
+The classes are the ones docs/extending.md shows; the last tests run its
+examples and check that they define these classes, word for word.
+"""
+
+import collections
+import contextlib
+import inspect
+import io
+import re
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import npu_lossscale as nl
+from npu_lossscale import diagnostics, seams
+from readme_blocks import block
+
+
+@pytest.fixture(autouse=True)
+def _reasons_restored(monkeypatch):
+    """A reason registered by a build is the process's: undo it after each
+    test, so that the test files after this one see the library's own."""
+    monkeypatch.setattr(diagnostics, "REASONS", diagnostics.REASONS)
+    monkeypatch.setattr(diagnostics, "FIXES", diagnostics.FIXES)
+    monkeypatch.setattr(diagnostics, "HOLDING_REASONS", diagnostics.HOLDING_REASONS)
+
+
+# -- the classes of docs/extending.md --
+
+class Halve(seams.GradientTransform):
+    """Halves a group's gradients: finite in, finite out, so the step
+    need not check what it returns."""
+
+    keeps_finite = True
+
+    def transform(self, group, grads_and_vars):
+        return [(0.5 * grad, var) for grad, var in grads_and_vars]
+
+
+class SkipNegativeLoss(seams.SkipCondition):
+    """Skips a step on which a group's loss is negative."""
+
+    reason = "negative_loss"
+    fix = "the loss went negative: check the data."
+
+    def flag(self, state):
+        losses = [tf.cast(group.loss, tf.float32) for group in state.plan.groups]
+        return tf.cast(tf.reduce_any(tf.stack(losses) < 0.0), tf.float32)
+
+
+class CountSkips(seams.StepObserver):
+    """Counts the skipped steps in a variable of its own, and reports the
+    global norm of the unscaled gradients."""
+
+    def __init__(self):
+        self.skips = tf.Variable(0.0, trainable=False, use_resource=True,
+                                 name="observed_skips")
+
+    def on_skip(self, state):
+        return [tf.assign_add(self.skips, 1.0).op]
+
+    def report(self, state):
+        return tf.global_norm([grad for pairs in state.grads.values() for grad, _ in pairs])
+
+
+class LoopbackPeer(seams.ReductionEngine):
+    """A second worker, simulated: its overflow flag is fed, and its
+    gradients are three times ours, so their mean is twice ours."""
+
+    mode = "workers"
+
+    def __init__(self):
+        self.peer_flag = tf.placeholder_with_default(0.0, [], name="peer_flag")
+        self.calls = 0
+
+    def reduce(self, flags, grads, allreduce_gradients):
+        self.calls += 1
+        flags = collections.OrderedDict(
+            (name, flag + self.peer_flag) for name, flag in flags.items())
+        if allreduce_gradients:
+            grads = collections.OrderedDict(
+                (name, [((grad + 3.0 * grad) / 2.0, var) for grad, var in pairs])
+                for name, pairs in grads.items())
+        return flags, grads
+
+
+# -- a model whose numbers are checked by hand --
+
+def _linear():
+    """A float16 loss ``w . c`` over a float32 ``w = [1, 2]``: its gradient
+    is ``c`` (fed, default [3, 4]), exact at any power-of-two scale."""
+    c = tf.placeholder_with_default(np.array([3.0, 4.0], np.float32), [2], name="c")
+    w = tf.get_variable("w", initializer=np.array([1.0, 2.0], np.float32))
+    loss = tf.cast(tf.reduce_sum(tf.cast(w, tf.float16) * tf.cast(c, tf.float16)), tf.float32)
+    return c, w, loss
+
+
+def _step(transform=None, manager=None, distributed=None, **build_kwargs):
+    """One group "net" (SGD 0.5) over ``_linear``, a global step.
+    Returns (c, w, manager, global_step, train)."""
+    c, w, loss = _linear()
+    manager = manager or nl.DynamicLossScaleManager(initial_scale=2.0 ** 10)
+    gs = tf.train.get_or_create_global_step()
+    scaler = nl.MultiOptimizerLossScale(manager, distributed=distributed)
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.5), var_list=[w], name="net",
+               transform_grads_fn=transform)
+    return c, w, manager, gs, scaler.build(global_step=gs, **build_kwargs)
+
+
+def _session():
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    return sess
+
+
+# -- GradientTransform --
+
+def test_a_gradient_transform_of_the_users(graph):
+    # Gradient [3, 4], halved: SGD(0.5) takes [1, 2] to [0.25, 1].
+    c, w, _, _, train = _step(Halve())
+    with _session() as sess:
+        sess.run(train.update_op)
+        assert sess.run(w).tolist() == [0.25, 1.0]
+
+
+class _Times(seams.GradientTransform):
+    """Multiplies the gradients by a fed factor; records the group it was
+    called for."""
+
+    def __init__(self, keeps_finite):
+        self.keeps_finite = keeps_finite
+        self.factor = tf.placeholder_with_default(1.0, [], name="factor")
+        self.groups = []
+
+    def transform(self, group, grads_and_vars):
+        self.groups.append(group.name)
+        return [(grad * self.factor, var) for grad, var in grads_and_vars]
+
+
+@pytest.mark.parametrize("keeps_finite", [False, True])
+def test_keeps_finite_decides_whether_the_step_checks_the_output(graph, keeps_finite):
+    transform = _Times(keeps_finite)
+    _, w, _, _, train = _step(transform, manager=nl.FixedLossScaleManager(2.0 ** 10))
+    assert transform.groups == ["net"]
+    with _session() as sess:
+        applied = sess.run([train.update_op, train.applied], {transform.factor: np.inf})[1]
+        if keeps_finite:  # trusted: nothing checks the output, which applies
+            assert applied and np.isinf(sess.run(w)).all()
+        else:
+            assert not applied and sess.run(w).tolist() == [1.0, 2.0]
+
+
+# -- SkipCondition --
+
+def test_a_skip_condition_with_a_reason_of_its_own(graph):
+    c, w, manager, gs, train = _step(skip_conditions=[SkipNegativeLoss()])
+    code = diagnostics.REASONS.index("negative_loss")
+    assert diagnostics.FIXES[code] == "the loss went negative: check the data."
+    summaries = nl.summaries(train)
+    fetches = [train.update_op, train.applied, train.diagnosis.skip_reason]
+    with _session() as sess:
+        assert sess.run(fetches)[1:] == [True, 0]
+        state, before = sess.run([manager.state, w])
+        # w is [-0.5, 0] now: the loss is -1.
+        assert sess.run(fetches, {c: [2.0, 0.0]})[1:] == [False, code]
+        assert sess.run(w).tolist() == before.tolist()
+        assert sess.run(manager.state).tolist() == state.tolist()  # moves_scale False
+        assert sess.run([gs, train.skipped_steps]) == [1, 1]
+        skip = diagnostics.read_last_skip(sess, train)
+        assert (skip.reason, skip.global_step, skip.groups) == ("negative_loss", 1, ())
+        assert diagnostics.describe(skip) == (
+            "skip #1 at global step 1: negative_loss. Fix: the loss went negative: check "
+            "the data.")
+        values = dict((value.tag, value.simple_value) for serialized in sess.run(summaries)
+                      for value in tf.Summary.FromString(serialized).value)
+    assert values["loss_scale/skips_negative_loss"] == 1
+    assert values["loss_scale/skips_gradients_overflowed"] == 0
+
+
+class _NegativeLossMovesScale(SkipNegativeLoss):
+    moves_scale = True
+
+
+def test_a_condition_that_moves_the_scale_counts_as_an_overflow(graph):
+    c, w, manager, _, train = _step(skip_conditions=[_NegativeLossMovesScale()])
+    with _session() as sess:
+        sess.run(train.update_op, {c: [-3.0, 1.0]})
+        assert sess.run(manager.state).tolist() == [2.0 ** 9, 0.0, 0.0, 1.0]
+        assert diagnostics.read_last_skip(sess, train).reason == "negative_loss"
+
+
+class _AppliedSteps(SkipNegativeLoss):
+    """Also counts the applied steps, in ``on_apply``."""
+
+    def __init__(self):
+        self.applied = tf.Variable(0.0, trainable=False, name="applied_steps")
+
+    def on_apply(self, state):
+        return [tf.assign_add(self.applied, 1.0).op]
+
+
+def test_on_apply_runs_only_on_applied_steps(graph):
+    condition = _AppliedSteps()
+    c, _, _, _, train = _step(skip_conditions=condition)
+    with _session() as sess:
+        # Losses 11 (applied: w becomes [-0.5, 0]), -1, inf, 0.5 (applied).
+        for feed in (None, {c: [2.0, 0.0]}, {c: [np.inf, 1.0]}, {c: [-1.0, 0.0]}):
+            sess.run(train.update_op, feed)
+        assert sess.run(condition.applied) == 2
+
+
+class _Returning(seams.SkipCondition):
+    reason = "returning"
+
+    def __init__(self, value):
+        self.value = value
+
+    def flag(self, state):
+        return self.value() if callable(self.value) else self.value
+
+
+@pytest.mark.parametrize("value", [0.0, lambda: tf.constant(0), lambda: tf.zeros([1])],
+                         ids=["float", "int_tensor", "vector"])
+def test_refuses_a_flag_that_is_no_float32_scalar(graph, value):
+    with pytest.raises(TypeError, match=r"^skip condition '_Returning' returned .* from "
+                                        r"flag\(state\); return a float32 scalar tensor"):
+        _step(skip_conditions=[_Returning(value)])
+
+
+def test_refuses_a_condition_without_a_reason(graph):
+    class NoReason(seams.SkipCondition):
+        def flag(self, state):
+            return tf.constant(0.0)
+
+    with pytest.raises(TypeError, match=r"reason and fix must be str, got reason=None"):
+        _step(skip_conditions=[NoReason()])
+
+
+def test_summaries_of_a_step_built_before_a_new_reason(graph):
+    _, _, _, _, train = _step()
+    with tf.Graph().as_default():
+        class LaterReason(SkipNegativeLoss):
+            reason = "registered_later"
+
+        _step(skip_conditions=[LaterReason()])
+    summaries = nl.summaries(train)
+    with _session() as sess:
+        sess.run(train.update_op)
+        tags = [value.tag for serialized in sess.run(summaries)
+                for value in tf.Summary.FromString(serialized).value]
+    assert "loss_scale/skips_loss_spike" in tags
+
+
+# -- StepObserver --
+
+def test_a_step_observer_reports_and_runs_only_on_skipped_steps(graph):
+    observer = CountSkips()
+    c, _, _, _, train = _step(observers=[observer])
+    assert list(train.observed) == ["CountSkips"]
+    fetches = [train.update_op, train.applied, train.observed["CountSkips"]]
+    with _session() as sess:
+        assert sess.run(fetches)[1:] == [True, 5.0]  # the norm of [3, 4]
+        assert sess.run(observer.skips) == 0.0
+        applied, norm = sess.run(fetches, {c: [60000.0, 0.0]})[1:]  # overflows at 2**10
+        assert not applied and np.isinf(norm)
+        assert sess.run(observer.skips) == 1.0
+        applied, norm = sess.run(fetches, {c: [0.75, 1.0]})[1:]
+        assert applied and norm == 1.25
+        sess.run(train.update_op, {c: [np.nan, 0.0]})
+        assert sess.run(observer.skips) == 2.0
+        assert sess.run(train.skipped_steps) == 2
+
+
+# -- ReductionEngine --
+
+def test_a_reduction_engine_of_the_users(graph):
+    engine = LoopbackPeer()
+    c, w, manager, gs, train = _step(distributed=engine)
+    assert engine.calls == 1
+    fetches = [train.update_op, train.applied, train.is_finite, train.diagnosis.skip_reason]
+    with _session() as sess:
+        # The mean gradient is twice [3, 4]: SGD(0.5) takes [1, 2] to [-2, -2].
+        assert sess.run(fetches)[1:] == [True, True, 0]
+        assert sess.run(w).tolist() == [-2.0, -2.0]
+        # The peer overflowed, this worker did not.
+        assert sess.run(fetches, {engine.peer_flag: 1.0})[1:] == [
+            False, False, diagnostics.REASONS.index("other_worker_overflowed")]
+        assert sess.run(w).tolist() == [-2.0, -2.0]
+        assert sess.run(manager.state)[0] == 2.0 ** 9
+        assert sess.run(gs) == 1
+
+
+def test_an_engine_that_averages_nothing_when_told_not_to(graph):
+    c, w, loss = _linear()
+    engine = LoopbackPeer()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0 ** 10),
+                                        distributed=engine, allreduce_gradients=False)
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.5), var_list=[w])
+    train = scaler.build()
+    with _session() as sess:
+        sess.run(train.update_op)
+        assert sess.run(w).tolist() == [-0.5, 0.0]
+
+
+# -- a class where an instance belongs: each hook refuses it --
+
+def test_each_hook_refuses_a_class(graph):
+    c, w, loss = _linear()
+    with pytest.raises(TypeError, match=r"distributed=<class '[\w.]*LoopbackPeer'> is a "
+                                        r"class; pass an instance, distributed=LoopbackPeer"):
+        nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), distributed=LoopbackPeer)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0))
+    with pytest.raises(TypeError, match=r"transform_grads_fn=<class '[\w.]*Halve'> is a "
+                                        r"class; pass an instance"):
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.5), var_list=[w],
+                   transform_grads_fn=Halve)
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.5), var_list=[w])
+    for kwargs, pattern in [
+            (dict(skip_conditions=[SkipNegativeLoss]),
+             r"skip_conditions must be a list of SkipCondition instances, got \[<class "),
+            (dict(skip_conditions=SkipNegativeLoss),
+             r"skip_conditions must be a list of SkipCondition instances, got <class "),
+            (dict(skip_conditions=[CountSkips()]),
+             r"skip_conditions must be a list of SkipCondition instances, got \[<"),
+            (dict(observers=[CountSkips]),
+             r"observers must be a list of StepObserver instances, got \[<class ")]:
+        with pytest.raises(TypeError, match=pattern + r".*Pass e\.g\."):
+            scaler.build(**kwargs)
+    scaler.build()  # none of the refusals left anything behind
+
+
+# -- docs/extending.md: its examples run, and define the classes above --
+
+def _class_source(code, name):
+    """The text of ``class name`` in ``code``, up to the next top-level line."""
+    lines = code.split("\n")
+    start = [i for i, line in enumerate(lines) if line.startswith("class %s(" % name)]
+    assert len(start) == 1, name
+    end = start[0] + 1
+    while end < len(lines) and (not lines[end] or lines[end][0] == " "):
+        end += 1
+    return "\n".join(lines[start[0]:end]).rstrip() + "\n"
+
+
+#: The examples of docs/extending.md, by the class each defines.
+EXAMPLES = [("extending-transform", Halve, block("extending-transform")),
+            ("extending-condition", SkipNegativeLoss, block("extending-condition")),
+            ("extending-observer", CountSkips, block("extending-observer")),
+            ("extending-engine", LoopbackPeer, block("extending-engine"))]
+
+
+@pytest.mark.parametrize("name,cls,code", EXAMPLES, ids=[name for name, _, _ in EXAMPLES])
+def test_the_docs_example(name, cls, code):
+    assert code, "docs/extending.md lost its %r block" % name
+    assert _class_source(code, cls.__name__) == inspect.getsource(cls)
+    printed = io.StringIO()
+    with tf.Graph().as_default(), contextlib.redirect_stdout(printed):
+        exec(compile(code, name, "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
+    shown = block(name + "-output", "text")
+    assert printed.getvalue() == shown, printed.getvalue()
+    assert re.search(r"\S", shown)
