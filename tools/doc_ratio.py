@@ -64,7 +64,11 @@ def _docstring_lines(src):
 def counts(path):
     """(code lines, doc lines) of one file."""
     with io.open(path, encoding="utf-8") as f:
-        src = f.read()
+        return count_source(f.read())
+
+
+def count_source(src):
+    """(code lines, doc lines) of Python source text."""
     doc = _docstring_lines(src)
     code = docs = 0
     for number, line in enumerate(src.splitlines(), 1):
