@@ -11,6 +11,8 @@ Public API::
              underflow measurement), underflow_summaries (of
              TrainOps.underflow, from build(measure_underflow=True))
   builder    MultiOptimizerLossScale, TrainOps
+  seams      GradientTransform, SkipCondition, StepObserver, ReductionEngine
+             (the step's extension points)
   optimizer  LossScaleOptimizer
   overflow   all_finite (the builder's own decision for a list of gradients)
   monitoring summaries, LossScaleHook (logging and the collapse policy),
@@ -31,10 +33,11 @@ from npu_lossscale.managers.listening import ListeningLossScaleManager
 from npu_lossscale.monitoring import (CollapseMonitor, LossScaleCollapse, LossScaleHook,
                                       summaries)
 from npu_lossscale.optimizer import LossScaleOptimizer
+from npu_lossscale.seams import GradientTransform, ReductionEngine, SkipCondition, StepObserver
 from npu_lossscale.core.overflow import all_finite
 from npu_lossscale.underflow import summaries as underflow_summaries
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CollapseMonitor",
@@ -42,6 +45,7 @@ __all__ = [
     "ExponentialUpdateLossScaleManager",
     "Finding",
     "FixedLossScaleManager",
+    "GradientTransform",
     "ListeningLossScaleManager",
     "LossScaleCollapse",
     "LossScaleHook",
@@ -49,6 +53,9 @@ __all__ = [
     "LossScaleOptimizer",
     "MultiOptimizerLossScale",
     "NoOpLossScaleManager",
+    "ReductionEngine",
+    "SkipCondition",
+    "StepObserver",
     "TrainOps",
     "all_finite",
     "audit",
