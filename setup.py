@@ -10,7 +10,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="npu_lossscale",
-    version="0.2.0",
+    version="0.3.0",
     description=("One loss-scaled, overflow-checked update op for several TF1 "
                  "optimizers in one session.run (Ascend NPU, GPU, CPU)."),
     long_description=open("README.md").read(),

@@ -16,10 +16,11 @@ from npu_lossscale.managers.listening import ListeningLossScaleManager
 from npu_lossscale.monitoring import (CollapseMonitor, LossScaleCollapse, LossScaleHook,
                                       summaries)
 from npu_lossscale.optimizer import LossScaleOptimizer
+from npu_lossscale.seams import GradientTransform, ReductionEngine, SkipCondition, StepObserver
 from npu_lossscale.core.overflow import all_finite
 from npu_lossscale.underflow import summaries as underflow_summaries
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CollapseMonitor",
@@ -27,6 +28,7 @@ __all__ = [
     "ExponentialUpdateLossScaleManager",
     "Finding",
     "FixedLossScaleManager",
+    "GradientTransform",
     "ListeningLossScaleManager",
     "LossScaleCollapse",
     "LossScaleHook",
@@ -34,6 +36,9 @@ __all__ = [
     "LossScaleOptimizer",
     "MultiOptimizerLossScale",
     "NoOpLossScaleManager",
+    "ReductionEngine",
+    "SkipCondition",
+    "StepObserver",
     "TrainOps",
     "all_finite",
     "audit",

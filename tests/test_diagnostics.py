@@ -474,3 +474,75 @@ def test_one_hundred_remote_faults_over_two_shim_ranks(tmp_path, name):
         else:
             wrong.append((index, fault, rows))
     assert (right, wrong[:3]) == (count, [])
+
+
+# -- issue 32: fetching a diagnosis never trains; the reason table holds ------
+
+def test_reading_the_diagnosis_after_the_step_does_not_train_again(graph):
+    """A loop that reads skip_reason (or any field) in a run of its own
+    after the step trained twice per iteration (global_step 1, 3, 5, 7).
+    Now the read evaluates the batch it feeds and changes nothing."""
+    model = build_model()
+    train = build_step(model, "is_finite")
+    gs = tf.train.get_global_step()
+    fields = [train.diagnosis.skip_reason, train.diagnosis.groups_overflowed, train.applied,
+              train.is_finite, dict((n, g.is_finite) for n, g in train.groups.items())]
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        steps = []
+        for _ in range(4):
+            sess.run(train.update_op, model.feed)
+            before = sess.run([gs, train.skipped_steps, train.diagnosis.last_skip.number])
+            sess.run(fields, model.feed)
+            sess.run(fields, fault_feed(model, Fault(NAN_LOSS, ("b",), ())))
+            assert sess.run([gs, train.skipped_steps,
+                             train.diagnosis.last_skip.number]) == before
+            steps.append(before[0])
+        assert steps == [1, 2, 3, 4]
+        # Fetched alone on a bad batch, the fields say what that batch is.
+        reason, applied = sess.run([train.diagnosis.skip_reason, train.applied],
+                                   fault_feed(model, Fault(NAN_LOSS, ("b",), ())))
+        assert (diagnostics.reason_name(reason), applied) == ("loss_not_finite", False)
+
+
+def test_an_infinite_loss_with_finite_gradients_is_applied_as_documented(graph):
+    """docs/diagnosis.md: a loss term that no variable reaches (log(0))
+    makes the loss inf and leaves every gradient finite: the step applies,
+    and loss_not_finite is the reason only where the gradients broke too."""
+    w = tf.Variable([1.0, 2.0])
+    loss = tf.reduce_sum(tf.square(w)) + tf.log(tf.constant(0.0))
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.25), var_list=[w])
+    train = scaler.build()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        out = sess.run([train.update_op, train.applied, train.diagnosis.skip_reason, loss])
+        assert out[1] and out[2] == 0 and np.isinf(out[3])
+        np.testing.assert_array_equal(sess.run(w), [0.5, 1.0])
+
+
+class _Threshold(nl.backends.Backend):
+    """A backend of one's own that flags any gradient above 10 (finite)."""
+
+    def overflow_flag(self, tensors, after=()):
+        big = [tf.reduce_any(tf.greater(tf.abs(tf.cast(t, tf.float32)), 10.0))
+               for t in tensors]
+        return tf.cast(tf.reduce_any(tf.stack(big)), tf.float32)
+
+
+def test_a_custom_backends_skip_says_it_gives_no_per_variable_evidence(graph):
+    """Issue 32: a skip that a custom backend flags on finite values is
+    backend_flagged, whose fix says so, not gradients_overflowed with no
+    variable named."""
+    w = tf.Variable([1.0])
+    x = tf.placeholder(tf.float32, [])
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend=_Threshold())
+    scaler.add(tf.reduce_sum(w * x), tf.train.GradientDescentOptimizer(0.1), var_list=[w])
+    train = scaler.build()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        reason = sess.run([train.update_op, train.diagnosis.skip_reason], {x: 50.0})[1]
+        assert diagnostics.reason_name(reason) == "backend_flagged"
+        skip = diagnostics.read_last_skip(sess, train)
+        assert skip.reason == "backend_flagged" and skip.variables == ()
+        assert "gives no per-variable evidence" in diagnostics.describe(skip)

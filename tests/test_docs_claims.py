@@ -272,5 +272,6 @@ def test_readme_architecture_lists_every_module_once_and_the_phases_in_order():
             stated.append((name, int(found.group(1))))
     phases = [(row[0], int(row[1])) for row in rows if row[1].isdigit()]
     assert phases == sorted(stated, key=lambda item: item[1])
-    assert [name for name, _ in phases] == ["plan.py", "gradients.py", "overflow.py",
-                                            "window.py", "close.py"]
+    assert [name for name, _ in phases] == ["core/plan.py", "core/gradients.py",
+                                            "core/overflow.py", "core/window.py",
+                                            "core/close.py"]
