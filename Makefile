@@ -60,7 +60,7 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
                tests/test_port.py
 # FAST_ONLY_TESTS run on TF 2.21 alone: checks without a TF graph (the
 # plan, the static TF 1.15 API and Python 3.7 checks, this list's check, the
-# port's rules on source snippets),
+# docstring ratio, the port's rules on source snippets),
 # is_finite's numbers, end-to-end runs of our own scripts whose TF 2.15 side
 # the lists above cover (the GAN examples: test_distributed.py runs the DCGAN
 # under horovodrun; the shim's two ranks: its HCCL runs; the porting example,
@@ -74,7 +74,7 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
                    tests/test_shim_distributed.py tests/test_porting.py \
                    tests/test_readme.py tests/test_docs.py tests/test_soak.py \
                    tests/test_benchmarks_quick.py tests/test_port_docs.py \
-                   tests/test_port_rules.py
+                   tests/test_port_rules.py tests/test_style.py
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.

@@ -1,9 +1,6 @@
-"""What a user watches while training: TensorBoard summaries of the loss
-scale, the skip decision, the skipped-steps count and the skips by reason
-and group, a SessionRunHook that logs them (for ``MonitoredTrainingSession``
-and Estimator users) and acts on a collapse (``CollapseMonitor`` for plain
-loops), and the floor warning of a collapsing scale (``check_floor``,
-``FloorWarningHook``), written on the managers' public properties."""
+"""What a user watches while training: the summaries, ``LossScaleHook``, the
+collapse policy (``CollapseMonitor``) and the floor warning (``check_floor``,
+``FloorWarningHook``)."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -22,27 +19,18 @@ from npu_lossscale.core import graph_walk as _graph_walk
 def summaries(train_ops, family="loss_scale", step_applied=False):
     """Adds ``tf.summary.scalar`` summaries of the loss-scale state.
 
-    The scalars read state only, so fetching them (or
-    ``tf.summary.merge_all()``) never runs a training step: with
-    ``update_op``, ``per_group[name]``, or alone. They are
-    ``<family>/scale`` (the builder manager's scale, before this run's
-    update), ``<family>/skipped_total`` (the skipped-steps count before this
-    run: it rises by one after each skipped step), the skips so far by
-    reason, ``<family>/skips_<reason>`` for each reason of
-    ``diagnostics.REASONS`` but "applied", and by group,
-    ``<family>/overflows_<group>`` (the skips in which that group's loss or
-    gradients overflowed), read from the last-skip record, and, when groups
-    use scales of their own, ``<family>/scale_<group>``. They are added to
-    ``tf.GraphKeys.SUMMARIES``.
+    They read state only, so fetching them never runs a step:
+    ``<family>/scale`` and ``<family>/skipped_total`` (before this run's
+    update), ``<family>/skips_<reason>`` for each reason but "applied",
+    ``<family>/overflows_<group>``, and ``<family>/scale_<group>`` when
+    groups have scales of their own. They go to ``tf.GraphKeys.SUMMARIES``.
 
     Args:
       train_ops: the ``TrainOps`` returned by ``MultiOptimizerLossScale.build``.
       family: the name prefix of the scalars.
       step_applied: also return ``<family>/step_applied`` (1 when this run's
-        joint step applied, else 0) as the last element. It is computed by
-        the joint step, so fetching it runs ``update_op``: it is kept out of
-        ``tf.GraphKeys.SUMMARIES`` (``merge_all`` never picks it up); merge
-        it yourself and fetch it with ``update_op`` only.
+        step applied) last. Fetching it runs ``update_op``, so it is kept out
+        of ``tf.GraphKeys.SUMMARIES``: fetch it with ``update_op`` only.
 
     Returns:
       The list of summary tensors.
@@ -82,11 +70,9 @@ def summaries(train_ops, family="loss_scale", step_applied=False):
 
 #: What the collapse policy does (``CollapseMonitor``, ``LossScaleHook``).
 COLLAPSE_ACTIONS = ("warn", "stop", "raise")
-#: Consecutive skipped steps that make a collapse by default: the managers'
-#: own floor-warning count (``floor_warning_after``, managers/base.py).
+#: The managers' own ``floor_warning_after``.
 _DEFAULT_COLLAPSE_AFTER = 20
-#: Sets of fetched ops whose step op ``_StepRuns`` remembers; past it the
-#: memory starts again (a loop fetches a handful of sets).
+#: Fetch sets ``_StepRuns`` remembers before it starts again (a loop has a few).
 _MAX_KNOWN_FETCHES = 256
 
 
@@ -103,26 +89,16 @@ class LossScaleHook(tf.train.SessionRunHook):
           while not sess.should_stop():
               sess.run(train.update_op)
 
-    With ``on_collapse``, the hook watches every run that runs a step op of
-    ``train_ops``, whatever it fetches: ``update_op``, a tensor of the
-    joint step (``applied``, ``skip_reason``), an op that depends on them
-    (``tf.group(train.update_op, ...)``, an Estimator's ``train_op``), or a
-    ``per_group`` op, alone or wrapped. It finds the step op by walking
-    back from the fetched ops over data and control edges, once per set of
-    fetched ops. A run of the joint step also fetches its ``skip_reason``
-    and ``window_end`` (reads after the step). A run of a per-group op
-    fetches ``skipped_steps`` (the count before it), and the hook reads
-    the count and the record's reason in one more small run after it.
-    Runs of no step op (an evaluation, the summaries, ``accumulate_op``)
-    run nothing more. Each step op keeps its own streak (see
-    ``CollapseMonitor.observe``): in an alternating loop, the
-    discriminator's applied steps do not hide a generator that skips every
-    step. After ``collapse_after`` consecutive skipped steps of one step
-    op, or a manager of ``managers`` at its floor after as many overflows,
-    the monitor's message (the reasons, groups, variables and fixes) is
-    warned ("warn"), logged and the session asked to stop ("stop":
-    ``should_stop()`` is True after that run), or raised as
-    ``LossScaleCollapse`` from that run ("raise").
+    With ``on_collapse``, the hook watches every run of a step op of
+    ``train_ops`` (``update_op``, a tensor or op that depends on it, a
+    ``per_group`` op), found by walking back from the fetches once per set
+    of fetches. A joint step's run also fetches ``skip_reason`` and
+    ``window_end``; a per-group op's run fetches ``skipped_steps``, and the
+    hook reads the count and the reason in one small run after it. Each
+    step op keeps its own streak, so in an alternating loop one network's
+    applied steps do not hide the other's skips. At a collapse
+    (``CollapseMonitor``) the hook warns ("warn"), asks the session to stop
+    ("stop") or raises ``LossScaleCollapse`` ("raise").
 
     Args:
       train_ops: the ``TrainOps`` of the step.
@@ -132,15 +108,14 @@ class LossScaleHook(tf.train.SessionRunHook):
         overflows at a manager's floor) that make a collapse; 20 when not
         given. Only with ``on_collapse``.
       managers: a list of managers whose floor also counts
-        (``check_floor``'s public properties), read on skipped runs only;
-        none by default. Only with ``on_collapse``.
+        (``check_floor``), read on skipped runs only. Only with
+        ``on_collapse``.
 
     Raises:
-      TypeError: for a wrong ``train_ops``, a non-int ``every_n_steps`` or
-        ``collapse_after``, or a manager without the floor properties.
-      ValueError: for ``every_n_steps`` or ``collapse_after`` < 1, an
-        unknown ``on_collapse``, or ``collapse_after`` or ``managers``
-        without ``on_collapse`` (they would do nothing).
+      TypeError: for a wrong ``train_ops``, a non-int count, or a manager
+        without the floor properties.
+      ValueError: for a count < 1, an unknown ``on_collapse``, or
+        ``collapse_after`` or ``managers`` without ``on_collapse``.
     """
 
     def __init__(self, train_ops, every_n_steps=100, on_collapse=None,
@@ -225,17 +200,9 @@ class _StepOp(collections.namedtuple("_StepOp", ["key", "joint"])):
 
 
 class _StepRuns(object):
-    """Which step op of a ``TrainOps`` a run runs, from what it fetches.
-
-    A run runs the joint step when a fetched op or tensor depends, over
-    data and control edges, on its ``update_op`` (the other fields are
-    worked out without a step); a per-group step when it depends on that
-    ``per_group`` op. The walk runs once per set of fetched
-    ops and reads the graph only, so a finalized graph is fine.
-
-    Args:
-      train_ops: a ``TrainOps``.
-    """
+    """Which step op of a ``TrainOps`` a run runs: the one its fetches depend
+    on, over data and control edges. Reads the graph only (finalized is
+    fine), once per set of fetches."""
 
     def __init__(self, train_ops):
         self._graph = train_ops.update_op.graph
@@ -245,13 +212,8 @@ class _StepRuns(object):
         self._known = {}
 
     def of(self, fetches):
-        """The ``_StepOp`` a run of ``fetches`` runs, or None.
-
-        Args:
-          fetches: what the run fetches, in any form ``session.run`` takes
-            (nested lists, tuples and dicts of ops, tensors, variables,
-            sparse tensors and names).
-        """
+        """The ``_StepOp`` a run of ``fetches`` (any form ``session.run``
+        takes) runs, or None."""
         ops = frozenset(self._fetched_ops(fetches))
         if ops not in self._known:
             if len(self._known) >= _MAX_KNOWN_FETCHES:
@@ -292,10 +254,8 @@ class Collapse(collections.namedtuple(
       skips: the number of consecutive skipped steps so far.
       reasons: dict from reason name to the number of those skips it caused.
       last_skip: the ``diagnostics.Skip`` of the last of them.
-      floors: tuple of the class names of the watched managers at their
-        floor after ``collapse_after`` overflows.
-      message: what the user is told: the counts, the last skip's reason,
-        groups and variables, and the fix for each reason seen.
+      floors: tuple of the class names of the watched managers at their floor.
+      message: the counts, the last skip, and the fix for each reason seen.
     """
 
 
@@ -308,14 +268,8 @@ class LossScaleCollapse(RuntimeError):
 
 
 class _Streak(object):
-    """One step op's consecutive skipped steps, as ``CollapseMonitor``
-    counts them.
-
-    Attributes:
-      skips: the number of consecutive skipped steps.
-      reasons: ``collections.Counter`` of their reason names.
-      collapse: the ``Collapse`` they made, or None.
-    """
+    """One step op's consecutive skips (``skips``), their reasons (a
+    ``Counter``), and the ``Collapse`` they made, or None."""
 
     def __init__(self):
         self.skips = 0
@@ -330,10 +284,9 @@ class CollapseMonitor(object):
     accumulation, ``window_end``). After ``collapse_after`` consecutive
     skipped steps, or a watched manager at its floor after as many
     overflows, it reads the last skip's record and acts once: "warn"
-    (``warnings.warn``, RuntimeWarning, and ``tf.logging.warning``), "stop"
-    (``tf.logging.warning``; ``observe`` returns the ``Collapse`` for the
-    loop to stop on), or "raise" (``LossScaleCollapse``). An applied step
-    ends the collapse and re-arms it. Example::
+    (RuntimeWarning and log), "stop" (log; ``observe`` returns the
+    ``Collapse``), or "raise" (``LossScaleCollapse``). An applied step
+    re-arms it. It makes no op (finalized graphs are fine). Example::
 
       monitor = npu_lossscale.CollapseMonitor(train, collapse_after=20,
                                               on_collapse="stop")
@@ -341,8 +294,6 @@ class CollapseMonitor(object):
           _, reason = sess.run([train.update_op, train.diagnosis.skip_reason], feed(batch))
           if monitor.observe(reason, sess):
               break  # monitor.collapse.message says why
-
-    It makes no op, so it may be built after ``graph.finalize()``.
 
     Args:
       train_ops: the ``TrainOps`` of ``MultiOptimizerLossScale.build``.
@@ -373,8 +324,7 @@ class CollapseMonitor(object):
         self.on_collapse = on_collapse
         self._train = train_ops
         self._graph = train_ops.update_op.graph
-        # A run of update_op may close no window: build(accumulation_steps=k)
-        # without an engine (window_end is a constant True otherwise).
+        # Runs that close no window: accumulation without an engine.
         self._windows = tf.get_static_value(train_ops.window_end) is None
         self._floors = [_floor(manager) for manager in _manager_list(managers)]
         self._streaks = {}
@@ -392,30 +342,23 @@ class CollapseMonitor(object):
         """Counts one run of a step op and acts on a collapse.
 
         Args:
-          skip_reason: the run's fetched ``TrainOps.diagnosis.skip_reason``: an int
-            code of ``diagnostics.REASONS`` (a numpy integer, as
-            ``session.run`` returns it, is fine).
-          session: the session of the step; read (a run of its own) at the
-            collapse, and after a skipped step when managers are watched.
-          window_end: the run's fetched ``TrainOps.window_end``: a run
-            inside an accumulation window closes no step and is not
-            counted. Needed with ``build(accumulation_steps=k)`` (no
-            engine), where such a run's ``skip_reason`` is 0; not needed
-            otherwise.
-          step: which step op ran, a str, when a loop runs several (the
-            hook passes "per_group['<name>']"); each has its own streak,
-            so one op's applied steps do not end another's. None for the
-            joint step.
+          skip_reason: the run's fetched ``TrainOps.diagnosis.skip_reason``,
+            an int code of ``diagnostics.REASONS``.
+          session: the session of the step; read at the collapse, and after
+            a skipped step when managers are watched.
+          window_end: the run's fetched ``TrainOps.window_end``; a run that
+            closes no window is not counted. Needed with accumulation
+            without an engine.
+          step: a str naming the step op when a loop runs several (each has
+            its own streak); None for the joint step.
 
         Returns:
           The ``Collapse`` while this step op's streak is collapsed, else
           None.
 
         Raises:
-          TypeError: for a ``skip_reason`` that is not an int code (a bool
-            such as ``is_finite``, a float, an unfetched tensor), a
-            ``session`` that is not a session, a ``window_end`` that is not
-            a bool, or a ``step`` that is not a str.
+          TypeError: for a wrong type of any argument (a bool or a tensor
+            as ``skip_reason`` included).
           ValueError: for a code out of range, a session of another graph,
             or no ``window_end`` where it is needed.
           LossScaleCollapse: at the collapse, with ``on_collapse="raise"``.
@@ -510,13 +453,8 @@ def _manager_list(managers):
 
 
 def _reason_code(skip_reason):
-    """A fetched ``skip_reason`` as an int code.
-
-    Raises:
-      TypeError: for what is not an integer: a bool (``is_finite`` or
-        ``applied`` passed instead), a float, None, a tensor not fetched.
-      ValueError: for an integer that is no code of ``diagnostics.REASONS``.
-    """
+    """A fetched ``skip_reason`` as an int code (TypeError for a bool, a
+    float or a tensor; ValueError for an unknown code)."""
     if isinstance(skip_reason, (tf.Tensor, tf.Operation)) or _checks.is_variable(skip_reason):
         raise TypeError("skip_reason must be the value session.run fetched, got the tensor "
                         "%r. Fetch train.diagnosis.skip_reason with update_op and pass its value."
@@ -538,30 +476,21 @@ def _reason_code(skip_reason):
     return int(skip_reason)
 
 
-# How often FloorWarningHook reads the managers: one small device-to-host
-# copy every this many runs, instead of a check on every step.
+# One small device-to-host copy every this many runs, not a check per step.
 DEFAULT_WARNING_EVERY_N_STEPS = 100
 
 #: What the floor warning reads of a manager: its public properties.
 _FLOOR_PROPERTIES = ("loss_scale", "overflow_streak", "min_loss_scale",
                      "floor_warning_after")
 
-#: The managers whose floor warning was given: once per manager, whether
-#: ``check_floor`` or a hook saw it first (held weakly).
+#: The managers already warned of (once each, whoever saw it first).
 _WARNED = weakref.WeakSet()
 
 
 class _Floor(collections.namedtuple(
         "_Floor", ["manager", "scale", "streak", "min_loss_scale", "after"])):
-    """What the floor warning reads of one manager.
-
-    Attributes:
-      manager: the manager.
-      scale: its ``loss_scale``, a float32 scalar tensor read when fetched.
-      streak: its ``overflow_streak`` (consecutive overflowing steps), the same.
-      min_loss_scale: its floor, a Python float.
-      after: its ``floor_warning_after``, an int, or None never to warn.
-    """
+    """What the floor warning reads of one manager: its ``loss_scale`` and
+    ``overflow_streak`` tensors, its floor, and ``floor_warning_after``."""
 
     def at_floor(self, scale, streak, after):
         """Whether fetched values show the scale at its floor after at least
@@ -570,11 +499,8 @@ class _Floor(collections.namedtuple(
                 and float(streak) >= after)
 
     def warn_if_due(self, scale, streak):
-        """Warns, once per manager, when the fetched values show a collapse.
-
-        Returns:
-          Whether the warning is due.
-        """
+        """Warns, once per manager, when the fetched values show a collapse;
+        returns whether they do."""
         due = self.at_floor(scale, streak, self.after)
         if due and self.manager not in _WARNED:
             _WARNED.add(self.manager)
@@ -589,12 +515,8 @@ class _Floor(collections.namedtuple(
 
 
 def _floor(manager, argument="managers"):
-    """The ``_Floor`` of ``manager``, from its public properties.
-
-    Raises:
-      TypeError: if it lacks one of ``_FLOOR_PROPERTIES``, or cannot be
-        remembered as warned (unhashable, or no weak references).
-    """
+    """The ``_Floor`` of ``manager``; TypeError if it lacks a property of
+    ``_FLOOR_PROPERTIES`` or cannot be weakly referenced."""
     missing = [name for name in _FLOOR_PROPERTIES if not hasattr(manager, name)]
     if missing:
         raise TypeError(
@@ -613,14 +535,12 @@ def _floor(manager, argument="managers"):
 def check_floor(manager, session):
     """Reads ``manager``'s scale once and warns, once per manager, of a collapse.
 
-    The warning is due when the scale sits at ``min_loss_scale`` and the
-    last ``floor_warning_after`` steps all overflowed. No loss scale helps
-    then: a float16 op overflows in the forward pass, or the data holds
-    inf/nan. It is given with ``warnings.warn`` (RuntimeWarning) and
-    ``tf.logging.warning``. Any manager with the public properties
-    ``loss_scale``, ``overflow_streak`` (float32 scalar tensors read when
-    fetched), ``min_loss_scale`` and ``floor_warning_after`` works; fetching
-    them adds no op (finalized graphs).
+    The warning (RuntimeWarning and log) is due when the scale sits at
+    ``min_loss_scale`` and the last ``floor_warning_after`` steps all
+    overflowed: no scale helps then, the forward pass or the data is at
+    fault. Any manager with the properties ``loss_scale``,
+    ``overflow_streak``, ``min_loss_scale`` and ``floor_warning_after``
+    works; it adds no op.
 
     Args:
       manager: the manager.
@@ -642,18 +562,16 @@ def check_floor(manager, session):
 class FloorWarningHook(tf.train.SessionRunHook):
     """Warns once per manager when its scale collapses (see ``check_floor``).
 
-    Every ``every_n_steps`` runs it fetches each manager's ``loss_scale`` and
-    ``overflow_streak`` along with the run's own fetches, so the check costs
-    nothing on the other runs. Example::
+    It fetches the managers' ``loss_scale`` and ``overflow_streak`` with
+    every ``every_n_steps``-th run. Example::
 
       hook = npu_lossscale.monitoring.FloorWarningHook([d_manager, g_manager])
       with tf.train.MonitoredTrainingSession(hooks=[hook]) as sess:
           ...
 
     Args:
-      managers: managers with the public properties ``check_floor`` reads
-        (this package's dynamic managers have them).
-      every_n_steps: how often to read them, >= 1 (an int or integral float).
+      managers: managers with the properties ``check_floor`` reads.
+      every_n_steps: how often to read them, >= 1.
 
     Raises:
       TypeError: if a manager lacks one of the properties.

@@ -1,9 +1,6 @@
-"""Every use of TensorFlow's private API, in one module.
-
-The library reaches past TF's public API only here. Each entry names the
-private member or module it reaches and the TF versions it exists in (1.15
-is what users run; 2.15 and 2.21 are what the tests run). A TF upgrade that
-moves one of them breaks this module alone.
+"""Every use of TensorFlow's private API, in one module: each entry names the
+private member or module it reaches and the TF versions it exists in (users
+run 1.15; the tests run 2.15 and 2.21). A TF upgrade breaks this module alone.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -102,9 +99,8 @@ def graph_function(graph, name):
 
 
 def library_state(graph, make):
-    """The library's record kept on ``graph`` itself (an attribute of the
-    ``tf.Graph`` object, so it lives and dies with the graph), made by
-    ``make()`` on first use."""
+    """The library's record, an attribute of the ``tf.Graph`` object itself
+    (made by ``make()`` on first use)."""
     state = getattr(graph, "_npu_lossscale_state", None)
     if state is None:
         state = make()
@@ -186,12 +182,11 @@ def reference_dtype_inputs(op):
 class CheckpointsWrappedState(object):
     """Checkpoint hooks for an optimizer that stands for the one it wraps.
 
-    Mixed into ``LossScaleOptimizer``: it saves and restores the state of
-    ``self._holder`` (the optimizer that holds the wrapped optimizer's slots)
-    as its own, plus what the wrapped optimizer ``self._opt`` tracks itself,
-    and reads the layout ``previous_child`` of an earlier release, which
-    tracked the wrapped optimizer as a child of that name. Overrides
-    ``Trackable``'s ``_deferred_dependencies``, ``_lookup_dependency``,
+    Mixed into ``LossScaleOptimizer``: saves the state of ``self._holder``
+    (which holds the wrapped optimizer's slots) and what ``self._opt``
+    tracks as its own, and restores the layout that tracked the wrapped
+    optimizer as the child ``previous_child``. Overrides ``Trackable``'s
+    ``_deferred_dependencies``, ``_lookup_dependency``,
     ``_checkpoint_dependencies`` (1.15) and ``_trackable_children`` (2.x).
     """
 

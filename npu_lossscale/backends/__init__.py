@@ -1,7 +1,5 @@
-"""Float-status backends: how a step learns that it overflowed.
-
-``base.Backend`` declares what a backend is; ``resolve_backend`` picks one.
-"""
+"""Overflow backends: how a step learns that it overflowed. ``base.Backend``
+declares what a backend is; ``resolve_backend`` picks one."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -18,31 +16,24 @@ _NAMES = ", ".join(repr(name) for name in BACKENDS)
 
 
 def resolve_backend(backend, warn=True):
-    """Turns a backend name, or a ``Backend`` instance, into a backend object.
+    """Turns a backend name, or a ``Backend`` instance, into a backend.
 
-    On Ascend the check follows the device's overflow mode, as npu_bridge's
-    ``NPULossScaleOptimizer`` does: in INF/NaN mode overflows are real inf/nan
-    values and the float-status register is not relied on, so the gradients
-    are checked with is_finite; in saturation mode (overflows become +-65504)
-    the register is the only witness, so it is read.
+    The npu rule follows the device's overflow mode, as npu_bridge's
+    ``NPULossScaleOptimizer`` does: is_finite in INF/NaN mode, the
+    float-status register in saturation mode, where overflows give +-65504.
 
     Args:
-      backend: a ``Backend`` instance (used as it is), or a name: "auto"
-        (the npu rule when npu_bridge imports, else is_finite), "npu" (the
-        npu rule; npu_bridge required), "is_finite" (always check the
-        gradients) or "float_status" (always read the register; npu_bridge
-        required).
-      warn: whether to warn (UserWarning) when ``backend="is_finite"`` is
-        asked for while npu_bridge reports saturation mode: overflows then
-        saturate to +-65504, which is_finite cannot see, so no step would be
-        skipped. Build-time callers warn; a constructor only checks the name.
+      backend: a ``Backend`` instance, or a name: "auto" (the npu rule when
+        npu_bridge imports, else is_finite), "npu" (the npu rule),
+        "is_finite" or "float_status" (always the register).
+      warn: whether "is_finite" warns in saturation mode, where it sees no
+        overflow (build-time callers warn, constructors do not).
 
     Returns:
       A ``Backend``.
 
     Raises:
-      TypeError: for anything but a name or a ``Backend`` instance (a
-        ``Backend`` subclass itself included).
+      TypeError: for anything but a name or a ``Backend`` instance.
       ValueError: for an unknown name, or an npu name without npu_bridge.
     """
     if isinstance(backend, Backend):

@@ -1,22 +1,8 @@
-"""What a backend is: the one declaration the step is written against.
+"""What a backend is: the one declaration the step reads of an overflow check.
 
-A backend turns the step's gradients into one float32 scalar *overflow flag*:
-0.0 when the step is finite, non-zero when it overflowed. A flag (rather than a
-bool) is what data-parallel workers sum across ranks, and what an accumulation
-window sums across micro-batches: zero after the sum means every rank and
-every micro-batch was finite.
-
-* ``IsFiniteBackend`` (CPU/GPU, and Ascend in INF/NaN mode) reads every
-  gradient once.
-* ``NpuFloatStatusBackend`` (Ascend in saturation mode) reads the device's
-  float-status register after all gradients; the graph's one clear runs
-  before anything a read follows.
-  There, an overflowing float16 result becomes +-65504 instead of inf, so the
-  register is the only witness of the overflow.
-
-``resolve_backend`` picks one by name, or takes any ``Backend`` instance. The
-rest of the step reads only what ``Backend`` declares: ``name``,
-``reads_register``, ``on_npu``, ``overflow_flag`` and ``clear_status``.
+A backend turns the step's gradients into one float32 *overflow flag*, 0.0
+when finite. A flag rather than a bool, because workers and an accumulation
+window sum flags: zero after the sum means every one was finite.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -35,8 +21,8 @@ class Backend(object):
     """An overflow check: subclass it and implement ``overflow_flag``.
 
     Pass an instance as ``backend=`` to ``MultiOptimizerLossScale``,
-    ``LossScaleOptimizer`` or ``all_finite``; nothing else needs to know of
-    it. The defaults describe a check that reads the gradients themselves.
+    ``LossScaleOptimizer`` or ``all_finite``. The defaults describe a check
+    that reads the gradients themselves.
 
     Example::
 
@@ -49,18 +35,13 @@ class Backend(object):
               return tf.cast(tf.reduce_any(tf.stack(big)), tf.float32)
 
     Attributes:
-      name: a short str naming the check (``MultiOptimizerLossScale.backend``
-        reports it). Defaults to the class name.
+      name: a short str naming the check; the class name by default.
       reads_register: True when ``overflow_flag`` reads one device-wide
-        status that cannot tell groups apart (Ascend's float-status register)
-        rather than the tensors it is given. The step then reads it once for
-        all groups (or once per group, each group's backprop after the
-        previous read, with ``skip_policy="per_group"``), builds it at the top
-        level of the graph only, and warns when a second object of the graph
-        reads it. Default False.
-      on_npu: True when the step runs on Ascend, where ``gate="auto"`` builds
-        a ``tf.cond`` under control flow v2 (the adapter rejects raw v1
-        Switch/Merge there). Default False.
+        status that cannot tell groups apart (Ascend's register), not the
+        tensors: the step then reads it once for all groups (per group in
+        turn with ``skip_policy="per_group"``), at the top level only.
+      on_npu: True on Ascend, where ``gate="auto"`` builds a ``tf.cond``
+        under control flow v2.
     """
 
     name = _ClassName()
@@ -73,54 +54,32 @@ class Backend(object):
     gives_evidence = False
 
     def overflow_flag(self, tensors, after=()):
-        """Makes the flag of one check.
-
-        Called at build time, once per check of a step (once per group with
-        ``skip_policy="per_group"``), in the caller's name scope and graph; it
-        may be called several times per graph.
+        """Makes the flag of one check, at build time (once per check).
 
         Args:
-          tensors: the gradients to check (tensors or ``tf.IndexedSlices``,
-            none of them None), possibly float16: those of
-            ``MultiOptimizerLossScale`` still multiplied by the loss scale
-            (small ones of one shape may come stacked into one tensor, same
-            values), those ``LossScaleOptimizer.apply_gradients`` receives
-            (unscaled), or those given to ``all_finite``.
-          after: tensors the flag must also follow: the losses, or the
-            previous group's flag. A check that reads the tensors themselves
-            may ignore it; one that reads device state must run after them
-            (``tf.control_dependencies``) so that every overflow it must see
-            has landed.
+          tensors: the gradients to check (tensors or ``tf.IndexedSlices``),
+            possibly float16 and still scaled; small ones of one shape may
+            come stacked.
+          after: tensors the flag must also follow (the losses, the previous
+            group's flag): a check that reads device state runs after them.
 
         Returns:
-          A float32 scalar tensor that follows every tensor of ``tensors``
-          (computed from them, or after them): finite, >= 0, and 0.0 exactly
-          when the step may be applied. Flags are summed across workers and
-          micro-batches, so a negative flag could cancel another's overflow.
+          A float32 scalar tensor that follows ``tensors``: finite, >= 0
+          (flags are summed, so a negative one could cancel an overflow),
+          and 0.0 exactly when the step may be applied.
         """
         raise NotImplementedError(
             "%s must implement overflow_flag(tensors, after=())." % type(self).__name__)
 
     def clear_status(self):
-        """An op that resets the state ``overflow_flag`` reads, if any.
-
-        The builder returns it as ``TrainOps.clear_status``. Default: a
-        no-op (there is nothing to reset).
-
-        Returns:
-          A ``tf.Operation``.
-        """
+        """The op that resets the state ``overflow_flag`` reads
+        (``TrainOps.clear_status``); a no-op by default."""
         return tf.no_op(name="clear_status")
 
 
-
 def checked_flag(backend, tensors, after=()):
-    """``backend.overflow_flag(tensors, after)``, refused unless a float32
-    scalar tensor.
-
-    Raises:
-      TypeError: when the flag is not a float32 scalar tensor.
-    """
+    """``backend.overflow_flag(tensors, after)``; TypeError unless it is a
+    float32 scalar tensor."""
     flag = backend.overflow_flag(tensors, after=after)
     if not (isinstance(flag, tf.Tensor) and flag.dtype == tf.float32
             and flag.shape.ndims == 0):

@@ -12,42 +12,25 @@ from npu_lossscale.core.gradients import SMALL_GRADIENT_ELEMENTS, dense_values
 
 
 class IsFiniteBackend(Backend):
-    """Checks the gradients themselves: one read per gradient.
+    """Checks the gradients themselves.
 
-    Every gradient is summed in float32 and the sums are added; the total is
-    finite exactly when no gradient holds inf or nan (inf + -inf and
-    nan + x are nan). A finite gradient whose float32 sum overflows also
-    counts as an overflow: such a gradient would overflow the update anyway.
-
-    A reduction per gradient costs one op per gradient, which dominates for
-    many small gradients (a 2000-tensor model pays more for the ops than for
-    the bytes). So small gradients of one shape and dtype are first added
-    elementwise (one ``AddN``; float16 and other dtypes are stacked, then cast
-    once), then summed: the same verdict, two ops per shape instead of one per
-    gradient. Large gradients keep one ``Sum`` each, which reads them at full
-    bandwidth and can run as soon as each one exists.
+    Every gradient is summed in float32 and the sums are added: the total is
+    finite exactly when no gradient holds inf or nan (a finite gradient
+    whose sum overflows would overflow the update too). Small gradients of
+    one shape and dtype are first added elementwise (float16 ones stacked,
+    then cast once): two ops per shape, not one per gradient. Large ones
+    keep a ``Sum`` each, which runs as soon as each exists.
     """
 
     name = "is_finite"
-    #: Each check reads its own gradients, so groups can be checked apart.
     reads_register = False
     gives_evidence = True
 
     def __init__(self, on_npu=False):
-        #: Whether the step runs on Ascend (in INF/NaN mode), where v1
-        #: control flow may be rejected.
-        self.on_npu = on_npu
+        self.on_npu = on_npu  # Ascend in INF/NaN mode
 
     def overflow_flag(self, tensors, after=()):
-        """Returns a float32 scalar: 0.0 if every tensor is finite, else 1.0.
-
-        Args:
-          tensors: gradients (tensors or IndexedSlices), none of them None.
-          after: unused here (the check reads the tensors themselves).
-
-        Returns:
-          A float32 scalar tensor.
-        """
+        """A float32 scalar: 0.0 if every tensor is finite, else 1.0."""
         del after
         with tf.name_scope("is_finite_check"):
             sums = []

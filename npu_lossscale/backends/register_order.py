@@ -16,26 +16,16 @@ class Reader(collections.namedtuple("Reader", ["owner", "what"])):
 
 
 def order_after_clear(clear, tensors):
-    """Makes every op that ``tensors`` depend on run after ``clear``.
+    """Makes every op that ``tensors`` (or ops) depend on run after ``clear``.
 
-    Adds ``clear`` as a control input to each ancestor of ``tensors`` that
-    takes an input (data or control) from a graph input: an op with no
-    inputs of its own (placeholder, variable, constant, iterator) or a
-    ``placeholder_with_default`` (a run that feeds it cuts it out, and its
-    control inputs with it; it gets none, since a constant default cannot
-    overflow). Every other ancestor depends on one of those. The consumers
-    of an op that only passes a graph input on (a ref variable's ``read``
-    Identity, a Reshape of a placeholder) get it too: grappler's arithmetic
-    optimizer may move a following cast above such an op, away from its
-    control inputs. Ops that already follow ``clear`` are left alone, and
-    the walk does not pass through ``clear`` itself.
-
-    Any other tensor fed in ``session.run`` cuts its producer out of the run
-    the same way, so its consumers are not ordered: feed placeholders.
-
-    Args:
-      clear: an op.
-      tensors: tensors (or operations).
+    ``clear`` becomes a control input of each ancestor that takes an input
+    from a graph input: an op without inputs (placeholder, variable,
+    constant) or a feedable op (``placeholder_with_default``, a get-next),
+    which itself gets none, since feeding it would cut the edge out. Every
+    other ancestor depends on those. Consumers of a chain of
+    value-preserving ops after a graph input get it too
+    (``_passes_on_input``). A fed tensor that is not a placeholder cuts its
+    producer, and the edge, out of the run.
     """
     passes = {}  # op -> whether it passes graph inputs on (_passes_on_input)
 
@@ -47,11 +37,9 @@ def order_after_clear(clear, tensors):
             [op for op in roots if op is not clear],
             lambda op: [parent for parent in parents_of(op) if parent is not clear]):
         parents = parents_of(op)
-        # Not on a feedable op itself: grappler's dependency optimizer drops
-        # a consumer's edge from the clear as implied by the feedable op's,
-        # and feeding the op then cuts both out of the run. Not into a v1
-        # loop's frame but at its Enter ops: every op in the loop follows
-        # them, and an edge from outside into the frame is invalid.
+        # Not on a feedable op: grappler drops its consumers' edges as
+        # implied by its own, and a feed cuts both out. Not inside a v1
+        # loop's frame, which an outside edge may not enter: its Enter ops.
         if (op.type not in graph_walk.FEEDABLE_TYPES and clear not in parents
                 and not _inside_loop(op)
                 and any(_is_graph_input(parent) or _passes_on_input(parent, passes)
@@ -66,15 +54,9 @@ def _is_graph_input(op):
 
 def _passes_on_input(op, memo):
     """Whether ``op`` hands graph inputs on unchanged, through a chain of
-    value-preserving ops (a ref variable's ``read``, a Reshape then a
-    Transpose of a placeholder): grappler's arithmetic optimizer may move a
-    following cast above the whole chain, out of reach of its control
-    inputs, so the consumers of every op of the chain are ordered too.
-
-    Iterative, and each op decided once per walk (``memo``), so long chains
-    and ops that read the same input twice cost linear time. Not one of
-    ``graph_walk``'s reachability walks: an op's answer is folded from its
-    parents' answers (post order), and the memo is shared across calls.
+    value-preserving ops (a variable's ``read``, a Reshape of a
+    placeholder): grappler may move a following cast above the chain, away
+    from its control inputs. Post order, each op decided once (``memo``).
     """
     stack, visiting = [op], set()
     while stack:
@@ -112,27 +94,17 @@ def _inside_loop(op):
     return True
 
 
-#: Ops grappler may swap a cast with (tensorflow core/grappler/op_types.cc,
-#: IsValueAndOrderAndShapePreserving / IsValueAndOrderPreserving /
-#: IsValuePreserving). Not Enter: its consumers are in a loop's frame, which
-#: a control edge from outside may not enter.
+#: Ops grappler may swap a cast with (core/grappler/op_types.cc,
+#: IsValue*Preserving). Not Enter: an outside edge may not enter a frame.
 _VALUE_PRESERVING_TYPES = graph_walk.IDENTITY_TYPES | frozenset([
     "CheckNumerics", "PreventGradient", "StopGradient", "Print", "DebugGradientIdentity",
     "DeepCopy", "ExpandDims", "Reshape", "Squeeze", "Transpose"])
 
 
 def claim_register(owner, what):
-    """Records that ``owner`` reads the float-status register in this graph,
-    and warns when another object already does.
-
-    The library's readers share one clear per run, so fetched together none
-    misses an overflow; but each may then skip for the other's overflow, and
-    the two managers lower their scales for it.
-
-    Args:
-      owner: the reading object (a builder or a ``LossScaleOptimizer``).
-      what: a short description of it, for the message.
-    """
+    """Records that ``owner`` (described by ``what``) reads the register in
+    this graph, and warns when another object does too: each would skip, and
+    lower its scale, for the other's overflow."""
     readers = _graph_state.of().register_readers
     if any(reader.owner is owner for reader in readers):
         return

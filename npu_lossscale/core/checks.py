@@ -1,13 +1,7 @@
 """The boundary: what the library accepts from its callers, checked once,
-where it is handed in, before any op is made.
-
-Numbers, counts and flags (``check_number``, ``check_count``, ``check_bool``),
-and TF objects: losses, optimizers, variables, gradients and global steps, and
-the graph context a step may be built in (graph mode, the top level).
-Managers are checked by the protocol's module, ``managers.base``. Every check
-raises ValueError or TypeError with a message that names the argument, shows
-the value with ``%r`` and says the fix. Inside the step, checked values are
-trusted."""
+where it is handed in, before any op is made. Each check raises ValueError or
+TypeError naming the argument, its value and the fix; inside the step,
+checked values are trusted. (Managers: ``managers.base``.)"""
 
 from __future__ import absolute_import, division, print_function
 
@@ -21,22 +15,17 @@ from npu_lossscale import tf_internals as _tf_internals
 
 #: The skip policies ``build`` accepts.
 SKIP_POLICIES = ("all", "per_group")
-#: How the apply gate is built: "pivot" (one Switch/Merge, the cheapest on
-#: CPU/GPU), "cond" (``tf.cond``: a functional ``If`` under control flow v2,
-#: a v1 cond that Ascend's adapter can functionalize otherwise), or "auto".
+#: How the apply gate is built: "pivot" (one Switch/Merge, the cheapest),
+#: "cond" (``tf.cond``, which Ascend's adapter can take), or "auto".
 GATES = ("auto", "pivot", "cond")
 
 _LOSS_SCALE_WRAPPERS = ("LossScaleOptimizer", "NPULossScaleOptimizer",
                         "MixedPrecisionLossScaleOptimizer")
-#: The class ``tf.train.experimental.enable_mixed_precision_graph_rewrite``
-#: wraps an optimizer in (TF 1.14+, tensorflow/python/training/experimental/
-#: loss_scale_optimizer.py): it scales the loss itself, and applies in a cond.
+#: What ``enable_mixed_precision_graph_rewrite`` wraps an optimizer in: it
+#: scales the loss itself, and applies in a cond.
 _GRAPH_REWRITE_WRAPPER = "MixedPrecisionLossScaleOptimizer"
-#: Where the docs show the rewrite with our loss scaling.
 _GRAPH_REWRITE_DOC = "docs/features.md, 'Graph-rewrite mixed precision'"
-
-
-#: Group names must be usable as TF name scopes.
+#: Group names are TF name scopes.
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-]*$")
 
 
@@ -48,8 +37,6 @@ def check_optimizer(optimizer, argument="optimizer"):
             "e.g. tf.compat.v1.train.AdamOptimizer()." % (argument, optimizer))
     if type(optimizer).__name__ == "NPUOptimizer" and _tf_internals.npu_optimizer_flag(
             optimizer, "is_loss_scale"):
-        # tf_adapter npu_bridge/estimator/npu/npu_optimizer.py: NPUOptimizer
-        # scales the loss and reads the float status itself when asked.
         raise TypeError(
             "%s scales the loss itself (an NPUOptimizer with is_loss_scale=True), got "
             "%r. Build it with is_loss_scale=False." % (argument, optimizer))
@@ -67,13 +54,8 @@ def check_optimizer(optimizer, argument="optimizer"):
 
 
 def check_global_step(global_step):
-    """Checks the ``global_step`` a step is to advance.
-
-    Raises:
-      TypeError: unless ``global_step`` is None or an integer variable.
-      ValueError: for a variable of another graph than the default one (or
-        a graph it is nested in), which the step's ops cannot assign.
-    """
+    """Checks the ``global_step`` a step is to advance: None, or an integer
+    variable of this graph (TypeError, ValueError)."""
     if global_step is None:
         return
     dtype = getattr(global_step, "dtype", None)
@@ -88,20 +70,14 @@ def check_global_step(global_step):
             % (global_step,))
 
 
-#: The fields a ``TrainOps`` (builder.py) has that the monitoring and the
-#: skip record's readers use; checked by name, as builder.py imports this
-#: module.
+#: The ``TrainOps`` fields the monitoring reads; by name, as builder.py
+#: imports this module.
 _TRAIN_OPS_FIELDS = ("update_op", "loss_scale", "applied", "skipped_steps", "clear_status",
                      "diagnosis", "per_group", "window_end")
 
 
 def check_train_ops(train_ops, argument="train_ops"):
-    """Raises TypeError unless ``train_ops`` is a ``TrainOps`` of ``build()``.
-
-    Args:
-      train_ops: the value to check.
-      argument: the argument's name, for the message.
-    """
+    """Raises TypeError unless ``train_ops`` is a ``TrainOps`` of ``build()``."""
     if isinstance(train_ops, tuple) and all(hasattr(train_ops, field)
                                             for field in _TRAIN_OPS_FIELDS):
         return
@@ -117,27 +93,16 @@ def check_train_ops(train_ops, argument="train_ops"):
 
 
 def is_session(value):
-    """True for a session: an object with ``run`` and a ``tf.Graph`` as
-    ``graph`` (``tf.Session``, ``MonitoredSession``, a hook's session), not
-    a ``tf.Operation`` (which has both)."""
+    """True for an object with ``run`` and a ``tf.Graph`` as ``graph``
+    (``tf.Session``, ``MonitoredSession``), not a ``tf.Operation``."""
     return (not isinstance(value, tf.Operation)
             and isinstance(getattr(value, "graph", None), tf.Graph)
             and callable(getattr(value, "run", None)))
 
 
 def check_session(session, graph, owner):
-    """Raises unless ``session`` is a session (``tf.Session``,
-    ``MonitoredSession``...) that runs ``graph``.
-
-    Args:
-      session: the value to check.
-      graph: the ``tf.Graph`` it must run.
-      owner: what ``graph`` belongs to, for the message (e.g. "train_ops").
-
-    Raises:
-      TypeError: for an object without ``run`` and a ``tf.Graph`` ``graph``.
-      ValueError: for a session of another graph.
-    """
+    """Raises TypeError unless ``session`` is a session, ValueError unless it
+    runs ``graph`` (that of ``owner``, e.g. "train_ops", for the message)."""
     if not is_session(session):
         raise TypeError("session must be a tf.Session or MonitoredSession, got %r (%s). "
                         "Pass the session that runs the training step."
@@ -154,14 +119,9 @@ def is_variable(value):
             or _tf_internals.is_resource_variable(value))
 
 
-
 def op_of(value):
-    """The ``tf.Operation`` behind ``value``, or None.
-
-    ``value`` may be an op, a tensor, or (under resource variables) the
-    variable-like object ``tf.assign``/``var.assign_sub(...)`` returns in
-    graph mode, whose ``op`` is the assign: the forms ``tf.group`` accepts.
-    """
+    """The ``tf.Operation`` behind an op, a tensor or the variable-like
+    result of ``tf.assign`` (the forms ``tf.group`` accepts), or None."""
     if isinstance(value, tf.Operation):
         return value
     op = getattr(value, "op", None)
@@ -185,28 +145,16 @@ def _graph_and_outer_graphs(graph):
 
 
 def of_another_graph(value):
-    """True when ``value`` (a variable or tensor) belongs to a graph that
-    ops made now cannot use: neither the default graph nor a graph it is
-    nested in (a function or control-flow body may capture its outer
-    graphs' tensors). Eager values belong to no graph: False."""
+    """True when ``value`` (a variable or tensor) belongs to neither the
+    default graph nor a graph it is nested in (False for eager values)."""
     graph = _graph_of(value)
     return graph is not None and not any(
         graph is other for other in _graph_and_outer_graphs(tf.get_default_graph()))
 
 
 def check_loss(loss):
-    """Raises unless ``loss`` is a floating scalar tensor of the default graph.
-
-    Args:
-      loss: the value passed as a group's loss.
-
-    Returns:
-      The loss.
-
-    Raises:
-      TypeError: for a non-tensor or non-float loss.
-      ValueError: for a non-scalar loss or one of another graph.
-    """
+    """Returns ``loss`` if it is a floating scalar tensor of the default
+    graph; TypeError for a non-tensor or non-float, ValueError otherwise."""
     if not isinstance(loss, tf.Tensor):
         raise TypeError("loss must be a tf.Tensor, got %r. Pass the scalar loss tensor."
                         % (loss,))
@@ -226,17 +174,16 @@ def check_gradients(grads, argument="grads"):
     """Checks a list of gradients, as ``all_finite`` takes it.
 
     Args:
-      grads: a list or tuple of float tensors or ``tf.IndexedSlices`` of the
-        default graph (or a graph it is nested in); None entries (variables without a gradient) are allowed.
+      grads: a list or tuple of float tensors or ``tf.IndexedSlices`` of
+        this graph, or None.
       argument: the argument's name, for the messages.
 
     Returns:
       The gradients that are not None, as a list.
 
     Raises:
-      TypeError: for anything but a list or tuple (None, one tensor, a number,
-        a str, a dict), for (gradient, variable) pairs, and for entries that
-        are not float tensors.
+      TypeError: for anything but a list or tuple, for (gradient, variable)
+        pairs, and for entries that are not float tensors.
       ValueError: for gradients of another graph, or when every entry is None.
     """
     fix = "Pass a list, e.g. [g for g, _ in grads_and_vars]."
@@ -271,15 +218,8 @@ def check_gradients(grads, argument="grads"):
 
 
 def check_group_name(name, taken):
-    """Raises ValueError unless ``name`` is a free, valid name scope.
-
-    Args:
-      name: the group name.
-      taken: the names already used.
-
-    Returns:
-      The name.
-    """
+    """Returns ``name`` if it is a valid name scope not in ``taken``;
+    ValueError otherwise."""
     if not isinstance(name, str) or not _GROUP_NAME.match(name):
         raise ValueError("name must be a valid TF name scope (letters, digits, '_', '.', "
                          "'-'), got %r. Pass e.g. name='generator'." % (name,))
@@ -301,8 +241,7 @@ def check_var_list(var_list, name, other_groups):
     Args:
       var_list: the variables, or None for every trainable variable.
       name: the group's name, for messages.
-      other_groups: the groups recorded before, each with ``name`` and
-        ``var_list``.
+      other_groups: the groups recorded before.
 
     Returns:
       A tuple of variables.
@@ -340,15 +279,9 @@ def check_var_list(var_list, name, other_groups):
 
 
 def check_resource_variables(var_list, name):
-    """Raises ValueError for a ref variable that a functional ``If`` must assign.
-
-    A branch of a control-flow-v2 ``If`` cannot assign a ref variable, which
-    is why Huawei's docs pair control flow v2 with resource variables.
-
-    Args:
-      var_list: a group's variables.
-      name: the group's name, for the message.
-    """
+    """Raises ValueError for a ref variable in ``var_list`` (group ``name``):
+    a functional ``If`` cannot assign one, which is why Huawei's docs pair
+    control flow v2 with resource variables."""
     for var in var_list:
         if not _tf_internals.is_resource_variable(var):
             raise ValueError(
@@ -370,26 +303,20 @@ def check_no_ref_inputs(ops):
 
 def check_number(name, value, minimum=None, maximum=None, min_open=False,
                  max_open=False, integer=False, hint=""):
-    """Checks that ``value`` is a real number inside the given bounds.
+    """Returns ``value`` if it is a real number inside the bounds.
 
     Args:
       name: the argument's name, for the message.
       value: the value to check.
-      minimum: lower bound or None.
-      maximum: upper bound or None.
-      min_open: whether the lower bound is excluded.
-      max_open: whether the upper bound is excluded.
-      integer: whether the value must be an int (bools are rejected).
+      minimum, maximum: the bounds, or None.
+      min_open, max_open: whether each bound is excluded.
+      integer: whether the value must be an int (bools are not).
       hint: a sentence appended to the message, saying what to pass instead.
-
-    Returns:
-      The value, unchanged.
 
     Raises:
       TypeError: if the value is not a number (or not an int when required).
-      ValueError: if the value is NaN, infinite or outside the bounds. (NaN
-        fails no comparison and inf passes every lower bound, so both are
-        rejected before the bounds are looked at.)
+      ValueError: if it is NaN, infinite (both checked before the bounds,
+        which NaN would pass) or outside the bounds.
     """
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind):
@@ -414,27 +341,18 @@ def check_number(name, value, minimum=None, maximum=None, min_open=False,
 
 
 def check_count(name, value, hint, minimum=1, maximum=None):
-    """Checks a count (of steps, runs, micro-batches) and returns it as an int.
-
-    The one count policy: an int, or an integral float, counts as its int.
-    TF's own tests pass counts as floats (``DynamicLossScale(
-    initial_loss_scale=1., increment_period=2., multiplier=2.)`` in
-    tensorflow/python/training/experimental/loss_scale_optimizer_test.py,
-    ``dynamic_growth_steps=2.`` in Keras' mixed_precision tests).
+    """Returns a count (of steps, runs, micro-batches) as an int in
+    [minimum, maximum]. An integral float counts as its int, as TF's and
+    Keras' own tests pass counts (``increment_period=2.``).
 
     Args:
       name: the argument's name, for the message.
       value: the value to check.
       hint: a sentence saying what to pass instead, e.g. "Pass e.g. 100.".
-      minimum: the smallest count allowed.
-      maximum: the largest count allowed, or None.
-
-    Returns:
-      The count, an int in [minimum, maximum].
+      minimum, maximum: the bounds (``maximum`` may be None).
 
     Raises:
-      TypeError: for a bool, a str, a non-number, or a float with a
-        fractional part (2.5).
+      TypeError: for a bool, a non-number, or a fractional float.
       ValueError: for NaN, infinities, and counts outside the bounds.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -448,16 +366,8 @@ def check_count(name, value, hint, minimum=1, maximum=None):
 
 
 def check_bool(name, value, hint):
-    """Raises TypeError unless ``value`` is a bool.
-
-    Args:
-      name: the argument's name, for the message.
-      value: the value to check.
-      hint: a sentence saying what to pass.
-
-    Raises:
-      TypeError: if the value is not True or False.
-    """
+    """Raises TypeError, naming ``name`` and saying ``hint``, unless
+    ``value`` is a bool."""
     if not isinstance(value, bool):
         raise TypeError("%s must be a bool, got %r. %s" % (name, value, hint))
 
@@ -478,11 +388,8 @@ def check_gate(gate):
 
 
 def check_instances(name, values, base):
-    """``values`` as a list of ``base`` instances (a list or tuple of them).
-
-    Raises:
-      TypeError: for anything else (a class of ``base`` included).
-    """
+    """``values`` (an instance of ``base``, or a list or tuple of them) as a
+    list; TypeError for anything else."""
     if isinstance(values, base):
         values = [values]
     if not isinstance(values, (list, tuple)) or not all(

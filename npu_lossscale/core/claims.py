@@ -1,29 +1,16 @@
 """Run-time claims: each piece of step state moves once per ``session.run``.
 
-Several step ops may update one piece of state: two ``LossScaleOptimizer``s
-or builders sharing a manager, two ``minimize`` calls on one
-``LossScaleOptimizer``, a builder's ``update_op`` and its ``per_group``
-ops. Run in separate ``session.run`` calls, as alternating GAN loops do,
-each run moves the state once, which is correct, so nothing is refused at
-build time. A run that fetches two of them would move it twice (apply a
-group twice, update a loss scale twice); that is a fact about one run, so
-it is refused at run time, before the second step writes anything.
+Several step ops may update one state (a shared manager, a builder's
+``update_op`` and its ``per_group`` ops). In separate runs, as alternating
+loops run them, that is correct; a run that fetches two would move the
+state twice, a fact about one run, so it is refused at run time.
 
-How: each piece of state claimed by two or more step ops gets a counter and
-a table of names, variables that no collection holds (no initializer, no
-Saver, no checkpoint: they only matter within one run). One reset per run
-zeroes them; it is a single op that every claim follows, so it runs once,
-first. Each step op's claim writes its name, adds one to the counter and
-reads it back, before any write of its step; adds are atomic, so of two
-claims in one run at least one reads two and fails the run with an
-InvalidArgumentError that names the state, the step ops that ran, and the
-fix. A state with a single step op gets no claim at all, so the common
-graph pays nothing: the claims are made when the second step op appears,
-and the first one's claim is then attached to its step.
-
-Limits: steps built after a session has run the graph are not seen by that
-session (build every step first, as for a ``Saver``); runs of one step op
-from several threads at once share the counter and may be refused.
+A state with two or more step ops gets a counter and a table of names, in
+no collection (they matter within one run only), zeroed by one reset per
+run that every claim follows. Each claim writes its step op's name and
+adds one before any write of its step; of two claims in one run one reads
+two and fails the run, naming the step ops. A state with one step op gets
+no claim. Runs of one step op from several threads may be refused.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -34,8 +21,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import graph_state as _graph_state
 
-#: Names kept per claimed state; with more step ops than this, the names of
-#: step ops that share a slot may overwrite each other in a message.
+#: Names kept per claimed state; beyond, names share slots in the message.
 NAME_SLOTS = 16
 
 
@@ -43,24 +29,18 @@ class Claimant(collections.namedtuple("Claimant", ["description", "entry_ops", "
     """One step op that updates a claimed state.
 
     Attributes:
-      description: what the step op is, for messages (e.g. "update_op of
-        MultiOptimizerLossScale (groups d, g)").
-      entry_ops: top-level ops of the step that every write of the step
-        follows; the claim becomes a control input of each.
+      description: what the step op is, for messages.
+      entry_ops: ops of the step that every write of it follows; the claim
+        becomes a control input of each.
       claim: the claim's ``Assert`` op, or None while the state has one
         step op.
     """
 
 
 class ClaimedState(object):
-    """A piece of state (a manager, a builder's counters) and its step ops.
-
-    Attributes:
-      key: the object whose state it is, compared by identity.
-      description: what it is, for messages.
-      claimants: the ``Claimant`` records, in build order.
-      variables: ``(count, names, reset)`` once two step ops claim it.
-    """
+    """A piece of state (``key``, compared by identity, and its
+    ``description``), its ``Claimant``s, and ``(count, names, reset)`` once
+    two claim it."""
 
     def __init__(self, key, description):
         self.key = key
@@ -84,20 +64,17 @@ class StateKey(collections.namedtuple("StateKey", ["key", "description"])):
 
 
 def claim(states, description, entry_ops):
-    """Registers a step op that updates ``states``, claiming them per run.
-
-    Nothing is made while each state has this one step op; once a state has
-    two, every step op updating it (earlier ones too) claims it first.
+    """Registers a step op that updates ``states`` (``StateKey``s). Once a
+    state has two, every step op updating it claims it first.
 
     Args:
       states: ``StateKey``s of what the step op updates once per run.
       description: what the step op is, for messages.
-      entry_ops: top-level ops of the step that all its writes follow.
+      entry_ops: ops of the step that all its writes follow.
     """
     graph = tf.get_default_graph()
     if graph.building_function:
-        # An eager program's tf.function: each call is one run of its own,
-        # and a function cannot make variables on every trace.
+        # An eager program's tf.function: each call is a run of its own.
         return
     state = _graph_state.of(graph)
     for key in states:
@@ -137,7 +114,7 @@ def _variables():
     blank = tf.fill([NAME_SLOTS], "")
     count = tf.Variable(0, dtype=tf.int64, trainable=False, collections=[], name="count")
     names = tf.Variable(blank, trainable=False, collections=[], name="names")
-    # Assigning needs no initialized variable, so no initializer is ever run.
+    # Assigning needs no initialized variable: no initializer to run.
     reset = tf.group(tf.assign(count, tf.zeros([], tf.int64)), tf.assign(names, blank),
                      name="reset")
     return count, names, reset
@@ -155,9 +132,8 @@ def _claim_op(record, position, description):
         wrote = tf.scatter_update(names, [position % NAME_SLOTS], ["%s; " % description])
     with tf.control_dependencies([wrote]):
         added = tf.assign_add(count, tf.ones([], tf.int64))
-    # The count is copied once (a ref variable's read aliases its buffer),
-    # then the names are read: every step op counted in it has written its
-    # name by then.
+    # A copy (a ref variable's read aliases its buffer); the names after it,
+    # when every step op counted has written its own.
     with tf.control_dependencies([added]):
         now = tf.raw_ops.Snapshot(input=count.read_value())
     with tf.control_dependencies([now]):

@@ -1,10 +1,8 @@
 """Where a step may be built: graph mode, at the top level of a graph.
 
-The apply gate, ``global_step`` and the loss-scale update are made for one
-run of a graph, so a step is refused in eager execution and inside a
-``tf.cond``/``tf.while_loop`` body or a graph-mode ``tf.function``; a
-float-status read must be at the top level for the register's clear
-ordering. Checked at the boundary, before any op is made.
+The gate, ``global_step`` and the scale update are made for one run of a
+graph, and a float-status read needs the top level for the clear's
+ordering. Checked before any op is made.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -22,15 +20,8 @@ _CONTROL_FLOW_GRAPHS = {"CondBranchFuncGraph": "a tf.cond branch",
 
 
 def _inside(graph):
-    """Where ops made now land, for messages; None at the top level.
-
-    Args:
-      graph: the default graph.
-
-    Returns:
-      None at the top level of a ``tf.Graph``, else e.g. "a tf.cond branch
-      (function graph 'cond_true_3')".
-    """
+    """Where ops made now in ``graph`` land, for messages, e.g. "a tf.cond
+    branch (function graph 'cond_true_3')"; None at the top level."""
     if _tf_internals.control_flow_context(graph) is not None:
         return "a tf.cond branch or tf.while_loop body (v1 control flow)"
     if not graph.building_function:
@@ -40,11 +31,8 @@ def _inside(graph):
 
 
 def _traced_from_eager(graph):
-    """True for the graph of a ``tf.function`` called by an eager program.
-
-    Its variables are eager ones that the function captures, and it runs
-    once per call: as a top-level graph is once per ``session.run``.
-    """
+    """True for the graph of a ``tf.function`` an eager program calls: it
+    runs once per call, as a top-level graph once per ``session.run``."""
     if (not graph.building_function or type(graph).__name__ in _CONTROL_FLOW_GRAPHS
             or getattr(graph.outer_graph, "building_function", False)):
         return False
@@ -55,22 +43,11 @@ def _traced_from_eager(graph):
 def require_graph_mode(what, eager_functions=False, hint=""):
     """Raises ValueError unless ops are being made at the top level of a graph.
 
-    Refused, for every backend: eager execution, and a ``tf.cond`` branch or
-    ``tf.while_loop`` body (v1 or v2) or a ``tf.function`` of a graph-mode
-    program, since the apply gate, the ``global_step`` and the manager update
-    are made for one run of the graph.
-
     Args:
       what: the name of the API being used, for the message.
-      eager_functions: True where ``what`` also works at the top level of a
-        ``tf.function`` that an eager program calls (it makes no variable of
-        its own, so the function's retracing cannot make a second one).
+      eager_functions: True where ``what`` also works in an eager program's
+        ``tf.function`` (it makes no variable, so retracing is harmless).
       hint: a sentence added to the message for a call inside control flow.
-
-    Raises:
-      ValueError: before any op is made, for eager execution, inside a
-        control-flow body or a graph-mode function, and (unless
-        ``eager_functions``) inside an eager program's function.
     """
     if tf.executing_eagerly():
         raise ValueError(
@@ -94,19 +71,8 @@ def require_graph_mode(what, eager_functions=False, hint=""):
 
 
 def require_top_level(what):
-    """Raises ValueError inside a function or control-flow body.
-
-    A float-status step orders the graph's one register clear before the
-    ops its read follows; that needs the read at the top level of a
-    ``tf.Graph``, not in a ``tf.cond``/``tf.while_loop`` body or a
-    ``tf.function`` (eager programs' included).
-
-    Args:
-      what: the name of the API being used, for the message.
-
-    Raises:
-      ValueError: inside a function graph or a v1 control-flow context.
-    """
+    """Raises ValueError inside a function or control-flow body, where the
+    register's clear cannot be ordered before a read's ops."""
     inside = _inside(tf.get_default_graph())
     if inside is None:
         return

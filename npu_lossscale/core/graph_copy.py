@@ -1,14 +1,9 @@
-"""Copies of graph ops: ops remade in the current graph, each reading the
-copies of its inputs.
+"""Copies of graph ops, each reading the copies of its inputs: the float32
+view of a loss's forward graph, and the loss heads of the skip branch.
 
-Two places copy part of a graph: the float32 view (``float32_view``), a
-float32 copy of a loss's forward graph, and the skip branch's loss heads
-(``skip_inspection.LossHeads``), the ops of a loss that the backprop does not
-need, copied into the branch so that they run only there. A copy is made in
-the current name scope and control-dependency context, keeps the original's
-name within that scope, and leaves out the original's control inputs and
-private attributes (``_class``, its colocation, among them): it runs where
-the context it is made in runs.
+A copy is made in the current name scope and control context, keeps its
+original's name, and leaves out its control inputs and private attributes
+(colocation among them): it runs where its context runs.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -31,12 +26,11 @@ class Copies(object):
     """Copies of ops, each made once, in the current graph.
 
     Args:
-      outside: tensor -> what a copy reads for an input whose op is not
-        copied (default: the input itself). Called when the copy is made.
-      dtype: ``DType`` -> the dtype of a copied output (default: the same).
-      attr: ``AttrValue`` -> the copy's attribute value (default: the same).
-      on_device: whether each copy is placed on its original's device
-        (default: the device of the current context).
+      outside: tensor -> what a copy reads for an input not copied.
+      dtype: ``DType`` -> the dtype of a copied output.
+      attr: ``AttrValue`` -> the copy's attribute value.
+      on_device: whether a copy goes on its original's device, not the
+        context's.
     """
 
     def __init__(self, outside=_same, dtype=_same, attr=_same, on_device=False):
@@ -55,21 +49,15 @@ class Copies(object):
         return self._outside(tensor) if copy is None else copy.outputs[tensor.value_index]
 
     def copy(self, ops):
-        """Copies each op of ``ops`` not copied yet, in their order.
-
-        Args:
-          ops: ops, each after the ops of its inputs that are to be copied
-            (``graph_walk.topological`` over ``data_inputs`` gives such an
-            order).
-        """
+        """Copies each op of ``ops`` not copied yet, in order: each after
+        its inputs' ops (``graph_walk.topological`` over ``data_inputs``)."""
         graph = tf.get_default_graph()
         for op in ops:
             if op in self._copies:
                 continue
             attrs = dict((key, self._attr(value)) for key, value in op.node_def.attr.items()
                          if not key.startswith("_"))
-            # The inputs first: ``outside`` may make ops (a cast), which
-            # take the context's device, not the original's.
+            # Before the device scope: ``outside``'s ops take the context's.
             inputs = [self.tensor(tensor) for tensor in op.inputs]
             placed = (tf.device(op.device) if self._on_device and op.device
                       else contextlib.suppress())

@@ -1,21 +1,9 @@
-"""What the library keeps per ``tf.Graph``.
+"""What the library keeps per ``tf.Graph``: one ``GraphState``, held on the
+graph object itself, so that it dies with the graph (a table keyed by graph
+would keep graphs alive; a collection would export Python objects).
 
-A graph holds one ``GraphState``, on the graph object itself: it lives and
-dies with the graph (a table keyed by graph would keep every graph alive
-through its ops), and a graph collection would put Python objects into
-exported meta graphs. It records
-
-* the float-status register: the graph's one clear, the objects that read
-  the register, and the ops ordered after the clear (``backends``);
-* the run-time claims: which step ops update which state, so that one
-  ``session.run`` moves each loss scale once (``claims``);
-* the steps' gates, so that an ``update_ops`` entry that runs another step
-  is named as such (``commit``).
-
-A build makes its state (variables, claims, control inputs of the user's
-ops) only after every user hook that can fail (the managers'
-``get_loss_scale`` and ``update_loss_scale``) has returned, so a build that
-fails there leaves nothing behind to undo (``step``).
+The control inputs a build adds to the user's ops wait until it returns
+(``building``), so a build that fails leaves them as they were.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -31,16 +19,14 @@ class GraphState(object):
     """The library's record of one graph.
 
     Attributes:
-      register_clear: the graph's one float-status clear op, or None before
-        the first register read.
-      register_readers: ``backends.Reader`` records of the objects that read
-        the register, in order.
+      register_clear: the graph's one float-status clear op, or None.
+      register_readers: ``backends.Reader`` records of the register's readers.
       register_ordered: the ops given ``register_clear`` as a control input.
-      claimed: ``claims.ClaimedState`` records, one per piece of state that
-        several step ops update.
-      gates: names of the ops a step's gate returns.
-      pending: (op, dep) control inputs a step being built adds to the
-        user's ops once it is built (``defer_control_input``).
+      claimed: ``claims.ClaimedState`` records (``claims``).
+      gates: names of the ops a step's gate returns, so that an
+        ``update_ops`` entry that runs another step is named as such.
+      pending: (op, dep) control inputs deferred while a step is built.
+      building: whether a step is being built.
     """
 
     def __init__(self):
@@ -60,9 +46,7 @@ def of(graph=None):
 
 
 def defer_control_input(op, dep):
-    """``op`` runs after ``dep``: at once, or, while a step is being built
-    (``building``), once it is built, so that a build that fails leaves
-    the user's op as it was."""
+    """``op`` runs after ``dep``: at once, or once the step being built is."""
     state = of(op.graph)
     state.pending.append((op, dep))
     if not state.building:
@@ -72,11 +56,7 @@ def defer_control_input(op, dep):
 @contextlib.contextmanager
 def building(graph=None):
     """The build of one step: the control inputs it defers are added when
-    it returns, and dropped when it raises.
-
-    Yields:
-      Nothing.
-    """
+    it returns, and dropped when it raises."""
     state = of(graph)
     state.building = True
     try:
@@ -103,28 +83,15 @@ def _flush(state):
 
 
 def add_control_input(op, dep):
-    """``op`` runs after ``dep`` from now on.
-
-    Args:
-      op: an existing ``tf.Operation``.
-      dep: the ``tf.Operation`` it must follow.
-    """
+    """The existing ``op`` runs after ``dep`` from now on."""
     _tf_internals.add_control_input(op, dep)
 
 
 @contextlib.contextmanager
 def outside(scope):
     """Makes ops outside any control flow, control dependency and function
-    body, in the absolute name scope ``scope``: state that a step makes on
-    first use, after the user hooks that can fail, wherever in the step that
-    use is.
-
-    Args:
-      scope: an absolute name scope, ending in "/".
-
-    Yields:
-      Nothing.
-    """
+    body, in the absolute name scope ``scope`` (ending in "/"): state a step
+    makes on first use, wherever that is."""
     with tf.init_scope(), tf.name_scope(scope):
         yield
 

@@ -1,26 +1,8 @@
 """Graph walks and the op vocabulary, shared by the library (which walks
 ``tf.Operation``s) and the audit (which walks ``GraphDef`` nodes by name).
 
-* The op vocabulary: variable updates, identities, control flow, function
-  calls, data inputs.
-* ``depth_first`` (and ``reachable``, ``first_reached``), ``children`` and
-  ``topological``: generic walks over any nodes, given their ``parents``.
-* ``updates_behind``: which variable updates an op stands for, shared by
-  the builder's ``update_ops`` check and the audit's NLS005.
-
-For ``updates_behind``, an op given as an update (``tf.group``,
-``tf.tuple``, ``check_numerics``, ``stop_gradient``, a ``tf.print`` under
-``control_dependencies``, or the update itself) stands for the variable
-updates the walk reaches from it, over data and control edges, through any
-op that is not an update. The walk stops at the first update on each path:
-an update's own inputs are the forward pass and the data pipeline, which
-must run on every step, so it never goes past one. A data pipeline's
-get-next op or a random op is stateful but writes no variable, so it is
-walked through like any other op.
-
-This module imports no TensorFlow and makes no op: the caller says how to
-read its graph through functions, ``parents`` (and, for ``updates_behind``,
-``classify``).
+No TensorFlow and no op: the caller says how to read its graph through
+``parents`` (and, for ``updates_behind``, ``classify``).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -37,92 +19,61 @@ __all__ = ["ACCUMULATOR_TAKE_TYPES", "BARRIER", "CASE_TYPES", "CONTROL",
            "is_update", "kind_of_type", "reachable", "topological", "updates_behind",
            "walked_inputs"]
 
-# Variable writes, from the ops' definitions: each takes the variable as its
-# first input, a ref (Assign, ScatterAdd, ApplyAdam...) or a resource handle
-# (AssignVariableOp, ResourceScatterAdd, ResourceApplyAdam...), and stores
-# into it. Ops with such a first input that only read it (ReadVariableOp,
-# ResourceGather, IsVariableInitialized), pass it on (RefIdentity, RefSwitch)
-# or own other state (IteratorGetNext, StatefulUniform, queues, tables,
-# TensorArrays) are not updates. tests/test_graph_walk.py checks the
-# patterns against the op registry.
+# Ops that store into the variable (ref or resource) that is their first
+# input; not those that only read it, pass it on or own other state
+# (iterators, queues). tests/test_graph_walk.py checks them against the op
+# registry.
 _VARIABLE_WRITE = re.compile(
     r"^(Assign(Add|Sub)?|Assign(Add|Sub)?VariableOp|AssignVariableXlaConcatND|"
     r"(Resource)?Scatter(Nd)?(Update|Add|Sub|Mul|Div|Min|Max)|"
     r"(Resource)?StridedSliceAssign|(Resource)?CountUpTo)$")
-# The fused optimizer updates (ApplyAdam, ResourceSparseApplyMomentum...).
 _OPTIMIZER_APPLY = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]\w*$")
 
-#: Ops that pass their input on unchanged.
 IDENTITY_TYPES = frozenset(["Identity", "RefIdentity", "Snapshot"])
 
-# v1 control flow (tf.cond's and tf.while_loop's frames), op by op.
-#: Passes its data input to one of two outputs, as its predicate (the
-#: second input) says; the other output is dead.
+# v1 control flow, op by op.
 SWITCH_TYPES = frozenset(["Switch", "RefSwitch"])
-#: Passes on whichever input is live.
 MERGE_TYPES = frozenset(["Merge", "RefMerge"])
-#: Enters a loop's frame.
 ENTER_TYPES = frozenset(["Enter", "RefEnter"])
-#: Leaves a loop's frame.
 EXIT_TYPES = frozenset(["Exit", "RefExit"])
-#: Carries a value into a loop's next iteration (the back edge into a Merge).
 NEXT_ITERATION_TYPES = frozenset(["NextIteration", "RefNextIteration"])
 # v2 control flow: functional ops whose bodies are functions.
-#: Runs one of two branch functions, as its first input says.
 IF_TYPES = frozenset(["If", "StatelessIf"])
-#: Runs one of its branch functions, as its first input (an index) says.
 CASE_TYPES = frozenset(["Case", "StatelessCase"])
-#: Runs its body function while its cond function says so.
 WHILE_TYPES = frozenset(["While", "StatelessWhile"])
-#: v2 control flow: functional ops whose bodies are functions.
 FUNCTIONAL_CONTROL_FLOW_TYPES = IF_TYPES | CASE_TYPES | WHILE_TYPES
-#: Control flow: v1's Switch/Merge frames and v2's functional ops. What lies
-#: behind them runs only on some branch or iteration.
+#: Control flow: what lies behind these ops runs on some branch or iteration.
 CONTROL_FLOW_TYPES = (FUNCTIONAL_CONTROL_FLOW_TYPES | SWITCH_TYPES | MERGE_TYPES
                       | ENTER_TYPES | EXIT_TYPES | NEXT_ITERATION_TYPES
                       | frozenset(["LoopCond"]))
-# Inputs that pick a branch rather than pass a value on: a Switch's
-# predicate (its second input), an If's or a Case's first input.
+# Their first input picks a branch rather than passing a value on.
 _BRANCH_INDEX_FIRST = IF_TYPES | CASE_TYPES
-#: Calls of a function (a graph-mode ``tf.function``): one op that runs its
-#: whole body.
+#: Calls of a graph-mode ``tf.function``: one op that runs its whole body.
 FUNCTION_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 
-#: Ops that hand a data pipeline's next element to the step. With Ascend's
-#: data offload (``enable_data_pre_proc``) tf_adapter places the iterator and
-#: its get-next on the device, fused into ``AdpGetNext`` (tf_adapter
-#: optimizers/om_partition_subgraphs_pass.cc; ``GetNext``, ``AdpGetNext``,
-#: ``DynamicGetNextV2`` and ``GetNextFromQueue`` are registered in
-#: ops/aicpu/npu_dataset_ops.cc), where it feeds the training loop from its
-#: own queue: an edge from the register's clear into it would tie prefetching
-#: to the step. They are graph inputs: their consumers take the edge instead.
+#: Ops that hand a data pipeline's next element to the step, tf_adapter's
+#: device-side ones for data offload included (docs/design.md, "The
+#: float-status register").
 DATA_INPUT_TYPES = frozenset([
     "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "GetNext",
     "AdpGetNext", "DynamicGetNextV2", "GetNextFromQueue"])
-#: Ops with inputs that a run typically feeds instead of running (it then
-#: passes its constant default on, or is cut out with its control inputs),
-#: or that deliver input data: they compute nothing an overflow check sees.
-#: The register's clear orders their consumers instead
-#: (``backends.register_order``); the audit reads them the same way.
+#: Ops with inputs that still count as graph inputs (a run feeds them, or
+#: they deliver data): the register's clear orders their consumers instead.
 FEEDABLE_TYPES = frozenset(["PlaceholderWithDefault"]) | DATA_INPUT_TYPES
-#: A ``ConditionalAccumulator``'s take (ref, resource and sparse): the mean of
-#: the gradients workers pushed, as ``SyncReplicasOptimizer`` applies it on
-#: its chief.
+#: A ``ConditionalAccumulator``'s take: the workers' mean gradient, as a
+#: ``SyncReplicasOptimizer`` chief applies it.
 ACCUMULATOR_TAKE_TYPES = frozenset([
     "AccumulatorTakeGradient", "ResourceAccumulatorTakeGradient",
     "SparseAccumulatorTakeGradient"])
 
-# What ``classify`` says of a node.
-#: A variable update: recorded; the walk does not go past it.
+# What ``classify`` says of a node: an update, or a barrier the caller will
+# not look past (recorded, not walked past); control flow (walked through,
+# updates behind it are reached ``via`` it); any other op (walked through);
+# or a stop (neither walked through nor recorded).
 UPDATE = "update"
-#: Something the caller refuses to look past (another step's gate, a
-#: functional op whose body writes a variable): recorded; not walked past.
 BARRIER = "barrier"
-#: Control flow: walked through; updates behind it are reached ``via`` it.
 CONTROL = "control"
-#: Any other op: walked through.
 THROUGH = "through"
-#: Not walked through, not recorded.
 STOP = "stop"
 
 
@@ -156,8 +107,7 @@ def is_optimizer_apply(op_type):
 
 
 def kind_of_type(op_type):
-    """The kind the vocabulary alone gives an op type: ``UPDATE``, ``CONTROL``
-    or ``THROUGH``. Callers refine it (barriers, stops) in ``classify``."""
+    """``UPDATE``, ``CONTROL`` or ``THROUGH``, from the op type alone."""
     if is_update(op_type):
         return UPDATE
     if op_type in CONTROL_FLOW_TYPES:
@@ -166,17 +116,8 @@ def kind_of_type(op_type):
 
 
 def walked_inputs(op_type, inputs):
-    """The data inputs the walk follows: all of them, except the predicate
-    (or branch index) of a Switch, If or Case, which picks what runs rather
-    than being what the op passes on.
-
-    Args:
-      op_type: the op's type.
-      inputs: its data inputs, in order (any objects).
-
-    Returns:
-      A list.
-    """
+    """The data inputs (a list) the walk follows: all but the predicate or
+    branch index of a Switch, If or Case."""
     inputs = list(inputs)
     if op_type in SWITCH_TYPES:
         return inputs[:1]
@@ -188,9 +129,11 @@ def walked_inputs(op_type, inputs):
 def updates_behind(roots, parents, classify, seen=None):
     """The updates (and barriers) ``roots`` stand for.
 
-    Depth first from each root, in order; each node's parents in the order
-    ``parents`` gives them. A root is classified like any node, so an update
-    given as a root stands for itself.
+    An op given as an update (``tf.group``, ``check_numerics``, a
+    ``tf.print`` under ``control_dependencies``, or the update itself)
+    stands for the updates the walk reaches from it, over data and control
+    edges, up to the first update on each path: an update's own inputs are
+    the forward pass, which runs on every step. Depth first, in order.
 
     Args:
       roots: iterable of nodes (any hashable: ops, node names).
@@ -228,15 +171,9 @@ def updates_behind(roots, parents, classify, seen=None):
 
 
 def depth_first(roots, parents, stop=None):
-    """Each node reachable from ``roots``, once, depth first.
-
-    The library's one reachability walk: over ``parents`` it yields a
-    node's ancestors, over consumers its descendants. A node is yielded
-    when the walk first takes it off its stack; its ``parents`` are then
-    pushed in the order given (so the last is walked first), unless
-    ``stop`` holds for it. ``parents`` is called once the caller asks for
-    the next node, so the caller may change the graph around the node just
-    yielded.
+    """Each node reachable from ``roots``, once, depth first (the last parent
+    first). ``parents`` is called when the next node is asked for, so the
+    caller may change the graph around the node just yielded.
 
     Args:
       roots: iterable of nodes (any hashable: ops, node or function names).
@@ -259,36 +196,13 @@ def depth_first(roots, parents, stop=None):
 
 
 def reachable(roots, parents, stop=None):
-    """The set of nodes ``depth_first`` reaches: the roots' ancestors (their
-    descendants when ``parents`` gives consumers), the roots included.
-
-    Args:
-      roots: iterable of nodes.
-      parents: node -> iterable of the nodes to walk to from it.
-      stop: optional node -> bool; a node for which it is True is included
-        but not walked past.
-
-    Returns:
-      A set of nodes.
-    """
+    """The set of nodes ``depth_first`` reaches, the roots included."""
     return set(depth_first(roots, parents, stop))
 
 
 def first_reached(roots, parents, targets):
-    """The first of ``targets`` a depth-first walk from ``roots`` meets.
-
-    Whether a loss reaches its variables (only through edges gradients flow
-    through, as ``parents`` gives them), whether an update op already runs
-    with a loss.
-
-    Args:
-      roots: iterable of nodes (any hashable: ops, node names).
-      parents: node -> iterable of the nodes it depends on.
-      targets: the nodes looked for (a roots' own node counts).
-
-    Returns:
-      A node of ``targets``, or None when the walk meets none.
-    """
+    """The first of ``targets`` a depth-first walk from ``roots`` meets (a
+    root included), or None."""
     targets = set(targets)
     for node in depth_first(roots, parents):
         if node in targets:
@@ -297,17 +211,8 @@ def first_reached(roots, parents, targets):
 
 
 def children(nodes, parents):
-    """The edges of a graph turned around: who waits for each node.
-
-    Args:
-      nodes: iterable of every node of the graph, in order.
-      parents: node -> iterable of the nodes it waits for.
-
-    Returns:
-      A dict from a node to the list of nodes it is a parent of, in the
-      order of ``nodes``; a node without children has no entry. A parent
-      that is not among ``nodes`` gets its entry too.
-    """
+    """The edges turned around: a dict from a node to the nodes that wait for
+    it, in the order of ``nodes`` (no entry for a node without children)."""
     found = {}
     for node in nodes:
         for parent in parents(node):
@@ -316,19 +221,8 @@ def children(nodes, parents):
 
 
 def topological(nodes, parents):
-    """``nodes`` ordered so that each comes after its parents.
-
-    Depth first from each node in turn, in post order. A cycle (a v1 loop's
-    back edge) is broken where the walk meets a node it is still inside.
-
-    Args:
-      nodes: iterable of every node of the graph, in order.
-      parents: node -> iterable of the nodes it waits for; a parent not
-        among ``nodes`` is ordered like the others.
-
-    Returns:
-      A list of nodes.
-    """
+    """``nodes`` (and their parents) listed so that each comes after its
+    parents; a cycle (a v1 loop's back edge) is broken where met."""
     order, state = [], {}  # state: 1 while walking a node's parents, 2 when done
     for root in nodes:
         if root in state:

@@ -1,11 +1,8 @@
 """Phase 0 of the step, the plan: who shares a backprop, a check, a manager
 and a gate, decided in plain Python before any TF op exists.
 
-``make_plan`` turns the groups recorded by ``MultiOptimizerLossScale.add`` and
-the options of ``build`` into an immutable ``Plan``. It creates no op and
-imports no TensorFlow: the objects it is given (losses, optimizers, managers)
-are only compared by identity. Every cross-group rule is checked here, so a
-rejected ``build()`` leaves the graph and the builder as they were.
+No TensorFlow: the objects given are only compared by identity. Every
+cross-group rule is checked here, so a rejected ``build()`` changes nothing.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -30,31 +27,19 @@ class Group(collections.namedtuple(
       manager: the loss-scale manager the group uses.
       checked: whether the manager wants overflowing steps skipped.
       own_backprop: whether the optimizer overrides ``compute_gradients``
-        (Horovod's DistributedOptimizer), so its gradients cannot be shared.
+        (Horovod's), so its gradients cannot be shared.
     """
 
 
 class Backprop(collections.namedtuple("Backprop", ["loss", "manager", "groups"])):
-    """One gradient computation: a scaled loss and the groups it serves.
-
-    Groups that share a loss and a manager and use the stock
-    ``compute_gradients`` share one ``tf.gradients`` call over the union of
-    their variables; any other group is a backprop of its own.
-
-    Attributes:
-      loss: the loss tensor.
-      manager: the manager whose scale multiplies it.
-      groups: tuple of group names, in ``add()`` order.
-    """
+    """One gradient computation: a ``loss`` scaled by ``manager``'s scale,
+    and the ``groups`` (names) it serves. Groups with one loss and one
+    manager share it, unless a group has its own backprop."""
 
 
 class Check(collections.namedtuple("Check", ["name", "groups"])):
-    """One overflow flag: the groups whose gradients it covers.
-
-    Attributes:
-      name: the name scope of the check ("shared" or the group's name).
-      groups: tuple of group names.
-    """
+    """One overflow flag (``name``: "shared" or a group's) and the ``groups``
+    (names) whose gradients it covers."""
 
 
 class ManagerUse(collections.namedtuple("ManagerUse", ["name", "manager", "groups",
@@ -64,22 +49,16 @@ class ManagerUse(collections.namedtuple("ManagerUse", ["name", "manager", "group
     Attributes:
       name: name scope of its scale snapshot ("shared" for the builder's).
       manager: the manager object.
-      groups: tuple of the group names using it (may be empty for the
-        builder's manager when every group brings its own: its scale is then
-        read, for ``TrainOps.loss_scale``, but never updated).
+      groups: tuple of the group names using it (none for the builder's
+        when every group brings its own: read, never updated).
       checks: tuple of the check names covering its groups; its update is
         fed with the conjunction of their decisions (True if none).
     """
 
 
 class Gate(collections.namedtuple("Gate", ["name", "groups", "checks"])):
-    """One guarded apply: groups applied together when their checks pass.
-
-    Attributes:
-      name: the gate's name scope.
-      groups: tuple of the group names applied behind it.
-      checks: tuple of the check names it waits for (none: always applies).
-    """
+    """One guarded apply (``name``, a scope): the ``groups`` applied together
+    when the ``checks`` they wait for pass (none: always)."""
 
 
 class Condition(collections.namedtuple("Condition", ["name", "condition"])):
@@ -87,24 +66,14 @@ class Condition(collections.namedtuple("Condition", ["name", "condition"])):
 
 
 class Window(collections.namedtuple("Window", ["steps", "closed_by_update_op"])):
-    """The accumulation window.
-
-    Attributes:
-      steps: micro-batches per applied step (1: no accumulation).
-      closed_by_update_op: with a ``distributed`` engine, ``accumulate_op``
-        adds the first ``steps - 1`` micro-batches and ``update_op`` closes
-        the window, so that collectives run once per window at the top level.
-        Without one, ``update_op`` closes the window by itself at its end.
-    """
+    """The accumulation window: ``steps`` micro-batches per applied step;
+    ``closed_by_update_op`` with an engine (``accumulate_op`` adds the
+    others), so that collectives run once per window at the top level."""
 
 
 class Reduction(collections.namedtuple("Reduction", ["engine", "allreduce_gradients"])):
-    """How replicas combine (``seams.ReductionEngine``).
-
-    Attributes:
-      engine: the ``seams.ReductionEngine`` (one worker by default).
-      allreduce_gradients: whether the engine averages the gradients.
-    """
+    """How replicas combine: the ``seams.ReductionEngine``, and whether it
+    averages the gradients."""
 
     @property
     def active(self):
@@ -139,14 +108,13 @@ class Plan(collections.namedtuple(
 
     @property
     def mode(self):
-        """How the step closes: "local", "workers" or "chief"
-        (``seams.ReductionEngine.mode``); the one place it is asked."""
+        """How the step closes: "local", "workers" or "chief"; the one place
+        it is asked."""
         return self.reduction.engine.mode
 
     @property
     def flag_names(self):
-        """The names of every flag of the step: the checks', then the
-        conditions'."""
+        """The checks' flag names, then the conditions'."""
         return tuple(item.name for item in self.checks) + tuple(
             item.name for item in self.conditions)
 
@@ -177,8 +145,7 @@ class Plan(collections.namedtuple(
 
     @property
     def losses(self):
-        """The distinct loss tensors, in ``add()`` order (none for a plan
-        over given gradients)."""
+        """The distinct loss tensors, in ``add()`` order."""
         return tuple(_distinct(group.loss for group in self.groups
                                if group.loss is not None))
 
@@ -198,23 +165,13 @@ def _distinct(items):
 
 
 def choose_gate(gate, on_npu, force_v2_control, control_flow_v2):
-    """The gate kind for a step.
+    """The gate kind, "pivot" or "cond", for ``gate`` ("auto", "pivot" or
+    "cond").
 
-    Ascend's adapter rejects v1 control flow on dynamic-shape graphs, and its
-    ``ENABLE_FORCE_V2_CONTROL=1`` functionalization converts v1 conds but not
-    raw Switch/Merge pairs; TF 1.15 users on Ascend turn on control flow v2
-    for dynamic shapes. So "auto" builds a ``tf.cond`` when that variable is
-    set, or on the npu backend with control flow v2 on; elsewhere the pivot,
-    which TF 2.x's default control flow v2 alone is no reason to give up.
-
-    Args:
-      gate: "auto", "pivot" or "cond" (checked by ``checks.check_gate``).
-      on_npu: whether the step runs on Ascend.
-      force_v2_control: whether ``ENABLE_FORCE_V2_CONTROL=1`` is set.
-      control_flow_v2: whether control flow v2 is enabled.
-
-    Returns:
-      "pivot" or "cond".
+    "auto" builds a ``tf.cond`` under ``ENABLE_FORCE_V2_CONTROL=1``
+    (``force_v2_control``) or on Ascend (``on_npu``) with control flow v2,
+    since Ascend's adapter functionalizes conds, not raw Switch/Merge
+    (docs/design.md, "The gate"); elsewhere the cheaper pivot.
     """
     if gate != "auto":
         return gate
@@ -229,9 +186,8 @@ def make_plan(groups, manager, backend, skip_policy="all", engine=None,
     Args:
       groups: the recorded ``Group`` records, in ``add()`` order.
       manager: the builder's manager (read first, updated if a group uses it).
-      backend: the overflow backend (``backends.Backend``); the plan reads
-        its ``reads_register``: one shared status register (Ascend's)
-        cannot check groups apart in one read.
+      backend: the overflow backend; one that ``reads_register`` cannot
+        check groups apart in one read.
       skip_policy: "all" or "per_group".
       engine: the distributed engine, or None.
       allreduce_gradients: whether the engine averages the gradients.
@@ -242,9 +198,6 @@ def make_plan(groups, manager, backend, skip_policy="all", engine=None,
 
     Returns:
       A ``Plan``.
-
-    The options are the caller's, already checked at the boundary
-    (``checks``); the plan checks only the rules across groups.
 
     Raises:
       ValueError: with no groups, or for groups sharing a loss that
@@ -277,8 +230,7 @@ def make_plan(groups, manager, backend, skip_policy="all", engine=None,
 
 
 def _conditions(conditions, checks):
-    """Each condition with a flag name unlike any check's or other
-    condition's."""
+    """Each condition with a flag name no check or condition has."""
     taken = set(item.name for item in checks)
     result = []
     for condition in conditions:

@@ -1,6 +1,6 @@
-"""The ``update_ops`` argument of ``build()``, owned end to end: what an entry
-stands for (the variable updates behind any wrapper, ``graph_walk``), what the
-gate cannot hold, and the checked ops per group."""
+"""The ``update_ops`` argument of ``build()``: what an entry stands for (the
+variable updates behind its wrappers), what the gate cannot hold, and the
+checked ops per group."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -50,16 +50,9 @@ def check_argument(update_ops, plan, per_group_ops):
 
 
 def check_update_ops_off_the_losses(update_ops, losses):
-    """Raises ValueError for an update op a loss already depends on.
-
-    TF1 code often writes ``with tf.control_dependencies(update_ops): loss =
-    ...``. Such an op runs with the loss on every step, skipped or not, and
-    gating it would make the gate depend on itself.
-
-    Args:
-      update_ops: ops.
-      losses: the step's loss tensors.
-    """
+    """Raises ValueError for an update op one of ``losses`` depends on (TF1's
+    ``with tf.control_dependencies(update_ops): loss = ...``): it runs on
+    every step, and gating it would make the gate depend on itself."""
     found = _graph_walk.first_reached(
         [loss.op for loss in losses],
         lambda op: [tensor.op for tensor in op.inputs] + list(op.control_inputs), update_ops)
@@ -78,13 +71,8 @@ def _is_gate(op):
 
 
 def _function_writes(op):
-    """True when a function ``op`` runs (a branch, a loop body, a called
-    function), or one they call, writes a variable, or when the graph does
-    not hold one of them (it cannot be looked into).
-
-    Args:
-      op: a functional control-flow op or a function call.
-    """
+    """True when a function the functional op or call ``op`` runs (or one
+    those call) writes a variable, or is not in the graph to look into."""
     def definition(name):
         return getattr(_tf_internals.graph_function(op.graph, name), "definition", None)
 
@@ -117,12 +105,9 @@ def _called_functions(node_def):
 
 
 def _classify(op):
-    """``graph_walk`` kind of an op for the update_ops walk.
-
-    Another step's gate is a barrier; so is a tf.cond/tf.while_loop (v2)
-    whose body writes a variable. A called ``tf.function`` that writes one
-    is an update: gated as one op, its whole body waits for the gate.
-    """
+    """The ``graph_walk`` kind of ``op``: another step's gate, or a v2 cond
+    or loop whose body writes, is a barrier; a called ``tf.function`` that
+    writes is an update (its whole body waits for the gate)."""
     if _is_gate(op):
         return _graph_walk.BARRIER
     if op.type in _graph_walk.FUNCTIONAL_CONTROL_FLOW_TYPES:
@@ -140,11 +125,7 @@ def _parents(op):
 
 
 def check_not_a_name(value):
-    """Raises TypeError for an op name given instead of the op.
-
-    Args:
-      value: the ``update_ops`` argument or one of its entries.
-    """
+    """Raises TypeError for an op name given instead of the op."""
     if isinstance(value, (str, bytes)):
         raise TypeError(
             "update_ops must hold ops, not names, got the string %r. Pass "
@@ -152,20 +133,12 @@ def check_not_a_name(value):
 
 
 def updates_of(op):
-    """The variable updates an ``update_ops`` entry stands for, after
-    refusing what the gate cannot hold.
-
-    Args:
-      op: the entry's ``tf.Operation``.
-
-    Returns:
-      A list of ops: writes of variables (``graph_walk.is_update``) and
-      calls of functions that write one.
+    """The list of updates (variable writes, calls of functions that write)
+    the entry ``op`` stands for.
 
     Raises:
-      ValueError: when the entry leads to another step's gate, or to updates
-        inside (or only reachable through) a tf.cond, a tf.while_loop or a
-        v2 functional cond or loop, or when it leads to no update.
+      ValueError: when it leads to another step's gate, to updates inside or
+        behind a cond or loop, or to no update.
     """
     walk = _graph_walk.updates_behind([op], _parents, _classify)
     for barrier in walk.barriers:
@@ -197,26 +170,16 @@ def updates_of(op):
 def check_update_ops(update_ops):
     """Checks the ops passed as ``update_ops`` and returns the updates to gate.
 
-    An entry stands for the variable updates it leads to (``graph_walk``):
-    itself if it is one, else those behind its wrappers (``tf.group``,
-    ``tf.identity``, ``tf.tuple``, ``check_numerics``, ``stop_gradient``, a
-    ``tf.print`` under ``control_dependencies``...), over data and control
-    inputs, up to the first update on each path. Those are gated; the
-    wrappers themselves do not run with the step.
-
-    Args:
-      update_ops: ops, tensors or the variable-like results of
-        ``var.assign_sub`` (``tf.get_collection(tf.GraphKeys.UPDATE_OPS)``),
-        or wrappers of them.
+    Each entry (an op, a tensor, ``var.assign_sub``'s result, or a wrapper of
+    them) stands for the updates behind it (``graph_walk.updates_behind``);
+    those are gated, not the wrappers.
 
     Returns:
       A tuple of ops.
 
     Raises:
-      TypeError: for a string (an op name) or an entry that is no op or
-        tensor.
-      ValueError: for one from another graph, or one ``updates_of``
-        refuses.
+      TypeError: for a name or an entry that is no op or tensor.
+      ValueError: for one from another graph, or one ``updates_of`` refuses.
     """
     check_not_a_name(update_ops)
     if _checks.op_of(update_ops) is not None:

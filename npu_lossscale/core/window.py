@@ -1,24 +1,19 @@
 """Phase 3 of the step, the accumulation window: which runs close the step.
 
-A window is ``accumulation_steps`` micro-batches. Each run adds its unscaled
-gradients to float32 accumulators and its overflow flags to the window's
-flags; the run that closes the window closes the step with the window's sums
-and flags (``close``, the same code as without accumulation), then zeroes the
-window. The step (``step.py``) calls these pieces in order; nothing here calls
-back into it:
+Each run of a window adds its unscaled gradients and its flags to float32
+accumulators; the window's last run closes the step with the sums (the same
+close as without accumulation), then zeroes them. The step calls, in order:
 
-* ``open``: the accumulators and ``accumulate_op``, which adds a micro-batch
-  that is not its window's last (no collective, no cond).
-* With a ``distributed`` engine ``update_op`` closes the window at the top
-  level of the graph, so the collectives run once per window and never
-  inside a cond: ``close_by_update_op``, then the step closes with the
-  window's ``Sums``, then ``finish``.
-* Without one every run is ``update_op``: ``add_this_run``, then a
-  ``window`` cond whose true branch closes (``sums_at_window_end``, the
-  close, ``finish``) and whose false branch ``advance``s.
+* ``open_window``: the accumulators and ``accumulate_op`` (no collective,
+  no cond);
+* with a ``distributed`` engine, ``update_op`` closes the window at the top
+  level, so collectives run once per window and never in a cond:
+  ``close_by_update_op``, the close, ``finish``;
+* without one every run is ``update_op``: ``add_this_run``, then a cond
+  whose true branch closes (``sums_at_window_end``, the close, ``finish``)
+  and whose false branch ``advance``s.
 
-All state is in non-trainable global variables, so ``tf.train.Saver``
-checkpoints a window in progress and a restore continues it exactly.
+The state is in global variables: a Saver checkpoints a window in progress.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -31,13 +26,8 @@ from npu_lossscale.core import gradients as _gradients
 
 
 class GradientAccumulator(object):
-    """Accumulators for a set of (gradient, variable) groups.
-
-    Args:
-      groups: ordered mapping from group name to its (gradient, variable) pairs.
-      steps: the window length, an int >= 2.
-      flags: the length of the window's flag vector (``_flag_vector``).
-    """
+    """Accumulators for ``groups`` (group name -> (gradient, variable)
+    pairs), a window of ``steps`` runs, and ``flags`` flags."""
 
     def __init__(self, groups, steps, flags):
         self.steps = steps
@@ -55,16 +45,8 @@ class GradientAccumulator(object):
                         for _, var in pairs]
 
     def accumulate(self, groups, flags):
-        """Ops adding this run's gradients and flags to the window.
-
-        Args:
-          groups: the same mapping as at construction, with this run's
-            unscaled gradients.
-          flags: float32 vector, one overflow flag per group (0 = finite).
-
-        Returns:
-          A list of ops.
-        """
+        """The list of ops adding this run's unscaled ``groups`` and float32
+        ``flags`` vector to the window."""
         ops = [tf.assign_add(self.window_flags, flags).op]
         for name, pairs in groups.items():
             for slot, (grad, _) in zip(self._slots[name], pairs):
@@ -76,14 +58,7 @@ class GradientAccumulator(object):
         return ops
 
     def sums(self, groups):
-        """The window's summed gradients, float32 tensors read from the slots.
-
-        Args:
-          groups: the mapping of (gradient, variable) pairs (for the variables).
-
-        Returns:
-          Ordered mapping from group name to (float32 sum, variable) pairs.
-        """
+        """Group name -> (float32 sum, variable) pairs, read from the slots."""
         return collections.OrderedDict(
             (name, [(slot.read_value(), var)
                     for slot, (_, var) in zip(self._slots[name], pairs)])
@@ -108,9 +83,8 @@ class Opened(collections.namedtuple(
 
     Attributes:
       accumulator: the ``GradientAccumulator``.
-      flag_vector: this run's float32 flags, one per group.
-      accumulate_op: the op that adds this run's micro-batch without closing
-        the window.
+      flag_vector: this run's float32 flags.
+      accumulate_op: the op that adds this run without closing the window.
       accumulate_entry: the op every write of ``accumulate_op`` follows (its
         run-time claim attaches there).
     """
@@ -124,29 +98,18 @@ class ThisRun(collections.namedtuple("ThisRun", ["adds", "window_end", "window_f
       adds: the ops adding it (every write of ``update_op`` follows them).
       window_end: bool scalar, True when this run is the window's last.
       window_flags: the window's flags so far, read after the adds.
-      seen: the window as this run sees it without writing anything: a
-        ``Sums`` of its flags and loss flags (read before the adds, plus
-        this run's; no gradients), and ``window_end`` as a second field
-        (``Seen``).
+      seen: the ``Seen`` window, which writes nothing.
     """
 
 
 class Seen(collections.namedtuple("Seen", ["sums", "window_end"])):
-    """The window with this run in it, computed from reads that precede
-    this run's adds: fetching it writes nothing."""
+    """The window with this run in it (``Sums`` of flags, no gradients, and
+    ``window_end``), read before this run's adds: fetching it writes nothing."""
 
 
 def open_window(plan, grads, flags):
-    """The window's accumulators and ``accumulate_op``.
-
-    Args:
-      plan: the ``plan.Plan``.
-      grads: ordered dict from group name to this run's unscaled pairs.
-      flags: ordered dict from check name to this run's float32 flag.
-
-    Returns:
-      An ``Opened``.
-    """
+    """The ``Opened`` window, from this run's unscaled ``grads`` (by group)
+    and ``flags`` (by check)."""
     accumulator = GradientAccumulator(grads, plan.window.steps,
                                       2 * len(plan.groups) + len(plan.conditions))
     vector = tf.concat([_flag_vector(plan, flags), _loss_bits(plan)], 0)
@@ -160,25 +123,15 @@ def open_window(plan, grads, flags):
 
 
 class Sums(collections.namedtuple("Sums", ["flags", "grads", "steps", "loss_flags"])):
-    """What a window hands to the close: the window's summed flags, per
-    check and condition, summed float32 gradients, per group, over
-    ``steps`` micro-batches, and per group the count of micro-batches whose
-    loss was not finite."""
+    """What a window hands to the close: summed flags per check and
+    condition, float32 gradient sums per group over ``steps`` runs, and per
+    group the runs whose loss was not finite."""
 
 
 def close_by_update_op(plan, opened, grads):
     """``update_op``'s run with an engine: checks that it is the window's
-    last and adds it.
-
-    Args:
-      plan: the ``plan.Plan``.
-      opened: the ``Opened`` window.
-      grads: ordered dict from group name to this run's unscaled pairs.
-
-    Returns:
-      ``(sums, entry)``: the window's ``Sums``, and the check every write of
-      ``update_op`` follows.
-    """
+    last and adds it. Returns the window's ``Sums`` and the check every
+    write of ``update_op`` follows."""
     accumulator = opened.accumulator
     with tf.name_scope("close_window"):
         last = _window_position_check(accumulator, last=True)
@@ -192,17 +145,8 @@ def close_by_update_op(plan, opened, grads):
 
 
 def add_this_run(plan, opened, grads, after):
-    """``update_op``'s run without an engine: adds this micro-batch.
-
-    Args:
-      plan: the ``plan.Plan``.
-      opened: the ``Opened`` window.
-      grads: ordered dict from group name to this run's unscaled pairs.
-      after: tensors the window's decision must follow (the scale reads).
-
-    Returns:
-      A ``ThisRun``.
-    """
+    """``update_op``'s run without an engine: the ``ThisRun`` that adds this
+    micro-batch; the window's decision follows ``after`` (the scale reads)."""
     accumulator = opened.accumulator
     with tf.name_scope("seen"):
         # Snapshots: a ref variable's read would alias what the adds write.
@@ -222,33 +166,14 @@ def add_this_run(plan, opened, grads, after):
 
 
 def sums_at_window_end(plan, opened, this_run, grads):
-    """The window's ``Sums`` on its last run (inside the ``window`` cond's
-    true branch, where the sums are read).
-
-    Args:
-      plan: the ``plan.Plan``.
-      opened: the ``Opened`` window.
-      this_run: the ``ThisRun``.
-      grads: the mapping of (gradient, variable) pairs (for the variables).
-
-    Returns:
-      A ``Sums``.
-    """
+    """The window's ``Sums``, read in the ``window`` cond's true branch."""
     return Sums(_check_flags(plan, this_run.window_flags), opened.accumulator.sums(grads),
                 plan.window.steps, _loss_flags(plan, this_run.window_flags))
 
 
 def finish(opened, closed):
-    """Zeroes the window once the closed step read (and reduced) its values.
-
-    Args:
-      opened: the ``Opened`` window.
-      closed: the closed step (``applied``, and ``grads``: the applied
-        means, which the zeroing must follow).
-
-    Returns:
-      ``closed.applied``, after the zeroing.
-    """
+    """Zeroes the window after the ``closed`` step's decision and means;
+    returns ``closed.applied``, after the zeroing."""
     applied_means = [g for pairs in closed.grads.values() for g, _ in pairs]
     with tf.control_dependencies([closed.applied] + applied_means):
         resets = opened.accumulator.reset()
@@ -257,11 +182,7 @@ def finish(opened, closed):
 
 
 def advance(opened):
-    """A run inside the window: moves to its next micro-batch.
-
-    Returns:
-      False, after the move.
-    """
+    """A run inside the window: moves on, and returns False after the move."""
     with tf.control_dependencies([opened.accumulator.advance()]):
         return tf.constant(False)
 
@@ -319,6 +240,6 @@ def _window_position_check(accumulator, last):
         fix = ("runs of accumulate_op in a window of %d micro-batches; the last "
                "micro-batch belongs to update_op, which closes the window. Run "
                "update_op for the last micro-batch of each window." % steps)
-    # The raw op: tf.Assert would wrap non-string data in a cond guard, whose
-    # inner assert a control input of the guard does not order (claims).
+    # The raw op: tf.Assert would wrap it in a cond guard, which a claim's
+    # control input would not order.
     return tf.raw_ops.Assert(condition=ok, data=[message, position, fix], name="window_position")

@@ -1,38 +1,11 @@
 """Why a step skipped: the reasons, what to do about each, and the record of
-the last skip as Python values.
+the last skip read back as Python values (``read_last_skip``, ``describe``).
 
-A step that skips is diagnosed inside the skip branch of its own gate
-(``diagnosis``), so an applied step runs none of it. The branch works out
-one reason:
-
-==  ===========================  ==========================================
-0   applied                      the step applied (every group)
-1   loss_not_finite              a group's loss, before any scaling, is not
-                                 finite: the forward pass or the data
-2   gradients_overflowed         the scaled gradients overflowed
-3   other_worker_overflowed      the flags summed across workers say
-                                 overflow while this worker's are clear
-4   register_outside_gradients   Ascend's float-status register says
-                                 overflow while every gradient is finite and
-                                 unsaturated: an op outside the gradients
-5   requested                    the step was asked to be skipped
-                                 (``build(skip_global_steps=...)``)
-6   loss_spike                   a loss exceeded ``skip_loss_spikes`` times
-                                 its moving average
-==  ===========================  ==========================================
-
-A skip condition (``seams.SkipCondition``) may add a reason of its own
-(``register_reason``); where a check says overflow too, the check's reason
-is given.
-
-It also works out which groups and which variables overflowed on this
-worker, and writes all of it to the record ``TrainOps.diagnosis.last_skip`` reads
-(the variable ``loss_scale/last_skip``), with counts of skips by reason and
-by group.
-``TrainOps.diagnosis.skip_reason`` and ``TrainOps.diagnosis.groups_overflowed`` read that record
-after the run, for the run itself. This module holds the reasons and reads
-the record back (``read_last_skip``, ``describe``); ``diagnosis`` builds
-the branch and writes it.
+A skipped step is diagnosed in the skip branch of its own gate, so an
+applied step runs none of it (``evidence``, ``record``; docs/diagnosis.md
+describes each reason). A skip condition (``seams.SkipCondition``) may add a
+reason of its own (``register_reason``); where a check says overflow too,
+the check's reason is given.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -43,8 +16,8 @@ import numpy as np
 
 from npu_lossscale.core import checks as _checks
 
-#: The reason codes, by name; ``TrainOps.diagnosis.skip_reason`` is an index into it.
-#: ``register_reason`` appends a skip condition's own reason.
+#: The reason codes, by name: ``TrainOps.diagnosis.skip_reason`` indexes it,
+#: and ``register_reason`` appends a skip condition's own.
 REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
            "other_worker_overflowed", "register_outside_gradients", "requested",
            "loss_spike", "backend_flagged")
@@ -114,18 +87,9 @@ def register_reason(name, fix, holds_scale=False):
 
 
 def reason_name(code):
-    """The name of a reason code (``REASONS[code]``).
-
-    Args:
-      code: an int (or numpy integer) in ``range(len(REASONS))``.
-
-    Returns:
-      A str, e.g. "loss_not_finite".
-
-    Raises:
-      TypeError: if ``code`` is not an integer.
-      ValueError: if it is not a known code.
-    """
+    """``REASONS[code]``, e.g. "loss_not_finite", for an int (or numpy
+    integer) ``code``: TypeError for another type, ValueError for an unknown
+    code."""
     if isinstance(code, bool) or not isinstance(code, (int, np.integer)):
         raise TypeError("code must be an int reason code, got %r. Pass the value "
                         "fetched from TrainOps.diagnosis.skip_reason." % (code,))
@@ -140,14 +104,11 @@ class LastSkip(collections.namedtuple(
                      "group_names", "variable_names", "reason_counts", "group_counts"])):
     """The record of the last skipped step, as tensors that read it.
 
-    Written only in the skip branch of the step, so reading it never runs a
-    step: fetch it in a run of its own (``read_last_skip``). Fetched in the
-    same run as ``update_op`` it may show the record before or after that
-    run's skip; use ``TrainOps.diagnosis.skip_reason`` for the run itself. It reads
-    one variable, ``loss_scale/last_skip`` (``Record``), that no collection
-    holds: checkpoints do not save it (a checkpoint written before it
-    existed restores with a default Saver), no initializer is needed, and
-    it starts blank in each new session (number 0, counts 0).
+    Written only in the skip branch, so reading it never runs a step; fetched
+    with ``update_op`` it may show the record before or after that run's
+    skip (``TrainOps.diagnosis.skip_reason`` is the run's own). It reads the
+    variable ``loss_scale/last_skip``, which no collection holds: not
+    checkpointed, no initializer, blank in each new session.
 
     Attributes:
       number: int64 scalar, the skip's number: how many skips the record
@@ -155,10 +116,9 @@ class LastSkip(collections.namedtuple(
       global_step: int64 scalar, the global step's value when the skipped
         step ran (-1 when the step has none, or before any skip).
       reason: int32 scalar, the skip's reason code (``REASONS``).
-      groups: bool vector, one per name of ``group_names``: the groups whose
-        loss or gradients were not finite (or saturated) on this worker.
-      variables: bool vector, one per name of ``variable_names``: the
-        variables whose gradients were not finite (or saturated).
+      groups: bool vector over ``group_names``: the groups whose loss or
+        gradients were not finite (or saturated) on this worker.
+      variables: bool vector over ``variable_names``: the same, by variable.
       group_names: string vector, the builder's group names.
       variable_names: string vector, the names of every group's variables.
       reason_counts: int64 vector, the number of skips for each reason code
@@ -187,14 +147,7 @@ class Skip(collections.namedtuple(
 
 
 def decode(values):
-    """The ``Skip`` in fetched ``LastSkip`` values, or None before any skip.
-
-    Args:
-      values: what ``session.run(train_ops.diagnosis.last_skip)`` returned.
-
-    Returns:
-      A ``Skip``, or None when ``values.number`` is 0.
-    """
+    """The ``Skip`` in fetched ``LastSkip`` values, or None before any skip."""
     if int(values.number) == 0:
         return None
 
@@ -224,9 +177,7 @@ def read_last_skip(session, train_ops):
       A ``Skip``, or None when no step has skipped yet.
 
     Raises:
-      TypeError: for arguments in the wrong order, a ``session`` that is
-        not a session, or a ``train_ops`` that is not a ``TrainOps`` (a
-        step op of it, None).
+      TypeError: for arguments in the wrong order, or of the wrong type.
       ValueError: for a session of another graph than ``train_ops``'s.
     """
     if _checks.is_session(train_ops) and not _checks.is_session(session):
@@ -239,14 +190,8 @@ def read_last_skip(session, train_ops):
 
 
 def describe(skip):
-    """A short text about ``skip``: its reason, groups, variables and fix.
-
-    Args:
-      skip: a ``Skip``.
-
-    Returns:
-      A str of one or two sentences.
-    """
+    """One or two sentences about a ``Skip``: its reason, groups, variables
+    and fix."""
     where = "" if skip.global_step is None else " at global step %d" % skip.global_step
     parts = ["skip #%d%s: %s" % (skip.number, where, skip.reason)]
     if skip.groups:

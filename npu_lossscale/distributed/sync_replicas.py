@@ -1,38 +1,22 @@
 """Parameter servers with ``tf.train.SyncReplicasOptimizer``: the workers
 push, the chief decides.
 
-``SyncReplicasOptimizer`` is TF1's synchronous parameter-server route. Each
-worker's step pushes its gradients into one ``ConditionalAccumulator`` per
-variable and waits for a token; the chief's queue runner takes the mean of
-``replicas_to_aggregate`` pushes, applies it through the wrapped optimizer
-with ``global_step``, and enqueues tokens holding the new ``global_step``.
-Each take advances the accumulators' own step by one, and a push whose
-token is older than that is dropped as stale. So ``global_step`` must
-advance on *every* aggregated step: if a skipped step left it where it was,
-the tokens would stay one step behind the accumulators, every later push
-would be dropped, and every worker would wait forever (TF's own
-``MixedPrecisionLossScaleOptimizer`` hangs this way).
+Each take of the chief's accumulators advances their step, and a push with
+an older token is dropped, so ``global_step`` must advance on every
+aggregated step, skipped or not (``count_skipped_steps=True``); otherwise
+every worker waits forever (docs/design.md, "Data parallelism").
 
-Three ways in, one rule (``count_skipped_steps=True``):
+* ``SyncReplicasOptimizer(LossScaleOptimizer(opt, ...))``: the wrapper's
+  ``apply_gradients`` runs on the chief with the aggregate (``aggregated``,
+  ``check_chief_apply``).
+* ``LossScaleOptimizer(SyncReplicasOptimizer(opt), ...)`` and a builder
+  group with one (``SyncReplicasEngine``): the worker pushes its unscaled
+  gradients and its flag, never gated (the chief would wait for a held-back
+  push); the chief decides on the mean flag and the aggregate, applies,
+  advances ``global_step`` and updates the manager in its sync op.
 
-* ``SyncReplicasOptimizer(LossScaleOptimizer(opt, manager,
-  count_skipped_steps=True))``: the wrapper's ``apply_gradients`` runs on
-  the chief with the aggregated gradients (``aggregated``) and checks them
-  with the gradients' own check (``check_chief_apply``);
-* ``LossScaleOptimizer(SyncReplicasOptimizer(opt), manager,
-  count_skipped_steps=True)`` and a builder group whose optimizer is a
-  ``SyncReplicasOptimizer`` (``build(count_skipped_steps=True)``): the
-  worker's step is ``close`` below. It pushes its unscaled gradients and
-  its own overflow flag, ungated; the chief decides on the mean flag (any
-  worker's overflow, the float-status register's included) and on the
-  aggregated gradients, applies the wrapped optimizer behind the gate,
-  advances ``global_step`` and updates the manager, all in the chief's sync
-  op. A worker's push is never gated: a worker that skipped its push would
-  leave the chief waiting for it.
-
-The manager must live with the model on the parameter servers (made inside
-the ``replica_device_setter`` scope): the workers read its scale, the chief
-updates it.
+The manager lives with the model on the parameter servers: the workers read
+its scale, the chief updates it.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -72,15 +56,8 @@ def engine_for(optimizers, requested):
 
 
 def aggregated(grads):
-    """Whether any of ``grads`` is taken from a ``ConditionalAccumulator``:
-    a ``SyncReplicasOptimizer``'s aggregate, applied on its chief.
-
-    Args:
-      grads: tensors or ``tf.IndexedSlices``.
-
-    Returns:
-      A bool.
-    """
+    """Whether any of ``grads`` is taken from a ``ConditionalAccumulator``
+    (a ``SyncReplicasOptimizer``'s aggregate, applied on its chief)."""
     for grad in grads:
         op = _gradients.dense_values(grad).op
         while op.type == "Identity":
@@ -91,20 +68,15 @@ def aggregated(grads):
 
 
 def _check_plan(plan, options, global_step, api):
-    """Refuses a step with a SyncReplicasOptimizer group that cannot work.
-
-    Args:
-      plan: the ``plan.Plan``.
-      options: the step's ``step.Options``.
-      global_step: an integer variable, or None.
-      api: the public name being built, for messages.
+    """Refuses a step with a SyncReplicasOptimizer group that cannot work
+    (``api`` names the public call in messages).
 
     Raises:
       ValueError: for such a group beside others, with accumulation, with a
-        ``distributed`` engine, without ``global_step``, without
-        ``count_skipped_steps=True``, or with a manager whose state is not
-        beside ``global_step`` (the parameter servers).
-      TypeError: when the SyncReplicasOptimizer wraps a loss-scale wrapper.
+        ``distributed`` engine, without ``global_step`` or
+        ``count_skipped_steps=True``, or with manager state away from
+        ``global_step``'s job.
+      TypeError: when it wraps a loss-scale wrapper.
     """
     group = [g for g in plan.groups if is_sync_replicas(g.optimizer)][0]
     if len(plan.groups) > 1:
@@ -189,8 +161,8 @@ class _FlagSlot(collections.namedtuple("_FlagSlot", ["name", "device", "shape"])
 
 
 class _AggregateCheck(_backends.Backend):
-    """The chief's check: the aggregated gradients, and the mean of the
-    flags the workers pushed (0 only when every push was finite)."""
+    """The chief's check: the aggregated gradients, plus the mean of the
+    workers' pushed flags."""
 
     name = "is_finite"
     gives_evidence = True
@@ -207,11 +179,10 @@ class _AggregateCheck(_backends.Backend):
 
 class _ChiefApply(object):
     """Stands in for the SyncReplicasOptimizer's optimizer while it builds
-    the chief's apply: the aggregate goes through the step's close, gated."""
+    the chief's apply, so that the aggregate goes through the step's close.
+    ``group`` carries the wrapped optimizer."""
 
     def __init__(self, plan, group, slot, skipped_steps, scope, observers=()):
-        """``group`` is the step's group with the optimizer it applies
-        through: the one the SyncReplicasOptimizer wraps."""
         self._observers = list(observers)
         self._plan = plan
         self._group = group
@@ -241,12 +212,8 @@ class _ChiefApply(object):
 
 @contextlib.contextmanager
 def _optimizer_replaced(sync, stand_in):
-    """``sync`` applies its aggregate through ``stand_in`` while inside.
-
-    ``SyncReplicasOptimizer.apply_gradients`` builds the chief's apply by
-    calling its wrapped optimizer's ``apply_gradients`` (``_opt``, in TF 1.15
-    as in 2.x); nothing else reads it then. It is put back on exit.
-    """
+    """``sync`` applies its aggregate through ``stand_in`` while inside
+    (``apply_gradients`` builds the chief's apply through its ``_opt``)."""
     wrapped = _tf_internals.sync_replicas_inner(sync)
     _tf_internals.set_sync_replicas_inner(sync, stand_in)
     try:
@@ -256,24 +223,14 @@ def _optimizer_replaced(sync, stand_in):
 
 
 def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
-    """The close of a worker's step through a SyncReplicasOptimizer.
-
-    The worker pushes its gradients and its summed overflow flag, ungated,
-    and waits for its token; the chief's apply (built here too, run by the
-    chief's queue runner) decides on the aggregate (``_ChiefApply``).
-
-    Args:
-      plan: the ``plan.Plan`` (one group, ``check_plan``).
-      closing: the ``close.Closing`` of this worker's run.
-      global_step: the integer variable SyncReplicasOptimizer needs.
-      skipped_steps: the ``commit.SkippedSteps`` counter (the chief counts
-        skipped aggregated steps), or None.
-      observers: the step's ``seams.StepObserver``s: the chief's skip
-        branch is theirs (its skips reach the builder's last-skip record).
+    """The close of a worker's step: it pushes its gradients and summed flag,
+    ungated, and waits for its token; the chief's apply, built here too,
+    decides on the aggregate (``_ChiefApply``), counts ``skipped_steps`` and
+    runs the step's ``observers`` in its skip branch.
 
     Returns:
       A ``close.Closed`` whose ``applied`` is this worker's own decision,
-      after its push and its token.
+      after its push.
     """
     group = plan.groups[0]
     pairs = list(closing.grads[group.name])
@@ -301,12 +258,8 @@ def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
 
 
 def check_builder_options(plan, update_ops, per_group_ops):
-    """Refuses the builder's options a SyncReplicasOptimizer group cannot honour.
-
-    Raises:
-      ValueError: for ``update_ops`` (the skip is decided on the chief, after
-        this worker's run) or ``per_group_ops``.
-    """
+    """Raises ValueError for ``update_ops`` (the chief decides the skip, after
+    this worker's run) or ``per_group_ops`` with a SyncReplicasOptimizer."""
     if plan.mode != "chief":
         return
     if any(update_ops.values()):
@@ -322,7 +275,7 @@ def check_builder_options(plan, update_ops, per_group_ops):
 
 class SyncReplicasEngine(_seams.ReductionEngine):
     """The workers push to a ``SyncReplicasOptimizer``'s chief, which
-    decides on the aggregate (the module docstring)."""
+    decides on the aggregate."""
 
     name = "sync_replicas"
     mode = "chief"

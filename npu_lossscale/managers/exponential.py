@@ -9,16 +9,13 @@ from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_
                                          _check_period, _check_ratio, _float32)
 from npu_lossscale.managers.counting import _CountingLossScaleManager
 
-# npu_bridge's ExponentialUpdateLossScaleManager defaults, the same as TF 1.15
-# contrib's (tf_adapter/python/npu_bridge/estimator/npu/npu_loss_scale_manager.py:
-# decr_every_n_nan_or_inf=2, incr_ratio=2, decr_ratio=0.8).
+# npu_bridge's defaults, the same as TF 1.15 contrib's
+# (tf_adapter/python/npu_bridge/estimator/npu/npu_loss_scale_manager.py).
 _DEFAULT_DECR_EVERY_N_NAN_OR_INF = 2
 _DEFAULT_INCR_RATIO = 2.0
 _DEFAULT_DECR_RATIO = 0.8
-# npu_bridge grows the scale only while `loss_scale < 3.4e+38 / incr_ratio`
-# (tf_adapter/python/npu_bridge/estimator/npu/npu_loss_scale_manager.py,
-# ExponentialUpdateLossScaleManager.update_loss_scale): this constant, not
-# float32's exact maximum, and a `less`, not contrib's `is_finite`.
+# npu_bridge grows only while `loss_scale < 3.4e+38 / incr_ratio`: this
+# constant, not float32's maximum, and a `less`, not contrib's `is_finite`.
 _NPU_BRIDGE_FLOAT_MAX = 3.4e+38
 
 
@@ -27,28 +24,17 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
     npu_bridge's growth ceiling).
 
     On a finite step, if ``good + 1 >= incr_every_n_steps`` the scale is
-    multiplied by ``incr_ratio`` (only while ``scale < 3.4e38 / incr_ratio``,
-    npu_bridge's test, which replaced contrib's ``is_finite(scale *
-    incr_ratio)``) and both counters reset; otherwise ``good += 1``. On a
-    non-finite step, if ``bad + 1 >= decr_every_n_nan_or_inf`` the scale
-    becomes ``max(min_loss_scale, scale * decr_ratio)`` and both counters
-    reset; otherwise ``bad += 1`` and ``good = 0``.
-    (tf_adapter/python/npu_bridge/estimator/npu/npu_loss_scale_manager.py.)
-    The two ceilings differ only for scales within a factor ``incr_ratio`` of
-    float32's maximum.
-
-    Deviation from npu_bridge: the scale never grows past 2**126 (nor past
-    ``max_loss_scale``): growth gives ``min(scale * incr_ratio, max_loss_scale,
-    2**126)``, since above 2**126 the inverse the step unscales with is
-    subnormal and flushed to 0 (``managers.SCALE_RANGE``).
-
-    Example: ``init_loss_scale=1024, decr_ratio=0.5,
+    multiplied by ``incr_ratio`` (while ``scale < 3.4e38 / incr_ratio``, and
+    up to ``min(max_loss_scale, 2**126)``) and both counters reset; else
+    ``good += 1``. On a non-finite step, if ``bad + 1 >=
+    decr_every_n_nan_or_inf`` the scale becomes ``max(min_loss_scale, scale
+    * decr_ratio)`` and both counters reset; else ``bad += 1`` and ``good =
+    0``. E.g. ``init_loss_scale=1024, decr_ratio=0.5,
     decr_every_n_nan_or_inf=2`` gives 512 after two bad steps.
 
-    As in npu_bridge, ``tf.get_default_graph().get_tensor_by_name(
-    "loss_scale:0")`` is the scale for a single manager built at the root
-    name scope (a second one gets ``loss_scale_1:0``). The state itself is the
-    variable ``exponential_loss_scale/state``.
+    As in npu_bridge, the tensor ``loss_scale:0`` is the scale of a single
+    manager built at the root name scope. The state is the variable
+    ``exponential_loss_scale/state``.
 
     Args:
       init_loss_scale: the starting scale, in [min_loss_scale, 2**126]
@@ -72,9 +58,7 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
       ValueError: if an argument is out of range, NaN or infinite.
     """
 
-    # The counting rule keeps the scale in [min_loss_scale, growth cap], with
-    # min_loss_scale >= 2**-126 (see _CountingLossScaleManager).
-    keeps_scale_in_range = True
+    keeps_scale_in_range = True  # the counting rule's bounds
 
     def __init__(self, init_loss_scale, incr_every_n_steps,
                  decr_every_n_nan_or_inf=_DEFAULT_DECR_EVERY_N_NAN_OR_INF,

@@ -15,27 +15,18 @@ from npu_lossscale.managers.counting import _GOOD, _SCALE
 from npu_lossscale.managers.dynamic import (_DEFAULT_GROWTH_STEPS, _DEFAULT_INITIAL_SCALE,
                                             _DEFAULT_MULTIPLIER, DynamicLossScaleManager)
 
-# One measurement (a float32 copy of the forward pass and its backprop, about
-# the cost of a step) every 100 updates: about 1 % more work.
+# A measurement costs about a step (a float32 copy of the forward pass and
+# its backprop): every 100 updates is about 1 % more work.
 _DEFAULT_MEASURE_EVERY_N_STEPS = 100
-# Raise when 1 % or more of the gradient elements that float32 keeps
-# non-zero underflow in float16 (flushed to zero, or subnormal).
 _DEFAULT_RAISE_ABOVE_UNDERFLOW_SHARE = 0.01
-# A raise aims at a quarter of raise_above_underflow_share, not at the
-# threshold itself: the gradients of a training run shrink, and a scale
-# raised just to the threshold would cross it again before the next
-# measurement.
+# A raise aims at a quarter of the threshold: training gradients shrink, and
+# a scale raised just to it would cross it again before the next measurement.
 _RAISE_TARGET_FRACTION = 0.25
-# Keep 2 bits (a factor of 4) below 65504 when raising: the measured
-# maximum moves from step to step, and backprop tensors between the loss
-# and the weights, which the measurement does not read, may be larger.
+# A factor of 4 below 65504 when raising: the maximum moves from step to
+# step, and backprop tensors the measurement does not read may be larger.
 _DEFAULT_HEADROOM_MARGIN_BITS = 2.0
 
-# Positions in the ``heard`` vector: the update count modulo the period; of
-# the last finite measurement, the unscaled maximum |g| (-1: none yet), the
-# underflow share and log2 of the scale at which the float32 view predicts
-# the raise's target share; whether that measurement came this run (1) or
-# not (0).
+# Positions in ``heard`` (see ListeningLossScaleManager.heard).
 _RUNS, _MAX, _UNDERFLOW, _NEEDED, _FRESH = 0, 1, 2, 3, 4
 _HEARD_SIZE = 5
 
@@ -44,49 +35,26 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
     """``DynamicLossScaleManager``'s rule, steered by the underflow measurement.
 
     Every ``measure_every_n_steps`` updates the step measures this manager's
-    groups (``underflow.Underflow``), on those runs only. Its underflow
-    share is ``flushed_share + subnormal_share``: of the gradient elements
-    the float32 view keeps non-zero, those float16 flushed to zero or keeps
-    subnormal at the scale in use. With ``m``, the measured largest |g|
-    unscaled (the larger of the float16 side's maximum over the scale and
-    the float32 view's maximum over its whole backprop), and ``needed``, the
-    smallest scale ``scale_measured * 2**j`` at which the float32 view's
-    magnitudes predict an underflow share of at most ``raise_above / 4``
-    (``Underflow.underflow_by_raise``; a quarter, so that the shrinking
-    gradients of a training run do not bring it back above ``raise_above``
-    before the next measurement), the update is the dynamic rule, then::
+    groups (``underflow.Underflow``). With ``share`` the underflow share
+    (``flushed_share + subnormal_share``), ``m`` the measured largest |g|
+    unscaled, and ``needed`` the smallest ``scale_measured * 2**j`` at which
+    the float32 view predicts a share of at most ``raise_above / 4``, the
+    update is the dynamic rule, then::
 
       if the dynamic rule grew the scale and scale * m > 65504:
         scale = the scale before (a growth the measurement says overflows)
-      if finite and measured this run and underflow share >= raise_above:
+      if finite and measured this run and share >= raise_above:
         room = floor((log2(65504 / (scale * m)) - margin_bits) / log2(multiplier))
         need = max(ceil(log2(needed / scale) / log2(multiplier)), 1)
         k = min(need, room)
         if k >= 1: scale = min(scale * multiplier ** k, cap); good = 0
 
-    So a raise goes as far as the float32 view says the underflow needs, and
-    never closer to 65504 than the margin.
-
-    Without a finite measurement yet (before the first one, or when every
-    measurement so far overflowed) it is exactly ``DynamicLossScaleManager``.
-    Overflows shrink the scale as there. The scale stays in [min_loss_scale,
-    min(max_loss_scale, 2**126)]. With a float16 loss, ``m`` includes the
-    loss's own gradient (the scale is cast to float16 first), so the scale
-    never grows past 65504: the dynamic rule's probe of 2**16, which always
-    overflows there, is never made.
-
-    The step feeds it through the protocol's optional hooks
-    (``underflow_due``, ``observe_underflow``;
-    ``managers.base.listens_to_underflow``). Through
-    ``MultiOptimizerLossScale`` it hears its groups; through
-    ``LossScaleOptimizer``, which sees gradients but no loss, nothing is
-    measured and it is ``DynamicLossScaleManager``. The measurement needs
-    float32 variables and a forward graph of plain ops
-    (``underflow.check_float32_view``).
-
-    The state is ``dynamic_loss_scale/state`` (as the dynamic manager's) and
-    ``listening_loss_scale/heard``: ``[update count mod N, m (-1: none),
-    underflow share, log2(needed), measured this run]``.
+    Until a finite measurement, and under ``LossScaleOptimizer`` (no loss to
+    measure), it is ``DynamicLossScaleManager``. With a float16 loss ``m``
+    includes the loss's own gradient, so the scale never probes past 65504.
+    The state is ``dynamic_loss_scale/state`` and
+    ``listening_loss_scale/heard`` (docs/diagnosis.md, "Is the scale too
+    low?").
 
     Args:
       initial_scale, growth_steps, multiplier, min_loss_scale,
@@ -103,9 +71,7 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
       ValueError: if an argument is out of range, NaN or infinite.
     """
 
-    # The dynamic rule keeps the scale in [min_loss_scale, cap]; reverting a
-    # growth keeps the scale before it, and a raise is clipped to the cap.
-    keeps_scale_in_range = True
+    keeps_scale_in_range = True  # a revert keeps a scale, a raise is clipped
 
     def __init__(self, initial_scale=_DEFAULT_INITIAL_SCALE,
                  growth_steps=_DEFAULT_GROWTH_STEPS, multiplier=_DEFAULT_MULTIPLIER,
@@ -139,8 +105,8 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
 
     @property
     def heard(self):
-        """The float32[5] variable ``[update count mod N, m (-1: none),
-        underflow share, log2(needed), measured this run]``."""
+        """The float32[5] variable ``[update count mod N, m (-1: none yet),
+        share, log2(needed), 1 if measured this run]``."""
         return self._heard
 
     @property
@@ -158,8 +124,6 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
         """Powers of two kept below 65504 when raising."""
         return self._margin_bits
 
-    # -- the protocol's optional hooks (managers.base.listens_to_underflow) --
-
     def underflow_due(self):
         """True on the first update and every ``measure_every_n_steps``-th
         one after it."""
@@ -167,14 +131,8 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
         return tf.equal(runs, 0.0)
 
     def observe_underflow(self, measurement):
-        """Records a finite measurement (``underflow.Underflow`` over this
-        manager's groups) as this run's; an overflowed one (max_abs beyond
-        65504, or NaN) is not recorded: the last finite one stays, marked as
-        not of this run.
-
-        Returns:
-          The op that writes ``heard``.
-        """
+        """The op that records a finite ``underflow.Underflow`` in ``heard``;
+        after an overflowed one the last finite one stays, marked stale."""
         with tf.name_scope("observe_underflow"):
             heard = tf.unstack(self._heard.read_value(), num=_HEARD_SIZE)
             finite = tf.logical_and(tf.less_equal(measurement.max_abs, FLOAT16_MAX),
@@ -197,18 +155,8 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
             with tf.control_dependencies([new]):
                 return tf.assign(self._heard, new, name="assign_heard").op
 
-    # -- the protocol ----------------------------------------------------------
-
     def update_loss_scale(self, finite_grads):
-        """The dynamic rule, then the measurement's corrections (see the
-        class docstring).
-
-        Args:
-          finite_grads: bool scalar tensor (or Python bool).
-
-        Returns:
-          An op.
-        """
+        """The dynamic rule, then the measurement's corrections (the class's)."""
         with tf.name_scope("listening_update"):
             finite = tf.convert_to_tensor(finite_grads, dtype=tf.bool)
             # Copies: the dynamic rule's assign overwrites a ref variable's
