@@ -116,6 +116,32 @@ class GradientTransform(object):
         raise NotImplementedError("%s must implement transform(group, grads_and_vars)."
                                   % type(self).__name__)
 
+    def unscale_factor(self, group, scaled_pairs, inverse):
+        """Optional: one scalar that unscales and transforms at once.
+
+        A transform that multiplies every gradient by one scalar (a clip by
+        the global norm) overrides this; when it is a group's only transform
+        and the unscaled gradients are the ones applied (no accumulation
+        window, no reduction across workers), the step multiplies the scaled
+        gradients by this scalar instead of unscaling and then calling
+        ``transform``. Otherwise ``transform`` is called.
+
+        Args:
+          group: the ``core.plan.Group``.
+          scaled_pairs: its scaled (gradient, variable) pairs.
+          inverse: float32 scalar, one over the loss scale.
+
+        Returns:
+          A float32 scalar: ``inverse`` times the transform's factor.
+        """
+        raise NotImplementedError("%s does not fuse with the unscale."
+                                  % type(self).__name__)
+
+    @classmethod
+    def fuses_with_unscale(cls):
+        """True when the class overrides ``unscale_factor``."""
+        return cls.unscale_factor is not GradientTransform.unscale_factor
+
 
 class SkipCondition(object):
     """A further in-graph reason to skip a step, through the step's gate.

@@ -145,6 +145,42 @@ class _Times(seams.GradientTransform):
         return [(grad * self.factor, var) for grad, var in grads_and_vars]
 
 
+class _Third(seams.GradientTransform):
+    """Divides the gradients by 3; with ``fused`` it also offers that as
+    ``unscale_factor``, which the step then uses instead of ``transform``."""
+
+    keeps_finite = True
+
+    def __init__(self):
+        self.transform_calls = 0
+
+    def transform(self, group, grads_and_vars):
+        self.transform_calls += 1
+        return [(grad / 3.0, var) for grad, var in grads_and_vars]
+
+
+class _FusedThird(_Third):
+
+    def unscale_factor(self, group, scaled_pairs, inverse):
+        return inverse / 3.0
+
+
+def test_an_overridden_unscale_factor_is_one_multiply_with_the_unscale(graph):
+    # Gradient [3, 4] / 3 = [1, 4/3]; SGD(0.5): w = [1 - 0.5, 2 - 2/3].
+    assert _FusedThird.fuses_with_unscale() and not _Third.fuses_with_unscale()
+    results = []
+    for kind in (_Third, _FusedThird):
+        with tf.Graph().as_default():
+            transform = kind()
+            _, w, _, _, train = _step(transform)
+            with _session() as sess:
+                sess.run(train.update_op)
+                results.append(sess.run(w))
+        assert transform.transform_calls == (1 if kind is _Third else 0)
+    np.testing.assert_allclose(results[0], [0.5, 2.0 - 2.0 / 3.0], rtol=1e-6)
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+
+
 @pytest.mark.parametrize("keeps_finite", [False, True])
 def test_keeps_finite_decides_whether_the_step_checks_the_output(graph, keeps_finite):
     transform = _Times(keeps_finite)

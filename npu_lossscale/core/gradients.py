@@ -486,7 +486,8 @@ def unscale_all(plan, scales, scaled, packing):
         if fused is not None:
             with tf.name_scope("%s/%s" % (name, fused.name)):
                 inverse = tf.ones([]) if scale.is_unit else scale.inverse
-                scale = scale._replace(inverse=fused.factor(plan.group(name), pairs, inverse),
+                scale = scale._replace(inverse=fused.unscale_factor(plan.group(name), pairs,
+                                                                   inverse),
                                        is_unit=False)
         result[name] = packing.unscale(pairs, scale)
     return result
@@ -494,12 +495,12 @@ def unscale_all(plan, scales, scaled, packing):
 
 def fused_transform(plan, name):
     """The transform of group ``name`` that the unscale applies in its own
-    multiply, or None: its only transform, when it offers a ``factor``
-    (one scalar for every gradient, as a clip by the global norm is) and
+    multiply, or None: its only transform, when it overrides
+    ``GradientTransform.unscale_factor`` (a clip by the global norm does) and
     the unscaled gradients are the ones applied (no accumulation window,
     no reduction of the gradients across workers)."""
     transforms = plan.group(name).transforms
-    if (len(transforms) != 1 or getattr(transforms[0], "factor", None) is None
+    if (len(transforms) != 1 or not transforms[0].fuses_with_unscale()
             or plan.window.steps > 1 or plan.mode == "chief"
             or (plan.reduction.active and plan.reduction.allreduce_gradients)):
         return None

@@ -42,20 +42,9 @@ class ClipByGlobalNorm(_seams.GradientTransform):
         return [(_cast(new, grad.dtype.base_dtype), var)
                 for new, (grad, var) in zip(clipped, grads_and_vars)]
 
-
-    def factor(self, group, scaled_pairs, inverse):
-        """The one multiplier that unscales and clips the scaled gradients:
-        ``inverse * clip_norm / max(inverse * norm, clip_norm)``, with the
-        global norm of the scaled gradients in float32 (``_global_norm``).
-
-        Args:
-          group: the ``core.plan.Group``.
-          scaled_pairs: its scaled (gradient, variable) pairs.
-          inverse: float32 scalar, one over the scale.
-
-        Returns:
-          A float32 scalar.
-        """
+    def unscale_factor(self, group, scaled_pairs, inverse):
+        """``inverse * clip_norm / max(inverse * norm, clip_norm)``, with the
+        global norm of the scaled gradients in float32 (``_global_norm``)."""
         del group
         norm = _global_norm([_cast(grad, tf.float32) for grad, _ in scaled_pairs])
         return inverse * self.clip_norm / tf.maximum(norm * inverse, self.clip_norm)
