@@ -222,6 +222,33 @@ def test_a_loss_scale_optimizer_inside_an_averaging_wrapper_builds(graph, monkey
     _Averaging(inner).minimize(loss, global_step=gs, var_list=[w])
 
 
+class _CondAveraging(_Averaging):
+    """Averages inside ``tf.cond(workers > 1, allreduce, identity)``, as
+    Horovod 0.28's ``_allreduce_cond`` does: under v2 control flow the
+    collective sits in the If op's branch function, not in the graph."""
+
+    def compute_gradients(self, *args, **kwargs):
+        workers = tf.placeholder_with_default(2, [], name="workers")
+        pairs = self._inner.compute_gradients(*args, **kwargs)
+        return [(tf.cond(workers > 1, lambda pair=pair: _averaged([pair])[0][0],
+                         lambda grad=grad: tf.identity(grad)), var)
+                for pair in pairs for grad, var in [pair]]
+
+
+def test_gradients_averaged_inside_a_cond_are_seen_as_averaged(graph, monkeypatch):
+    """Issue 32: the check looks into the functions a functional op runs,
+    so Horovod's averaging inside a cond builds (it was refused under v2
+    control flow, where the collective is in the branch's function)."""
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    gs, _, w, loss = fed_linear_model()
+    inner = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
+                                  nl.DynamicLossScaleManager())
+    _CondAveraging(inner).minimize(loss, global_step=gs, var_list=[w])
+    if not tf.compat.v1.control_flow_v2_enabled():
+        return
+    assert any(op.type in ("If", "StatelessIf") for op in graph.get_operations())
+
+
 @pytest.mark.parametrize("api", ["builder", "optimizer"])
 def test_a_patched_compute_gradients_without_a_collective_is_refused(graph, monkeypatch, api):
     """Issue 32: the check looks at what the step reduces, not at how the

@@ -15,7 +15,8 @@ __all__ = ["ACCUMULATOR_TAKE_TYPES", "BARRIER", "CASE_TYPES", "CONTROL",
            "ENTER_TYPES", "EXIT_TYPES", "FEEDABLE_TYPES", "FUNCTIONAL_CONTROL_FLOW_TYPES",
            "FUNCTION_CALL_TYPES", "IDENTITY_TYPES", "IF_TYPES", "MERGE_TYPES",
            "NEXT_ITERATION_TYPES", "STOP", "SWITCH_TYPES", "THROUGH", "UPDATE", "WHILE_TYPES",
-           "Reached", "Walk", "children", "depth_first", "first_reached", "is_optimizer_apply",
+           "Reached", "Walk", "called_functions", "children", "depth_first", "first_reached",
+           "function_bodies", "is_optimizer_apply",
            "is_update", "kind_of_type", "reachable", "topological", "updates_behind",
            "walked_inputs"]
 
@@ -193,6 +194,44 @@ def depth_first(roots, parents, stop=None):
         yield node
         if stop is None or not stop(node):
             stack.extend(parents(node))
+
+
+def called_functions(node_def):
+    """The names of the functions a NodeDef's attrs name (branches, bodies,
+    ``f``)."""
+    names = []
+    for value in node_def.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        elif value.HasField("list"):
+            names.extend(func.name for func in value.list.func)
+    return names
+
+
+def function_bodies(node_def, definition):
+    """The functions a functional op or call runs, and those they call.
+
+    Args:
+      node_def: the op's NodeDef.
+      definition: function name -> its FunctionDef, or None when the graph
+        does not hold it.
+
+    Yields:
+      (name, FunctionDef or None) pairs, once per function.
+    """
+    def called(name):
+        body = definition(name)
+        if body is None:
+            return []
+        names = []
+        for node in body.node_def:
+            names.extend(called_functions(node))
+            if definition(node.op) is not None:  # a function called by its name
+                names.append(node.op)
+        return names
+
+    for name in depth_first(called_functions(node_def), called):
+        yield name, definition(name)
 
 
 def reachable(roots, parents, stop=None):

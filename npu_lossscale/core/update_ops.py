@@ -76,32 +76,8 @@ def _function_writes(op):
     def definition(name):
         return getattr(_tf_internals.graph_function(op.graph, name), "definition", None)
 
-    def called(name):
-        """The functions that function ``name`` calls."""
-        names = []
-        for node in definition(name).node_def:
-            names.extend(_called_functions(node))
-            if _tf_internals.graph_function(op.graph, node.op) is not None:  # a function called by its name
-                names.append(node.op)
-        return names
-
-    for name in _graph_walk.depth_first(_called_functions(op.node_def), called):
-        if definition(name) is None or any(
-                _graph_walk.is_update(node.op) for node in definition(name).node_def):
-            return True
-    return False
-
-
-def _called_functions(node_def):
-    """The names of the functions a NodeDef's attrs name (branches, bodies,
-    ``f``)."""
-    names = []
-    for value in node_def.attr.values():
-        if value.HasField("func"):
-            names.append(value.func.name)
-        elif value.HasField("list"):
-            names.extend(func.name for func in value.list.func)
-    return names
+    return any(body is None or any(_graph_walk.is_update(node.op) for node in body.node_def)
+               for _, body in _graph_walk.function_bodies(op.node_def, definition))
 
 
 def _classify(op):

@@ -404,9 +404,23 @@ class ReducedGradients(_seams.StepObserver):
 
 def _is_collective(op):
     """Whether ``op`` is a collective (npu_bridge's emulation included, by
-    the op type it stands for)."""
-    kind = op.type
-    shim = op.node_def.attr.get("_npu_shim_op_type")
+    the op type it stands for), or a functional op or call whose functions
+    run one (Horovod 0.28's allreduce sits in a ``tf.cond`` on its size)."""
+    if _collective_node(op.node_def):
+        return True
+
+    def definition(name):
+        return getattr(_tf_internals.graph_function(op.graph, name), "definition", None)
+
+    return any(body is not None and any(_collective_node(node) for node in body.node_def)
+               for _, body in _graph_walk.function_bodies(op.node_def, definition))
+
+
+def _collective_node(node_def):
+    """Whether a NodeDef is a collective, by its type or the type the
+    npu_bridge emulation records in ``_npu_shim_op_type``."""
+    kind = node_def.op
+    shim = node_def.attr.get("_npu_shim_op_type")
     if shim is not None and shim.s:
         kind = shim.s.decode("utf-8")
     return kind in _graph_walk.COLLECTIVE_TYPES
