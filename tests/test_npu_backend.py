@@ -1,6 +1,7 @@
 """The npu backend on the CPU shim: one status read per step, saturation mode,
 serialised per-group reads, and npu_bridge's own managers."""
 
+import sys
 import warnings
 
 import numpy as np
@@ -518,19 +519,25 @@ def test_a_placeholder_with_default_inside_a_v1_loop_body_runs(graph, npu_shim, 
 
 def test_long_value_preserving_chains_are_walked_without_recursion(graph, npu_shim,
                                                                 saturation_mode):
-    """A 2000-op chain of identities (too deep for a recursive walk) and 20
-    Prints that read their input twice (a million visits without a memo)
-    order and build, without recursion."""
+    """A chain of identities deeper than the recursion limit (a recursive
+    walk would fail) and 20 Prints that read their input twice (a million
+    visits without a memo) order and build, without recursion. The limit is
+    lowered to 300 while the step builds, so a 600-op chain is enough."""
     x = tf.placeholder(tf.float32, [2, 2])
     t = x
-    for _ in range(2000):
+    for _ in range(600):
         t = tf.identity(t)
     for _ in range(20):
         t = tf.Print(t, [t])
     w = tf.get_variable("w", [2, 2], initializer=tf.constant_initializer(0.5))
     loss = tf.reduce_sum(tf.cast(tf.matmul(tf.cast(t, tf.float16), tf.cast(w, tf.float16)),
                                  tf.float32))
-    train = _ordered_step(loss, [w], 0.01)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(300)
+    try:
+        train = _ordered_step(loss, [w], 0.01)
+    finally:
+        sys.setrecursionlimit(limit)
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         assert sess.run([train.update_op, train.is_finite], {x: np.ones([2, 2])})[1]
