@@ -146,7 +146,7 @@ class Plan(collections.namedtuple(
     @property
     def losses(self):
         """The distinct loss tensors, in ``add()`` order."""
-        return tuple(_distinct(group.loss for group in self.groups
+        return tuple(distinct(group.loss for group in self.groups
                                if group.loss is not None))
 
     @property
@@ -155,7 +155,7 @@ class Plan(collections.namedtuple(
         return tuple(group.name for group in self.groups)
 
 
-def _distinct(items):
+def distinct(items):
     """Items in first-seen order, without repeats by identity."""
     result = []
     for item in items:
@@ -275,7 +275,7 @@ def _checks(groups, skip_policy, reads_register, serial_reads):
     if not checked:
         return ()
     apart = serial_reads or (not reads_register and (
-        skip_policy == "per_group" or len(_distinct(g.manager for g in checked)) > 1))
+        skip_policy == "per_group" or len(distinct(g.manager for g in checked)) > 1))
     if apart:
         return tuple(Check(group.name, (group.name,)) for group in checked)
     return (Check("shared", tuple(group.name for group in checked)),)

@@ -31,6 +31,7 @@ import tensorflow.compat.v1 as tf
 from npu_lossscale import seams as _seams
 from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import plan as _plan
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
 from npu_lossscale.managers import base as _manager_base
 
@@ -142,7 +143,7 @@ def measure(plan, scales, scaled, names, after=()):
     """
     result = collections.OrderedDict()
     with tf.control_dependencies(list(after)):
-        view = Float32View(_distinct([plan.group(name).loss for name in names]))
+        view = Float32View(_plan.distinct([plan.group(name).loss for name in names]))
         for name in names:
             group = plan.group(name)
             with tf.name_scope(name):
@@ -155,14 +156,6 @@ def measure(plan, scales, scaled, names, after=()):
                     seed = scales[plan.scale_of(name)].value
                 result[name] = _record(counts, scales[plan.scale_of(name)].value,
                                        backprop.activations_max_abs, seed)
-    return result
-
-
-def _distinct(tensors):
-    result = []
-    for tensor in tensors:
-        if not any(tensor is seen for seen in result):
-            result.append(tensor)
     return result
 
 
