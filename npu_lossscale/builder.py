@@ -478,6 +478,7 @@ class MultiOptimizerLossScale(object):
         conditions += _checks.check_instances("skip_conditions", skip_conditions,
                                               _seams.SkipCondition)
         observers = _checks.check_instances("observers", observers, _seams.StepObserver)
+        _checks.check_unique_names("observers", observers)
         for condition in conditions:
             _diagnosis_reasons.register_reason(condition.reason, condition.fix,
                                                holds_scale=not condition.moves_scale)

@@ -370,7 +370,14 @@ def test_each_hook_refuses_a_class(graph):
              r"observers must be a list of StepObserver instances, got \[<class ")]:
         with pytest.raises(TypeError, match=pattern + r".*Pass e\.g\."):
             scaler.build(**kwargs)
-    scaler.build()  # none of the refusals left anything behind
+    with pytest.raises(ValueError, match=r"observers: two of them are named 'CountSkips'.*"
+                                         r"set the instance's name attribute"):
+        scaler.build(observers=[CountSkips(), CountSkips()])
+    renamed = CountSkips()
+    renamed.name = "second"
+    # None of the refusals left anything behind; named apart, both report.
+    assert sorted(scaler.build(observers=[CountSkips(), renamed]).observed) == [
+        "CountSkips", "second"]
 
 
 # -- docs/extending.md: its examples run, and define the classes above --

@@ -387,6 +387,19 @@ def check_gate(gate):
                          "needs 'cond'." % (GATES, gate))
 
 
+def check_unique_names(name, values):
+    """ValueError when two of ``values`` share a ``name``: ``TrainOps.observed``
+    is keyed by it, so one report would hide the other."""
+    seen = set()
+    for value in values:
+        if value.name in seen:
+            raise ValueError(
+                "%s: two of them are named %r (%r among %r); their reports are keyed by "
+                "name. Give each its own, e.g. set the instance's name attribute."
+                % (name, value.name, value, values))
+        seen.add(value.name)
+
+
 def check_instances(name, values, base):
     """``values`` (an instance of ``base``, or a list or tuple of them) as a
     list; TypeError for anything else."""
