@@ -406,14 +406,15 @@ def _is_collective(op):
     """Whether ``op`` is a collective (npu_bridge's emulation included, by
     the op type it stands for), or a functional op or call whose functions
     run one (Horovod 0.28's allreduce sits in a ``tf.cond`` on its size)."""
-    if _collective_node(op.node_def):
+    node_def = op.node_def  # a serialized copy: made once
+    if _collective_node(node_def):
         return True
 
     def definition(name):
         return getattr(_tf_internals.graph_function(op.graph, name), "definition", None)
 
     return any(body is not None and any(_collective_node(node) for node in body.node_def)
-               for _, body in _graph_walk.function_bodies(op.node_def, definition))
+               for _, body in _graph_walk.function_bodies(node_def, definition))
 
 
 def _collective_node(node_def):
