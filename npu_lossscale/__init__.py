@@ -18,6 +18,7 @@ from npu_lossscale.monitoring import (CollapseMonitor, LossScaleCollapse, LossSc
 from npu_lossscale.optimizer import LossScaleOptimizer
 from npu_lossscale.seams import GradientTransform, ReductionEngine, SkipCondition, StepObserver
 from npu_lossscale.core.overflow import all_finite
+from npu_lossscale.distributed.sync_replicas import SyncReplicasOptimizer
 from npu_lossscale.underflow import summaries as underflow_summaries
 
 __version__ = "0.3.0"
@@ -39,6 +40,7 @@ __all__ = [
     "ReductionEngine",
     "SkipCondition",
     "StepObserver",
+    "SyncReplicasOptimizer",
     "TrainOps",
     "all_finite",
     "audit",

@@ -47,7 +47,7 @@ from npu_lossscale.underflow import first_scale as _first_scale
 _CLUSTER_ROUTES = {
     "ascend": "Pass distributed='hccl' to sum the overflow decision across devices",
     "horovod": "Pass distributed='horovod' to sum the overflow decision across ranks",
-    "tf_config": "Wrap the group's optimizer in tf.train.SyncReplicasOptimizer, whose "
+    "tf_config": "Wrap the group's optimizer in npu_lossscale.SyncReplicasOptimizer, whose "
                  "chief decides on the aggregated gradients",
 }
 
@@ -274,7 +274,8 @@ class MultiOptimizerLossScale(object):
             forward ops and the towers' gradients averaged, with one
             decision for all (``distributed.towers``).
           optimizer: a ``tf.compat.v1.train.Optimizer``, not shared with
-            another group and not already loss-scale wrapped.
+            another group and not already loss-scale wrapped; on parameter
+            servers, an ``npu_lossscale.SyncReplicasOptimizer``.
           var_list: the variables this optimizer updates; defaults to every
             trainable variable (only sensible with a single group).
           name: the group's name (a valid name scope); defaults to
@@ -449,7 +450,9 @@ class MultiOptimizerLossScale(object):
           TypeError: for a global_step that is not an integer variable, a
             non-int ``accumulation_steps``, a non-bool
             ``count_skipped_steps``, a non-bool ``measure_underflow``, or
-            an op name (a string) in ``update_ops``.
+            an op name (a string) in ``update_ops``, or a group whose
+            optimizer is TF's own ``tf.train.SyncReplicasOptimizer``
+            (``npu_lossscale.SyncReplicasOptimizer`` takes its place).
 
         A manager may be shared with other builders and
         ``LossScaleOptimizer``s: each ``session.run`` that fetches one of

@@ -27,7 +27,7 @@ _CLUSTER_ROUTES = {
     "ascend": "Pass is_distributed=True to sum the overflow decision across devices",
     "horovod": "Wrap opt in hvd.DistributedOptimizer, whose averaged gradients every "
                "rank checks alike",
-    "tf_config": "Wrap it in tf.train.SyncReplicasOptimizer (count_skipped_steps=True), "
+    "tf_config": "Wrap opt in npu_lossscale.SyncReplicasOptimizer (count_skipped_steps=True), "
                  "whose chief decides on the aggregated gradients",
 }
 
@@ -80,7 +80,7 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
       count_skipped_steps: if True, ``apply_gradients`` advances
         ``global_step`` on every step, applied or skipped, as the builder's
         ``build(count_skipped_steps=True)``; if False (default), only on
-        applied steps. ``tf.train.SyncReplicasOptimizer`` needs True, on
+        applied steps. A ``SyncReplicasOptimizer`` needs True, on
         either side of this wrapper (it hands out its tokens by
         ``global_step``; without it a skipped step would leave every worker
         waiting): ``apply_gradients`` refuses False there.
@@ -201,8 +201,8 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
 
         Returns:
           An op that applies (or skips) and updates the loss scale. When the
-          wrapped optimizer is a ``tf.train.SyncReplicasOptimizer``: the
-          worker's op, which pushes its gradients and overflow flag and
+          wrapped optimizer is an ``npu_lossscale.SyncReplicasOptimizer``:
+          the worker's op, which pushes its gradients and overflow flag and
           waits for its token; the chief's queue runner decides on the
           aggregate, applies, advances ``global_step`` and updates the scale.
 
@@ -210,11 +210,12 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
           ValueError: before any op is made: if no gradient is given, inside
             a ``tf.cond``/``tf.while_loop`` body or a graph-mode
             ``tf.function``, for a manager of another graph, or with
-            ``tf.train.SyncReplicasOptimizer`` on either side without
+            a ``SyncReplicasOptimizer`` on either side without
             ``count_skipped_steps=True`` (or without ``global_step``).
           TypeError: when another loss-scale wrapper calls it (TF's, from
             ``enable_mixed_precision_graph_rewrite``; ``compute_gradients``
-            refuses it too).
+            refuses it too), or when the wrapped optimizer is TF's own
+            ``tf.train.SyncReplicasOptimizer`` (pass ours).
 
         Several calls (several ``minimize`` ops, or optimizers sharing one
         manager) are fine when each ``session.run`` fetches one of them, as

@@ -119,17 +119,6 @@ def wrapped_optimizer(optimizer):
     return inner
 
 
-def sync_replicas_inner(sync):
-    """The optimizer a ``SyncReplicasOptimizer`` applies the aggregate
-    through: ``SyncReplicasOptimizer._opt`` (1.15-2.21)."""
-    return sync._opt
-
-
-def set_sync_replicas_inner(sync, optimizer):
-    """Sets ``SyncReplicasOptimizer._opt`` (1.15-2.21)."""
-    sync._opt = optimizer
-
-
 def npu_optimizer_flag(optimizer, name):
     """An ``NPUOptimizer`` constructor flag (``_is_loss_scale``,
     ``_is_distributed``; tf_adapter npu_bridge/estimator/npu/npu_optimizer.py),

@@ -122,7 +122,7 @@ def test_a_bad_tf_config_is_refused(value):
     ("HOROVOD_SIZE", "2", "distributed='horovod'"),
     ("OMPI_COMM_WORLD_SIZE", "2", "distributed='horovod'"),
     ("PMI_SIZE", "2", "distributed='horovod'"),
-    ("TF_CONFIG", TWO_WORKERS, "tf.train.SyncReplicasOptimizer"),
+    ("TF_CONFIG", TWO_WORKERS, "npu_lossscale.SyncReplicasOptimizer"),
 ])
 def test_builder_refused_in_a_cluster_before_any_op(graph, monkeypatch, name, value, route):
     monkeypatch.setenv(name, value)
@@ -140,7 +140,7 @@ def test_builder_refused_in_a_cluster_before_any_op(graph, monkeypatch, name, va
 @pytest.mark.parametrize("name, value, route", [
     ("RANK_SIZE", "2", "is_distributed=True"),
     ("HOROVOD_SIZE", "2", "hvd.DistributedOptimizer"),
-    ("TF_CONFIG", TWO_WORKERS, "tf.train.SyncReplicasOptimizer (count_skipped_steps=True)"),
+    ("TF_CONFIG", TWO_WORKERS, "npu_lossscale.SyncReplicasOptimizer (count_skipped_steps=True)"),
 ])
 def test_loss_scale_optimizer_refused_in_a_cluster(graph, monkeypatch, name, value, route):
     monkeypatch.setenv(name, value)
@@ -179,14 +179,14 @@ def test_sync_replicas_on_a_parameter_server_cluster_builds(graph, monkeypatch):
     SyncReplicas routes build, since the chief decides for all."""
     monkeypatch.setenv("TF_CONFIG", TWO_WORKERS)
     gs, _, w, loss = fed_linear_model()
-    sync = tf.train.SyncReplicasOptimizer(tf.train.GradientDescentOptimizer(1.0), 2)
+    sync = nl.SyncReplicasOptimizer(tf.train.GradientDescentOptimizer(1.0), 2)
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
     scaler.add(loss, sync, var_list=[w])
     assert scaler.build(global_step=gs, count_skipped_steps=True).applied is None
     with tf.Graph().as_default():
         gs, _, w, loss = fed_linear_model()
         outside = nl.LossScaleOptimizer(
-            tf.train.SyncReplicasOptimizer(tf.train.GradientDescentOptimizer(1.0), 2),
+            nl.SyncReplicasOptimizer(tf.train.GradientDescentOptimizer(1.0), 2),
             nl.DynamicLossScaleManager(), count_skipped_steps=True)
         outside.minimize(loss, global_step=gs)
     with tf.Graph().as_default():

@@ -72,6 +72,10 @@ REFUSALS = [
      + "d_opt = NPULossScaleOptimizer(NPUDistributedOptimizer(tf.train.AdamOptimizer()),\n"
      + "                              FixedLossScaleManager(8))\n" + G_OPT + D_MIN + G_MIN
      + JOINT, [("distributed", 4)]),
+    ("distributed: a SyncReplicasOptimizer", HEAD
+     + "d_opt = NPULossScaleOptimizer(tf.train.SyncReplicasOptimizer(tf.train.AdamOptimizer(), 2),"
+     + "\n                              FixedLossScaleManager(8))\n" + G_OPT + D_MIN + G_MIN
+     + JOINT, [("distributed", 4)]),
     ("wrapper-arguments", HEAD + "d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer())\n"
      + G_OPT + D_MIN + G_MIN + JOINT, [("wrapper-arguments", 4)]),
     ("manager-arguments", HEAD
@@ -102,6 +106,15 @@ def test_refusals_leave_the_source_as_it_was(source, expected):
     assert new == source
     assert not [e for e in entries if e.kind == CHANGED]
     assert _rules(entries, BY_HAND) == sorted(expected)
+
+
+def test_a_sync_replicas_refusal_names_the_builders_class():
+    source = dict((r[0], r[1]) for r in REFUSALS)["distributed: a SyncReplicasOptimizer"]
+    _, entries = _port(source)
+    [entry] = [e for e in entries if e.rule == "distributed"]
+    for fragment in ("tf.train.SyncReplicasOptimizer", "npu_lossscale.SyncReplicasOptimizer "
+                     "(the same arguments)", "count_skipped_steps=True", "by hand"):
+        assert fragment in entry.message, entry.message
 
 
 def test_an_unused_op_name_is_dropped_and_said():

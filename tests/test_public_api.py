@@ -21,6 +21,7 @@ def test_all_is_pinned():
         "ReductionEngine",
         "SkipCondition",
         "StepObserver",
+        "SyncReplicasOptimizer",
         "TrainOps",
         "all_finite",
         "audit",

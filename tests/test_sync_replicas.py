@@ -25,7 +25,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import REPO
+from conftest import REPO, op_ancestors
 from models import fed_linear_model
 
 TABLE = os.path.join(REPO, "tests", "distributed", "sync_table.py")
@@ -166,9 +166,11 @@ def test_the_chief_register_is_refused_under_saturation(table):
 
 # -- build-time refusals, each naming the route ---------------------------------
 
-def _sync(inner=None, **kwargs):
-    return tf.train.SyncReplicasOptimizer(
-        inner or tf.train.GradientDescentOptimizer(1.0), replicas_to_aggregate=1, **kwargs)
+def _sync(inner=None, cls=nl.SyncReplicasOptimizer, **kwargs):
+    """Ours by default (the builder's and the outer wrapper's route); pass
+    ``cls=tf.train.SyncReplicasOptimizer`` for TF's (the inner route)."""
+    return cls(inner or tf.train.GradientDescentOptimizer(1.0), replicas_to_aggregate=1,
+               **kwargs)
 
 
 def _ops(graph):
@@ -201,7 +203,8 @@ def test_lso_around_sync_without_count_skipped_steps_is_refused_before_any_op(gr
 def test_lso_inside_sync_without_count_skipped_steps_is_refused(graph):
     gs, _, w, loss = fed_linear_model()
     sync = _sync(nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
-                                       nl.DynamicLossScaleManager()))
+                                       nl.DynamicLossScaleManager()),
+                 cls=tf.train.SyncReplicasOptimizer)
     with pytest.raises(ValueError, match="aggregated gradients with count_skipped_steps=False"
                                          ".*Pass count_skipped_steps=True"):
         sync.minimize(loss, global_step=gs)
@@ -254,25 +257,61 @@ def test_sync_with_update_ops_or_per_group_ops_is_refused(graph):
         scaler.build(global_step=gs, count_skipped_steps=True, per_group_ops=True)
 
 
-@pytest.mark.parametrize("api", ["builder", "optimizer"])
-def test_sync_inside_sync_is_refused_before_any_op(graph, api):
+def test_sync_inside_sync_is_refused_at_construction(graph):
     """Issue 32: a SyncReplicasOptimizer wrapping another gets a clear error
-    that names the fix, before any op of the step."""
-    gs, _, w, loss = fed_linear_model()
-    nested = _sync(_sync(tf.train.GradientDescentOptimizer(1.0)))
-    manager = nl.DynamicLossScaleManager()
+    that names the fix, before any op."""
     before = len(tf.get_default_graph().get_operations())
-    with pytest.raises(ValueError, match=r"wraps another SyncReplicasOptimizer.*Wrap the plain "
+    with pytest.raises(ValueError, match=r"opt is another SyncReplicasOptimizer.*Wrap the plain "
                                          r"optimizer in one SyncReplicasOptimizer"):
+        _sync(_sync(tf.train.GradientDescentOptimizer(1.0), cls=tf.train.SyncReplicasOptimizer))
+    assert len(tf.get_default_graph().get_operations()) == before
+
+
+@pytest.mark.parametrize("api", ["builder", "optimizer"])
+@pytest.mark.parametrize("inner", ["plain", "ours"])
+def test_tfs_own_class_on_the_outer_routes_is_refused_before_any_op(graph, api, inner):
+    """TF's class applies the aggregate through its own optimizer, where the
+    step cannot decide: the message names ours, which takes the same
+    arguments, and the inner route."""
+    gs, _, w, loss = fed_linear_model()
+    wrapped = (tf.train.GradientDescentOptimizer(1.0) if inner == "plain"
+               else _sync(tf.train.GradientDescentOptimizer(1.0)))
+    sync = _sync(wrapped, cls=tf.train.SyncReplicasOptimizer)
+    manager = nl.DynamicLossScaleManager()
+    if api == "builder":
+        scaler = nl.MultiOptimizerLossScale(manager)
+        scaler.add(loss, sync, var_list=[w])
+    else:
+        opt = nl.LossScaleOptimizer(sync, manager, count_skipped_steps=True)
+        grads = opt.compute_gradients(loss, var_list=[w])
+    before = len(tf.get_default_graph().get_operations())
+    with pytest.raises(TypeError) as raised:
         if api == "builder":
-            scaler = nl.MultiOptimizerLossScale(manager)
-            scaler.add(loss, nested, var_list=[w])
             scaler.build(global_step=gs, count_skipped_steps=True)
         else:
-            nl.LossScaleOptimizer(nested, manager,
-                                  count_skipped_steps=True).minimize(loss, global_step=gs)
-    if api == "builder":  # the optimizer's compute_gradients runs before its apply
-        assert len(tf.get_default_graph().get_operations()) == before
+            opt.apply_gradients(grads, global_step=gs)
+    assert len(tf.get_default_graph().get_operations()) == before
+    for fragment in ("optimizer is tf.train.SyncReplicasOptimizer 'sync_replicas'",
+                     "Construct npu_lossscale.SyncReplicasOptimizer in its place, with the same "
+                     "arguments", "tf.train.SyncReplicasOptimizer(LossScaleOptimizer("):
+        assert fragment in str(raised.value), str(raised.value)
+
+
+def test_ours_is_tfs_class_with_the_wrapped_optimizers_slots(graph):
+    """Outside a step, ours applies plainly through ``opt`` (so the inner
+    route works with it too), and forwards slots and variables to it."""
+    gs, _, w, loss = fed_linear_model()
+    momentum = tf.train.MomentumOptimizer(0.5, 0.9)
+    sync = nl.SyncReplicasOptimizer(momentum, replicas_to_aggregate=1)
+    assert isinstance(sync, tf.train.SyncReplicasOptimizer)
+    assert sync.chief.optimizer is momentum
+    train = sync.minimize(loss, global_step=gs)
+    assert sync.get_slot(w, "momentum") is momentum.get_slot(w, "momentum")
+    assert sync.get_slot_names() == ["momentum"]
+    assert set(sync.variables()) == set(momentum.variables())
+    chief = op_ancestors(sync.get_chief_queue_runner().enqueue_ops[0])
+    assert [op.type for op in chief if "ApplyMomentum" in op.type]
+    assert train is not None and sync.make_session_run_hook(True) is not None
 
 
 def test_sync_around_a_loss_scale_wrapper_in_the_builder_is_refused(graph):
@@ -309,7 +348,6 @@ def test_the_workers_step_pushes_ungated_and_the_chief_gates(graph):
     """The worker's update_op holds the pushes and the token dequeue, no
     gate; the chief's sync op holds the gate around the wrapped optimizer's
     apply and the manager's update."""
-    from conftest import op_ancestors
     gs, _, w, loss = fed_linear_model()
     sync = _sync()
     scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager())
@@ -499,7 +537,8 @@ def test_audit_reports_a_step_that_stops_inside_sync_replicas(graph, pattern, st
             "ours_inside": lambda: nl.LossScaleOptimizer(
                 tf.train.GradientDescentOptimizer(1.0), manager, count_skipped_steps=True),
         }[pattern]()
-        train = _sync(inner).minimize(loss, global_step=gs)
+        train = _sync(inner, cls=tf.train.SyncReplicasOptimizer).minimize(
+            loss, global_step=gs)
     for fetches in (None, [train], "graph_def"):  # the worker's fetch, and a GraphDef
         found = _stalls(graph, fetches)
         assert len(found) == (1 if stalls else 0), (fetches, found)

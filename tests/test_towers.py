@@ -422,7 +422,7 @@ def test_towers_with_a_sync_replicas_group_are_refused(graph, where):
     group: tower losses on its group, or beside it, are refused."""
     (loss0, loss1), w = _two_losses()
     v = tf.get_variable("v", [DIM, 1])
-    sync = tf.train.SyncReplicasOptimizer(tf.train.GradientDescentOptimizer(0.1), 2, 2)
+    sync = nl.SyncReplicasOptimizer(tf.train.GradientDescentOptimizer(0.1), 2, 2)
     scaler = _scaler()
     if where == "towers":
         scaler.add([loss0, loss1], sync, var_list=[w], name="net")

@@ -10,10 +10,13 @@ every worker waits forever (docs/design.md, "Data parallelism").
   ``apply_gradients`` runs on the chief with the aggregate (``aggregated``,
   ``check_chief_apply``).
 * ``LossScaleOptimizer(SyncReplicasOptimizer(opt), ...)`` and a builder
-  group with one (``SyncReplicasEngine``): the worker pushes its unscaled
-  gradients and its flag, never gated (the chief would wait for a held-back
-  push); the chief decides on the mean flag and the aggregate, applies,
-  advances ``global_step`` and updates the manager in its sync op.
+  group with one, where ``SyncReplicasOptimizer`` is this module's
+  (``SyncReplicasEngine``): the worker pushes its unscaled gradients and its
+  flag, never gated (the chief would wait for a held-back push); the chief
+  decides on the mean flag and the aggregate, applies, advances
+  ``global_step`` and updates the manager in its sync op. The chief's apply
+  is the ``ChiefApply`` this ``SyncReplicasOptimizer`` is constructed
+  around, so nothing in TF's object is replaced while the step builds.
 
 The manager lives with the model on the parameter servers: the workers read
 its scale, the chief updates it.
@@ -28,7 +31,6 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
 from npu_lossscale import seams as _seams
-from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import close as _close
 from npu_lossscale.core import gradients as _gradients
@@ -42,7 +44,8 @@ _ROUTE = "count_skipped_steps=True"
 
 
 def is_sync_replicas(optimizer):
-    """Whether ``optimizer`` is a ``tf.train.SyncReplicasOptimizer``."""
+    """Whether ``optimizer`` is a ``tf.train.SyncReplicasOptimizer`` (TF's or
+    this module's)."""
     return isinstance(optimizer, tf.train.SyncReplicasOptimizer)
 
 
@@ -76,9 +79,19 @@ def _check_plan(plan, options, global_step, api):
         ``distributed`` engine, without ``global_step`` or
         ``count_skipped_steps=True``, or with manager state away from
         ``global_step``'s job.
-      TypeError: when it wraps a loss-scale wrapper.
+      TypeError: for TF's own class (not this module's), or when it wraps
+        a loss-scale wrapper.
     """
     group = [g for g in plan.groups if is_sync_replicas(g.optimizer)][0]
+    if not isinstance(group.optimizer, SyncReplicasOptimizer):
+        raise TypeError(
+            "%s: group %r's optimizer is tf.train.SyncReplicasOptimizer %r, whose chief "
+            "applies the aggregate through the optimizer it wraps, out of the step's "
+            "reach. Construct npu_lossscale.SyncReplicasOptimizer in its place, with the "
+            "same arguments (it is a tf.train.SyncReplicasOptimizer, hook included), or "
+            "wrap the other way round: tf.train.SyncReplicasOptimizer(LossScaleOptimizer("
+            "opt, manager, count_skipped_steps=True), ...)."
+            % (api, group.name, group.optimizer.get_name()))
     if len(plan.groups) > 1:
         raise ValueError(
             "%s: group %r's SyncReplicasOptimizer must be the only group, got %d groups: "
@@ -104,13 +117,7 @@ def _check_plan(plan, options, global_step, api):
             "%s: count_skipped_steps=False with a SyncReplicasOptimizer, whose tokens "
             "follow global_step: a skipped step would leave every worker waiting "
             "forever. Pass %s." % (api, _ROUTE))
-    inner = _tf_internals.sync_replicas_inner(group.optimizer)
-    if is_sync_replicas(inner):
-        raise ValueError(
-            "%s: group %r's SyncReplicasOptimizer wraps another SyncReplicasOptimizer (%r), "
-            "which would aggregate twice and hand out two sets of tokens. Wrap the plain "
-            "optimizer in one SyncReplicasOptimizer." % (api, group.name, inner))
-    _checks.check_optimizer(inner,
+    _checks.check_optimizer(group.optimizer.chief.optimizer,
                             argument="the optimizer the SyncReplicasOptimizer wraps")
     _check_beside(group.manager, global_step, api)
 
@@ -177,55 +184,124 @@ class _AggregateCheck(_backends.Backend):
         return flag + tf.reshape(tf.cast(self._pushed, tf.float32), [])
 
 
-class _ChiefApply(object):
-    """Stands in for the SyncReplicasOptimizer's optimizer while it builds
-    the chief's apply, so that the aggregate goes through the step's close.
-    ``group`` carries the wrapped optimizer."""
+class _ChiefDecision(collections.namedtuple(
+        "_ChiefDecision", ["plan", "group", "slot", "skipped_steps", "scope", "observers"])):
+    """What the chief's apply needs of the worker's step: its ``plan``, the
+    ``group`` (whose ``optimizer`` is the wrapped one), the pushed flag's
+    ``slot`` (or None), ``skipped_steps``, the name ``scope`` and the step's
+    ``observers``."""
 
-    def __init__(self, plan, group, slot, skipped_steps, scope, observers=()):
-        self._observers = list(observers)
-        self._plan = plan
-        self._group = group
-        self._slot = slot
-        self._skipped_steps = skipped_steps
-        self._scope = scope
+
+class ChiefApply(tf.train.Optimizer):
+    """The optimizer a ``SyncReplicasOptimizer`` applies its aggregate
+    through: ``optimizer``, behind the step's decision while a step builds
+    (``deciding``), and plainly otherwise (so that
+    ``SyncReplicasOptimizer(LossScaleOptimizer(opt, ...))`` applies through
+    the wrapper, as TF's class does).
+
+    Args:
+      optimizer: the ``tf.train.Optimizer`` that applies the aggregate.
+    """
+
+    def __init__(self, optimizer):
+        super(ChiefApply, self).__init__(use_locking=False, name="ChiefApply")
+        self._opt = optimizer
+        self._decision = None
+
+    @property
+    def optimizer(self):
+        """The wrapped optimizer."""
+        return self._opt
+
+    @contextlib.contextmanager
+    def deciding(self, decision):
+        """Applies through the step's ``decision`` (a ``_ChiefDecision``)
+        while inside."""
+        self._decision = decision
+        try:
+            yield
+        finally:
+            self._decision = None
+
+    def compute_gradients(self, *args, **kwargs):
+        return self._opt.compute_gradients(*args, **kwargs)
+
+    def get_slot(self, *args, **kwargs):
+        return self._opt.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        return self._opt.get_slot_names(*args, **kwargs)
+
+    def variables(self):
+        return self._opt.variables()
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        """The chief's sync op: decide on the aggregate, apply, count, update."""
-        del name
+        """The chief's sync op: decide on the aggregate, apply, count and
+        update the scale (inside ``deciding``); else ``optimizer``'s apply."""
+        decision = self._decision
+        if decision is None:
+            return self._opt.apply_gradients(grads_and_vars, global_step=global_step,
+                                             name=name)
         pairs = list(grads_and_vars)
-        pushed = [grad for grad, var in pairs if var is self._slot]
+        pushed = [grad for grad, var in pairs if var is decision.slot]
         pairs = [(grad, var) for grad, var in pairs
-                 if var is not self._slot and grad is not None]
-        group = self._group._replace(loss=None, own_backprop=False,
-                                     var_list=tuple(var for _, var in pairs))
+                 if var is not decision.slot and grad is not None]
+        group = decision.group._replace(loss=None, own_backprop=False,
+                                        var_list=tuple(var for _, var in pairs))
         chief = _plan.make_plan(
             [group], group.manager, _AggregateCheck(pushed[0] if pushed else None),
-            count_skipped_steps=True, gate_kind=self._plan.gate_kind)
+            count_skipped_steps=True, gate_kind=decision.plan.gate_kind)
         grads = collections.OrderedDict([(group.name, pairs)])
-        with tf.name_scope(self._scope):
+        with tf.name_scope(decision.scope):
             flags = _overflow.flags(chief, grads, _gradients.Packing([]), after=())
             closed = _close.close(chief, _close.Closing(flags, grads, [], 1), global_step,
-                                  self._skipped_steps, observers=self._observers)
+                                  decision.skipped_steps, observers=decision.observers)
         return closed.applied.op
 
 
-@contextlib.contextmanager
-def _optimizer_replaced(sync, stand_in):
-    """``sync`` applies its aggregate through ``stand_in`` while inside
-    (``apply_gradients`` builds the chief's apply through its ``_opt``)."""
-    wrapped = _tf_internals.sync_replicas_inner(sync)
-    _tf_internals.set_sync_replicas_inner(sync, stand_in)
-    try:
-        yield
-    finally:
-        _tf_internals.set_sync_replicas_inner(sync, wrapped)
+class SyncReplicasOptimizer(tf.train.SyncReplicasOptimizer):
+    """``tf.train.SyncReplicasOptimizer`` whose chief decides the skip of
+    the loss-scaled step it is given to.
+
+    Construct it where a script constructs ``tf.train.SyncReplicasOptimizer``,
+    with the same arguments, then pass it to
+    ``MultiOptimizerLossScale.add`` or wrap it in ``LossScaleOptimizer``.
+    Each worker pushes its unscaled gradients and its overflow flag; the
+    chief checks the aggregate and the flags, applies through ``opt`` or
+    skips, and advances ``global_step`` either way. It is TF's class in all
+    else: ``make_session_run_hook``, ``get_init_tokens_op``, slots.
+
+    Args:
+      opt: the ``tf.train.Optimizer`` that applies the aggregated gradients.
+      replicas_to_aggregate, total_num_replicas, variable_averages,
+        variables_to_average, use_locking, name: as for
+        ``tf.train.SyncReplicasOptimizer``.
+
+    Raises:
+      ValueError: when ``opt`` is a ``SyncReplicasOptimizer`` (it would
+        aggregate twice and hand out two sets of tokens).
+    """
+
+    def __init__(self, opt, replicas_to_aggregate, total_num_replicas=None,
+                 variable_averages=None, variables_to_average=None, use_locking=False,
+                 name="sync_replicas"):
+        if is_sync_replicas(opt):
+            raise ValueError(
+                "SyncReplicasOptimizer: opt is another SyncReplicasOptimizer (%r), which "
+                "would aggregate twice and hand out two sets of tokens. Wrap the plain "
+                "optimizer in one SyncReplicasOptimizer." % (opt.get_name(),))
+        #: The ``ChiefApply`` the aggregate is applied through.
+        self.chief = ChiefApply(opt)
+        super(SyncReplicasOptimizer, self).__init__(
+            self.chief, replicas_to_aggregate, total_num_replicas=total_num_replicas,
+            variable_averages=variable_averages, variables_to_average=variables_to_average,
+            use_locking=use_locking, name=name)
 
 
 def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
     """The close of a worker's step: it pushes its gradients and summed flag,
     ungated, and waits for its token; the chief's apply, built here too,
-    decides on the aggregate (``_ChiefApply``), counts ``skipped_steps`` and
+    decides on the aggregate (``ChiefApply``), counts ``skipped_steps`` and
     runs the step's ``observers`` in its skip branch.
 
     Returns:
@@ -244,10 +320,11 @@ def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
                                            mark_as_used=True) + ":0",
                          global_step.device, tf.TensorShape([]))
         pushes.append((flag, slot))
-    wrapped = _tf_internals.sync_replicas_inner(group.optimizer)
-    chief = _ChiefApply(plan, group._replace(optimizer=wrapped), slot, skipped_steps,
-                        (scope + "/" if scope else "") + "sync_chief", observers)
-    with _optimizer_replaced(group.optimizer, chief):
+    chief = group.optimizer.chief
+    decision = _ChiefDecision(plan, group._replace(optimizer=chief.optimizer), slot,
+                              skipped_steps, (scope + "/" if scope else "") + "sync_chief",
+                              tuple(observers))
+    with chief.deciding(decision):
         pushed = group.optimizer.apply_gradients(pushes, global_step=global_step)
     decisions = _close.Decisions(closing.flags, [g for g, _ in pairs])
     with tf.control_dependencies([pushed]):

@@ -633,6 +633,14 @@ class _Planner(object):
             assignments = s.assignments(inner) or ()
             values = [s.assigned_value(a) for a in assignments]
             inner = values[0] if len(values) == 1 else inner
+        if s.call_name(inner) == "tensorflow.train.SyncReplicasOptimizer":
+            self.refuse(wrapper.optimizer, "distributed",
+                        "The wrapped optimizer is %s: the builder's group takes "
+                        "npu_lossscale.SyncReplicasOptimizer (the same arguments) with "
+                        "build(count_skipped_steps=True), docs/distributed.md, 'Parameter "
+                        "servers'; port it by hand." % self.code(inner.func),
+                        SECTION_DATA_PARALLEL)
+            return None
         if s.call_name(inner) in _names.DISTRIBUTED:
             self.refuse(wrapper.optimizer, "distributed",
                         "The wrapped optimizer averages gradients across workers (%s): the "

@@ -66,8 +66,8 @@ def build(mode, task, loss, w, gs):
     reads = {"global_step": gs, "w": w}
     if mode == "builder":
         manager = _manager()
-        sync = tf.train.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=WORKERS,
-                                              total_num_replicas=WORKERS)
+        sync = nl.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=WORKERS,
+                                        total_num_replicas=WORKERS)
         scaler = nl.MultiOptimizerLossScale(manager)
         scaler.add(loss, sync, var_list=[w], name="model")
         train = scaler.build(global_step=gs, count_skipped_steps=True)
@@ -75,8 +75,8 @@ def build(mode, task, loss, w, gs):
         return train.update_op, train.is_finite, None, sync, reads
     if mode == "outside":
         manager = _manager()
-        sync = tf.train.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=WORKERS,
-                                              total_num_replicas=WORKERS)
+        sync = nl.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=WORKERS,
+                                        total_num_replicas=WORKERS)
         opt = nl.LossScaleOptimizer(sync, manager, count_skipped_steps=True)
         reads.update(scales=[manager.get_loss_scale()])
         return opt.minimize(loss, global_step=gs), None, None, sync, reads

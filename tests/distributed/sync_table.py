@@ -84,7 +84,7 @@ def build(scenario, loss, w, gs):
     its counters or None)."""
     if scenario == "builder":
         manager = _manager()
-        sync = tf.train.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1)
+        sync = nl.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1)
         scaler = nl.MultiOptimizerLossScale(manager)
         scaler.add(loss, sync, var_list=[w], name="model")
         train = scaler.build(global_step=gs, count_skipped_steps=True)
@@ -94,7 +94,7 @@ def build(scenario, loss, w, gs):
             "last_reason": train.diagnosis.last_skip.reason}
     if scenario == "ours_outside":
         manager = _manager()
-        sync = tf.train.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1)
+        sync = nl.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1)
         opt = nl.LossScaleOptimizer(sync, manager, count_skipped_steps=True)
         return sync, opt.minimize(loss, global_step=gs), manager.get_loss_scale(), None
     if scenario in ("ours_inside", "ours_inside_is_finite"):
