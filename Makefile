@@ -35,7 +35,8 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
             tests/test_recipes.py tests/test_peer_suites.py tests/test_step_cost.py \
             tests/test_port.py tests/test_transform_grads.py tests/test_skip_conditions.py \
-            tests/test_seams.py tests/test_towers.py tests/test_first_scale.py
+            tests/test_seams.py tests/test_towers.py tests/test_first_scale.py \
+            tests/test_xla_fusion.py
 # TF215_TESTS run again on TF 2.15.1: what needs it (tf.estimator; Horovod,
 # built against it: test_distributed.py and the audit's Horovod test), and
 # what depends on TF's version rather than on our own logic: checkpoint

@@ -4,14 +4,14 @@ declares what a backend is; ``resolve_backend`` picks one."""
 from __future__ import absolute_import, division, print_function
 
 from npu_lossscale.backends.base import Backend, checked_flag
-from npu_lossscale.backends.is_finite import IsFiniteBackend
+from npu_lossscale.backends.is_finite import IsFiniteBackend, XlaBackend
 from npu_lossscale.backends.npu import (NpuFloatStatusBackend, _import_npu_gen_ops,
                                         _warn_if_saturating, inf_nan_mode_enabled)
 from npu_lossscale.backends.register_order import Reader, claim_register, order_after_clear
 from npu_lossscale.core.gradients import SMALL_GRADIENT_ELEMENTS
 
 #: The backend names ``resolve_backend`` knows.
-BACKENDS = ("auto", "is_finite", "npu", "float_status")
+BACKENDS = ("auto", "is_finite", "xla", "npu", "float_status")
 _NAMES = ", ".join(repr(name) for name in BACKENDS)
 
 
@@ -25,7 +25,9 @@ def resolve_backend(backend, warn=True):
     Args:
       backend: a ``Backend`` instance, or a name: "auto" (the npu rule when
         npu_bridge imports, else is_finite), "npu" (the npu rule),
-        "is_finite" or "float_status" (always the register).
+        "is_finite", "xla" (is_finite compiled with the unscale into one
+        XLA cluster: CPUs and GPUs) or "float_status" (always the
+        register).
       warn: whether "is_finite" warns in saturation mode, where it sees no
         overflow (build-time callers warn, constructors do not).
 
@@ -50,10 +52,10 @@ def resolve_backend(backend, warn=True):
         raise ValueError(
             "backend=%r is unknown; pass one of %s or a backends.Backend instance."
             % (backend, _NAMES))
-    if backend == "is_finite":
+    if backend in ("is_finite", "xla"):
         if warn:
             _warn_if_saturating()
-        return IsFiniteBackend()
+        return XlaBackend() if backend == "xla" else IsFiniteBackend()
     try:
         gen_ops = _import_npu_gen_ops()
     except ImportError as error:

@@ -7,6 +7,8 @@ window sum flags: zero after the sum means every one was finite.
 
 from __future__ import absolute_import, division, print_function
 
+import contextlib
+
 import tensorflow.compat.v1 as tf
 
 
@@ -70,6 +72,15 @@ class Backend(object):
         """
         raise NotImplementedError(
             "%s must implement overflow_flag(tensors, after=())." % type(self).__name__)
+
+    def fusion_scope(self):
+        """The context the step makes the pack, the check and the unscale
+        in (not the backprop, the gate or the apply); none by default.
+
+        Returns:
+          A context manager, entered once per step.
+        """
+        return contextlib.suppress()
 
     def clear_status(self):
         """The op that resets the state ``overflow_flag`` reads

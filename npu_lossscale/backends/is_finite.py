@@ -56,3 +56,23 @@ class IsFiniteBackend(Backend):
                 sums.append(tf.reduce_sum(values))
             total = sums[0] if len(sums) == 1 else tf.add_n(sums)
             return 1.0 - tf.cast(tf.is_finite(total), tf.float32)
+
+
+class XlaBackend(IsFiniteBackend):
+    """The is_finite check, compiled by XLA with the unscale (and the clip
+    factor of a ``clip_norm`` group) into one cluster
+    (``tf.xla.experimental.jit_scope``).
+
+    On a GPU each small op of the check and the unscale is a kernel launch;
+    in one cluster XLA fuses them into a few. The math is the is_finite
+    backend's, so the applied values are the same. It needs a TF built with
+    XLA (TF 1.15's GPU and CPU wheels are) and a device XLA compiles for:
+    not Ascend, whose graph compiler fuses on its own.
+    """
+
+    name = "xla"
+
+    def fusion_scope(self):
+        """``jit_scope``: every op made inside is compiled into one cluster."""
+        return tf.xla.experimental.jit_scope(compile_ops=True,
+                                             separate_compiled_gradients=False)

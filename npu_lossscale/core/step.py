@@ -277,8 +277,15 @@ def _gradients_and_flags(plan, scales, given):
         packing = _gradients.pack(plan, scaled)
     else:
         scaled = _gradients.scaled_gradients(plan, scales, plan.group_names)
-        packing = _gradients.pack(plan, scaled)
-        flags = _overflow.flags(plan, scaled, packing, after=list(plan.losses))
+        with plan.backend.fusion_scope():
+            packing = _gradients.pack(plan, scaled)
+            flags = _overflow.flags(plan, scaled, packing, after=list(plan.losses))
+            return _unscaled(plan, scales, scaled, packing, flags)
+    return _unscaled(plan, scales, scaled, packing, flags)
+
+
+def _unscaled(plan, scales, scaled, packing, flags):
+    """The ``_Computed`` of the checked ``scaled`` gradients."""
     unscaled = _gradients.unscale_all(plan, scales, scaled, packing)
     return _Computed(unscaled, _overflow.unscaled_flags(plan, flags, unscaled), scaled)
 
