@@ -16,6 +16,7 @@ BUILD_PEER_A_MAX = 1.1
 VARIANT_LABELS = {
     "floor": "floor (no loss scaling)",
     "builder": "builder, is_finite",
+    "builder_xla": "builder, xla (check and unscale in one XLA cluster)",
     "builder_npu": "builder, npu on the CPU shim",
     "peer_a": "peer A: TF MixedPrecisionLossScaleOptimizer x groups",
     "peer_b": "peer B: per-optimizer npu pattern, is_finite",

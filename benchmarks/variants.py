@@ -12,6 +12,8 @@ semantics: both networks' gradients are taken at the same weights).
   against.
 * ``builder``: ``MultiOptimizerLossScale(DynamicLossScaleManager(),
   backend="is_finite")``, one ``add`` per group, ``build(global_step)``.
+* ``builder_xla``: the same on ``backend="xla"``: the check, the unscale
+  and any clip factor compiled into one XLA cluster (issue 34).
 * ``builder_npu``: the same on ``backend="npu"`` with the CPU shim of
   npu_bridge (``shims/``). The shim instruments every float16 op it sees to
   emulate the float-status register, so this row measures the shim, not an
@@ -52,9 +54,9 @@ INITIAL_SCALE = 2.0 ** 15
 GROWTH_STEPS = 2000
 LEARNING_RATE = 1e-4
 
-VARIANTS = ("floor", "builder", "builder_npu", "peer_a", "peer_b")
+VARIANTS = ("floor", "builder", "builder_xla", "builder_npu", "peer_a", "peer_b")
 #: Variants compared with the targets (the shim row is reported apart).
-TARGET_VARIANTS = ("floor", "builder", "peer_a", "peer_b")
+TARGET_VARIANTS = ("floor", "builder", "builder_xla", "peer_a", "peer_b")
 
 Built = collections.namedtuple("Built", ["train_op", "global_step"])
 
@@ -205,6 +207,7 @@ def build_peer_b(model):
 BUILDERS = {
     "floor": build_floor,
     "builder": build_builder,
+    "builder_xla": lambda model: build_builder(model, backend="xla"),
     "builder_npu": build_builder_npu,
     "peer_a": build_peer_a,
     "peer_b": build_peer_b,

@@ -12,8 +12,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(REPO, "benchmarks", "run.py")
-VARIANTS = ("floor", "builder", "builder_npu", "peer_a", "peer_b")
-TARGET_VARIANTS = ("floor", "builder", "peer_a", "peer_b")
+VARIANTS = ("floor", "builder", "builder_xla", "builder_npu", "peer_a", "peer_b")
+TARGET_VARIANTS = ("floor", "builder", "builder_xla", "peer_a", "peer_b")
 
 
 @pytest.fixture(scope="module")
