@@ -141,6 +141,78 @@ def test_builder_allreduce_of_float16_gradients_cannot_overflow(tmp_path, mode, 
     assert results[0] == results[1] == [float(np.float16(-1e-4 * 40000.0)), True]
 
 
+_HALF_WORKER = r"""
+import json, os, sys
+from graph_mode import set_graph_mode
+set_graph_mode()
+import numpy as np
+import tensorflow.compat.v1 as tf
+from npu_bridge.npu_init import *
+import npu_lossscale as nl
+
+rank = int(os.environ["RANK_ID"])
+x = tf.placeholder(tf.float16, [])
+w = tf.Variable(tf.constant(0.0, tf.float16))
+scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="npu",
+                                    distributed="hccl", allreduce_float16=True)
+scaler.add(w * x, tf.train.GradientDescentOptimizer(1e-4), var_list=[w], name="w")
+train = scaler.build()
+data = np.random.RandomState(rank).uniform(-3e4, 3e4, size=[64]).astype(np.float16)
+both, reduced = [], []
+
+
+def shim_type(op):
+    try:
+        return op.get_attr("_npu_shim_op_type").decode()
+    except (ValueError, TypeError):
+        return None
+
+
+for index, half in enumerate((False, True)):
+    one = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="npu",
+                                     distributed="hccl", allreduce_float16=half)
+    u = tf.Variable(tf.zeros([64], tf.float16), name="u%d" % index)
+    one.add(tf.reduce_sum(u * tf.constant(data)), tf.train.GradientDescentOptimizer(1.0),
+            var_list=[u], name="u")
+    before = len(tf.get_default_graph().get_operations())
+    both.append((one.build().update_op, u))
+    # The dtype the gradient is all-reduced in (the flag sum is float32).
+    reduced.append(sorted(set(op.inputs[0].dtype.name
+                              for op in tf.get_default_graph().get_operations()[before:]
+                              if shim_type(op) == "HcomAllReduce" and op.inputs
+                              and op.inputs[0].shape.num_elements() == 64)))
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    finite = sess.run([train.update_op, train.is_finite], {x: 40000.0})[1]
+    for op, _ in both:
+        sess.run(op)
+    print("RESULT " + json.dumps([float(sess.run(w)), bool(finite)]
+                                 + [sess.run(u).astype(np.float32).tolist() for _, u in both]
+                                 + [reduced]))
+"""
+
+
+def test_hccl_float16_reduction_equals_the_float32_one_within_float16_rounding(tmp_path):
+    """allreduce_float16=True on two shim HCCL ranks, in saturation mode on
+    the register (issue 34): the 40000 + 40000 gradients, halved before the
+    float16 sum, give the exact mean; 64 random float16 gradients per rank
+    reduce to the float32 reduction's values within float16 rounding, the
+    same on both ranks, through a float16 HcomAllReduce."""
+    ranks = _run_two_ranks(tmp_path, "saturation", _HALF_WORKER)
+    expected = [float(np.float16(-1e-4 * 40000.0)), True]
+    assert [rank[:2] for rank in ranks] == [expected, expected]
+    for rank in ranks:
+        wide, half = np.array(rank[2]), np.array(rank[3])
+        assert np.all(np.isfinite(half)) and np.any(half != 0.0)
+        # One float16 rounding of the halves and one of their sum: 2 ulps.
+        np.testing.assert_allclose(half, wide, rtol=2 * 2.0 ** -10, atol=2.0 ** -14)
+    assert ranks[0][2:] == ranks[1][2:]
+    # The default reduces the float16 gradient in float32, the option in
+    # float16 (half the bytes); with two ranks the halving is exact, so the
+    # two agree to the bit here.
+    assert ranks[0][4] == [["float32"], ["float16"]], ranks[0][4]
+
+
 _HCOM_WORKER = r"""
 import json, sys
 from graph_mode import set_graph_mode
