@@ -292,8 +292,8 @@ def test_tfs_own_class_on_the_outer_routes_is_refused_before_any_op(graph, api, 
             opt.apply_gradients(grads, global_step=gs)
     assert len(tf.get_default_graph().get_operations()) == before
     for fragment in ("optimizer is tf.train.SyncReplicasOptimizer 'sync_replicas'",
-                     "Construct npu_lossscale.SyncReplicasOptimizer in its place, with the same "
-                     "arguments", "tf.train.SyncReplicasOptimizer(LossScaleOptimizer("):
+                     "Construct npu_lossscale.SyncReplicasOptimizer in its place (same "
+                     "arguments)", "tf.train.SyncReplicasOptimizer(LossScaleOptimizer("):
         assert fragment in str(raised.value), str(raised.value)
 
 

@@ -86,11 +86,9 @@ def _check_plan(plan, options, global_step, api):
     if not isinstance(group.optimizer, SyncReplicasOptimizer):
         raise TypeError(
             "%s: group %r's optimizer is tf.train.SyncReplicasOptimizer %r, whose chief "
-            "applies the aggregate through the optimizer it wraps, out of the step's "
-            "reach. Construct npu_lossscale.SyncReplicasOptimizer in its place, with the "
-            "same arguments (it is a tf.train.SyncReplicasOptimizer, hook included), or "
-            "wrap the other way round: tf.train.SyncReplicasOptimizer(LossScaleOptimizer("
-            "opt, manager, count_skipped_steps=True), ...)."
+            "the step cannot reach. Construct npu_lossscale.SyncReplicasOptimizer in its "
+            "place (same arguments), or use tf.train.SyncReplicasOptimizer("
+            "LossScaleOptimizer(opt, ...))."
             % (api, group.name, group.optimizer.get_name()))
     if len(plan.groups) > 1:
         raise ValueError(
