@@ -217,3 +217,20 @@ def raises_with(error, *fragments):
                 assert fragment in message, (fragment, message)
             return result
     return _Check()
+
+
+def assert_float16_reduction_matches(ranks):
+    """Two ranks' ``[w, is_finite, float32-reduced u, float16-reduced u, ...]``
+    from the float16 all-reduce workers (Horovod's and the HCCL shim's): each
+    rank's 40000 gradient averaged exactly where the float16 sum would
+    overflow, and 64 random float16 gradients per rank reduced by
+    ``allreduce_float16=True`` to the float32 reduction's values within
+    float16 rounding, alike on both ranks."""
+    expected = [float(np.float16(-1e-4 * 40000.0)), True]
+    assert [rank[:2] for rank in ranks] == [expected, expected]
+    for rank in ranks:
+        wide, half = np.array(rank[2]), np.array(rank[3])
+        assert np.all(np.isfinite(half)) and np.any(half != 0.0)
+        # One float16 rounding of the halves and one of their sum: 2 ulps.
+        np.testing.assert_allclose(half, wide, rtol=2 * 2.0 ** -10, atol=2.0 ** -14)
+    assert ranks[0][2:4] == ranks[1][2:4]

@@ -18,7 +18,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
-from conftest import REPO, snapshot_globals
+from conftest import REPO, assert_float16_reduction_matches, snapshot_globals
 from graph_walk import collectives_inside_conds, collectives_outside_conds
 from models import add_gan_groups, two_group_gan
 
@@ -135,15 +135,7 @@ def test_float16_gradients_whose_sum_overflows_are_averaged_exactly(tmp_path, fl
     done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=REPO)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    expected = [float(np.float16(-1e-4 * 40000.0)), True]
-    ranks = _results(tmp_path)
-    assert [rank[:2] for rank in ranks] == [expected, expected]
-    for rank in ranks:
-        wide, half = np.array(rank[2]), np.array(rank[3])
-        assert np.all(np.isfinite(half)) and np.any(half != 0.0)
-        # One float16 rounding of the halves and one of their sum: 2 ulps.
-        np.testing.assert_allclose(half, wide, rtol=2 * 2.0 ** -10, atol=2.0 ** -14)
-    assert ranks[0][2:] == ranks[1][2:]
+    assert_float16_reduction_matches(_results(tmp_path))
 
 
 @needs_horovod

@@ -20,6 +20,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import assert_float16_reduction_matches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIMS = os.path.join(os.path.dirname(HERE), "shims")
 
@@ -199,14 +201,7 @@ def test_hccl_float16_reduction_equals_the_float32_one_within_float16_rounding(t
     reduce to the float32 reduction's values within float16 rounding, the
     same on both ranks, through a float16 HcomAllReduce."""
     ranks = _run_two_ranks(tmp_path, "saturation", _HALF_WORKER)
-    expected = [float(np.float16(-1e-4 * 40000.0)), True]
-    assert [rank[:2] for rank in ranks] == [expected, expected]
-    for rank in ranks:
-        wide, half = np.array(rank[2]), np.array(rank[3])
-        assert np.all(np.isfinite(half)) and np.any(half != 0.0)
-        # One float16 rounding of the halves and one of their sum: 2 ulps.
-        np.testing.assert_allclose(half, wide, rtol=2 * 2.0 ** -10, atol=2.0 ** -14)
-    assert ranks[0][2:] == ranks[1][2:]
+    assert_float16_reduction_matches(ranks)
     # The default reduces the float16 gradient in float32, the option in
     # float16 (half the bytes); with two ranks the halving is exact, so the
     # two agree to the bit here.
