@@ -62,7 +62,7 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
       opt: the ``tf.compat.v1.train.Optimizer`` to wrap.
       loss_scale_manager: any object with ``get_loss_scale()`` and
         ``update_loss_scale(finite)``.
-      backend: "auto", "is_finite", "npu", "float_status" or a
+      backend: "auto", "is_finite", "xla", "npu", "float_status" or a
         ``backends.Backend`` instance, as for the builder; "npu" and "auto"
         follow the device's overflow mode at ``apply_gradients``, as
         npu_bridge's ``NPULossScaleOptimizer`` does.

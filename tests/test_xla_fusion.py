@@ -111,3 +111,24 @@ def test_the_run_executes_the_cluster_instead_of_the_check_and_unscale_ops():
     kernels = [n for n in fused if "cluster" not in n and not n.startswith("_retval")]
     reference = [n for n in executed["is_finite"]]
     assert len(kernels) < len(reference) - 20, (len(kernels), len(reference))
+
+
+def test_loss_scale_optimizer_compiles_its_check():
+    """``apply_gradients`` is given its gradients: the check alone is
+    compiled, and a non-finite step still skips."""
+    with tf.Graph().as_default() as graph:
+        model = two_group_gan(compute_dtype=tf.float16)
+        opt = nl.LossScaleOptimizer(tf.train.AdamOptimizer(0.01),
+                                    nl.FixedLossScaleManager(8.0), backend="xla")
+        train = opt.minimize(model.g_loss, var_list=model.g_vars)
+        marked = [op for op in graph.get_operations() if "_XlaCompile" in op.node_def.attr]
+        assert "IsFinite" in set(op.type for op in marked)
+        assert all("is_finite_check" in op.name for op in marked), [op.name for op in marked]
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            before = sess.run(model.g_vars)
+            sess.run(train, dict(model.feed, **INF))
+            for a, b in zip(before, sess.run(model.g_vars)):
+                np.testing.assert_array_equal(b, a)
+            sess.run(train, model.feed)
+            assert any(not np.array_equal(a, b) for a, b in zip(before, sess.run(model.g_vars)))

@@ -65,7 +65,9 @@ class XlaBackend(IsFiniteBackend):
 
     On a GPU each small op of the check and the unscale is a kernel launch;
     in one cluster XLA fuses them into a few. The math is the is_finite
-    backend's, so the applied values are the same. It needs a TF built with
+    backend's, so the applied values are the same (within float32 rounding
+    in a clipped group, whose norm XLA sums in its own order).
+    ``LossScaleOptimizer.apply_gradients`` compiles its check alone. It needs a TF built with
     XLA (TF 1.15's GPU and CPU wheels are) and a device XLA compiles for:
     not Ascend, whose graph compiler fuses on its own.
     """

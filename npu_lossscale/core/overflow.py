@@ -21,7 +21,7 @@ def all_finite(grads, backend="auto"):
 
     Args:
       grads: gradients (tensors or IndexedSlices; None entries are left out).
-      backend: "auto", "is_finite", "npu" or "float_status", as for the
+      backend: "auto", "is_finite", "xla", "npu" or "float_status", as for the
         builder, or a ``backends.Backend`` instance. With the register
         (Ascend, saturation mode) the read follows every gradient, and the
         graph's one register clear is ordered before everything the

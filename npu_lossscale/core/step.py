@@ -260,8 +260,9 @@ def _gradients_and_flags(plan, scales, given):
     """
     if given is not None:
         grads = collections.OrderedDict([(plan.groups[0].name, list(given))])
-        return _Computed(grads, _overflow.flags(plan, grads, _gradients.Packing([]), after=()),
-                         collections.OrderedDict())
+        with plan.backend.fusion_scope():
+            flags = _overflow.flags(plan, grads, _gradients.Packing([]), after=())
+        return _Computed(grads, flags, collections.OrderedDict())
     if plan.serial_reads:
         scaled, flags, after = collections.OrderedDict(), collections.OrderedDict(), []
         for item in plan.checks:
