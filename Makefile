@@ -68,14 +68,15 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
 # the README's quick start, the docs' code blocks, docs/port.md's command
 # (test_port.py runs the port's scripts on TF 2.15), the soak), and the
 # benchmark smoke run (`make bench` runs on TF 2.21 only; on TF 2.15's slow
-# float16 it took 100 s).
+# float16 it took 100 s), and the warm fork server the tests start Python
+# processes through (tests/warm_python.py, against a real interpreter).
 FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_syntax.py \
                    tests/test_messages.py \
                    tests/test_legs.py tests/test_backends.py tests/test_examples.py \
                    tests/test_shim_distributed.py tests/test_porting.py \
                    tests/test_readme.py tests/test_docs.py tests/test_soak.py \
                    tests/test_benchmarks_quick.py tests/test_port_docs.py \
-                   tests/test_port_rules.py tests/test_style.py
+                   tests/test_port_rules.py tests/test_style.py tests/test_warm_python.py
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.

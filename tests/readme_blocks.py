@@ -30,6 +30,7 @@ import subprocess
 import sys
 
 from conftest import REPO, SHIMS
+import warm_python
 
 PYTHON = "python"
 SHELL = ("bash", "sh", "console")
@@ -144,7 +145,7 @@ def run_example(name, tmp_path, timeout=300):
     script = tmp_path / ("%s.py" % re.sub(r"\W", "_", name))
     script.write_text(code)
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+    out = warm_python.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=timeout, env=env, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout, block(name + "-output", "text")
@@ -160,7 +161,7 @@ def _start_python(jobs, folder, shim):
     path = [SHIMS, REPO] if shim else [REPO]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), TF_CPP_MIN_LOG_LEVEL="3")
     runner = os.path.join(REPO, "tests", "docs_runner.py")
-    process = subprocess.Popen([sys.executable, runner, str(jobs_path), str(results_path)],
+    process = warm_python.Popen([sys.executable, runner, str(jobs_path), str(results_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                cwd=str(folder), universal_newlines=True)
     return process, results_path

@@ -7,7 +7,6 @@ only built and read, never run.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ import audit_graphs as ag
 import models
 from conftest import GRAPH_MODE, REPO
 from npu_lossscale.audit import CODES, Finding, audit, main
+import warm_python
 
 
 def codes(findings, severities=("error", "warning")):
@@ -791,7 +791,7 @@ cli_process = pytest.mark.skipif(
 def _cli(args, tmp_path, env=None):
     full_env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "npu_lossscale.audit"] + args,
+    return warm_python.run([sys.executable, "-m", "npu_lossscale.audit"] + args,
                           cwd=str(tmp_path), env=full_env, capture_output=True,
                           text=True, timeout=300)
 

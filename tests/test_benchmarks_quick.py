@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(REPO, "benchmarks", "run.py")
@@ -21,7 +22,7 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     env = dict(os.environ)
     env.pop("NPU_LOSSSCALE_GRAPH_MODE", None)
-    proc = subprocess.run([sys.executable, RUNNER, "--quick", "--out", str(out)],
+    proc = warm_python.run([sys.executable, RUNNER, "--quick", "--out", str(out)],
                           cwd=REPO, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]

@@ -31,6 +31,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import checkpoint_worker as worker
+import warm_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "checkpoint_worker.py")
@@ -52,7 +53,7 @@ def _worker_env():
 
 
 def _popen(args, stderr=subprocess.PIPE):
-    return subprocess.Popen([sys.executable, WORKER] + [str(a) for a in args],
+    return warm_python.Popen([sys.executable, WORKER] + [str(a) for a in args],
                             env=_worker_env(), stdout=subprocess.PIPE,
                             stderr=stderr, text=True)
 

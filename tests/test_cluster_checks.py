@@ -14,7 +14,6 @@ whatever ``distributed`` says.
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -27,6 +26,7 @@ from conftest import REPO
 from models import fed_linear_model
 from npu_lossscale import distributed
 from npu_lossscale.backends import Backend
+import warm_python
 
 _LAUNCH_VARIABLES = ("RANK_SIZE", "CM_WORKER_SIZE", "TF_CONFIG") + \
     distributed.HOROVOD_SIZE_VARIABLES
@@ -391,7 +391,7 @@ def test_a_mirrored_strategy_with_two_replicas_is_refused():
     """Run in a fresh process: the CPU is split into two logical devices
     before TF starts, which a running test process can no longer do."""
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-c", _MIRRORED % {"repo": REPO}], cwd=REPO,
+    done = warm_python.run([sys.executable, "-c", _MIRRORED % {"repo": REPO}], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=180)
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines()
                  if line.split(" ", 1)[0] in ("shared_manager", "per_replica_manager",

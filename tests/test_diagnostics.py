@@ -39,6 +39,7 @@ from conftest import GRAPH_MODE, REPO, SHIMS, fresh_process
 from readme_blocks import run_example
 from skip_faults import (GROUPS, HUGE_GRADIENT, INF_GRADIENT, NAN_LOSS, Fault, build_model,
                          build_shared_model, build_step, expected, fault_feed, schedule)
+import warm_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -430,7 +431,7 @@ def _two_ranks(tmp_path, backend, mode, count):
                    NPU_SHIM_HCCL_DIR=str(tmp_path), NPU_SHIM_HCCL_TIMEOUT="120",
                    TF_CPP_MIN_LOG_LEVEL="3",
                    PYTHONPATH=os.pathsep.join([SHIMS, HERE, REPO]))
-        procs.append(subprocess.Popen(
+        procs.append(warm_python.Popen(
             [sys.executable, "-c", _RANK_WORKER, backend, mode, str(count)], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True))
     results = []

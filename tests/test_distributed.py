@@ -21,6 +21,7 @@ import npu_lossscale as nl
 from conftest import REPO, assert_float16_reduction_matches, snapshot_globals
 from graph_walk import collectives_inside_conds, collectives_outside_conds
 from models import add_gan_groups, two_group_gan
+import warm_python
 
 try:
     import horovod.tensorflow as hvd
@@ -77,7 +78,7 @@ def _hccl_run(out_dir, *worker_args):
                    RANK_SIZE="2", RANK_ID=str(rank), NPU_SHIM_HCCL_DIR=rendezvous,
                    NPU_SHIM_HCCL_TIMEOUT=str(RUN_TIMEOUT // 2),
                    NPU_SHIM_OVERFLOW_MODE="saturation")
-        procs.append(subprocess.Popen(
+        procs.append(warm_python.Popen(
             [sys.executable, WORKER, str(out_dir), "--engine", "hccl"] + list(worker_args),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
             env=env, cwd=REPO))
@@ -291,7 +292,7 @@ def test_horovod_before_init():
             assert "before hvd.init()" in str(error), error
             print("OK")
     """)
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+    out = warm_python.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
     assert out.stdout.strip().endswith("OK"), out.stderr[-2000:]
 

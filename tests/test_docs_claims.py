@@ -20,6 +20,7 @@ import npu_lossscale as nl
 from conftest import REPO, SKIPPED_STEPS
 from readme_blocks import pages
 from test_shim_npu_init import REAL_NAMES
+import warm_python
 
 
 def _page(path):
@@ -244,7 +245,7 @@ def test_example_scripts_start_with_the_venv_python_and_no_pythonpath():
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     for script in scripts:
         assert os.path.isfile(os.path.join(REPO, script)), script
-        proc = subprocess.run([sys.executable, script, "--help"], cwd=REPO, env=env,
+        proc = warm_python.run([sys.executable, script, "--help"], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True, timeout=240)
         assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]

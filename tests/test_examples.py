@@ -24,6 +24,7 @@ sys.path.insert(0, GAN_DIR)
 
 import digits  # noqa: E402
 import metrics  # noqa: E402
+import warm_python
 
 TINY_DCGAN = ["--steps", "4", "--batch-size", "8", "--eval-samples", "40",
               "--log-every", "2", "--ckpt-every", "2"]
@@ -43,7 +44,7 @@ def _env():
 
 
 def run(script, *args):
-    return subprocess.run([sys.executable, script] + list(args), env=_env(),
+    return warm_python.run([sys.executable, script] + list(args), env=_env(),
                           capture_output=True, text=True, timeout=240)
 
 
@@ -62,7 +63,7 @@ class Background(object):
     """A script started at once; ``wait()`` asserts it succeeded, returns stdout."""
 
     def __init__(self, script, *args):
-        self._proc = subprocess.Popen([sys.executable, script] + list(args), env=_env(),
+        self._proc = warm_python.Popen([sys.executable, script] + list(args), env=_env(),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       universal_newlines=True)
         self._output = None

@@ -18,6 +18,7 @@ from npu_lossscale.core import checks
 from npu_lossscale.core import plan as P
 from conftest import GRAPH_MODE, SKIPPED_STEPS, fresh_process, snapshot_globals
 from models import add_gan_groups, two_group_gan
+import warm_python
 
 RAW_CONTROL = ("Switch", "Merge", "RefSwitch", "RefMerge")
 
@@ -146,10 +147,9 @@ except ValueError as error:
     assert "enable_resource_variables" in str(error), error
     print("OK")
 """
-    import subprocess
     import sys
     from conftest import REPO
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+    out = warm_python.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.strip().endswith("OK"), out.stderr[-2000:]
 

@@ -12,7 +12,6 @@ in test_manager_misuse.py. References are TF's own ops and unscaled twins.
 """
 
 import re
-import subprocess
 import sys
 import textwrap
 
@@ -32,6 +31,7 @@ from models import bn_net as _bn_net
 from models import counter_model as _counter_model
 from models import sgd_group as _sgd_step
 from models import two_nets as _two_nets
+import warm_python
 
 SCALE = 2.0 ** 10  # a power of two: scaling and unscaling are exact
 
@@ -390,7 +390,7 @@ def test_eager_mode_is_rejected():
             assert "disable_eager_execution" in str(error), error
             print("OK")
     """)
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+    out = warm_python.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.strip().endswith("OK"), out.stderr[-2000:]
 
@@ -517,7 +517,7 @@ def test_tf_function_in_an_eager_program():
     outside, trains bit for bit like the plain optimizer and skips an
     overflow; the builder, which makes variables of its own, is refused with
     the fix (was: AttributeError: Tensor.op is undefined)."""
-    out = subprocess.run([sys.executable, "-c", _EAGER_FUNCTION], cwd=REPO,
+    out = warm_python.run([sys.executable, "-c", _EAGER_FUNCTION], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().endswith("OK"), out.stderr[-3000:]
 

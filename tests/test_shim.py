@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf2
 import tensorflow.compat.v1 as tf
+import warm_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIMS = os.path.join(os.path.dirname(HERE), "shims")
@@ -564,7 +565,7 @@ def test_v1_behaviour_ref_variables_subprocess():
     env.pop("NPU_SHIM_OVERFLOW_MODE", None)
     env.pop("NPU_SHIM_OP_SET", None)
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    proc = subprocess.run([sys.executable, "-c", _V1_SCRIPT, SHIMS], env=env,
+    proc = warm_python.run([sys.executable, "-c", _V1_SCRIPT, SHIMS], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=120)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]

@@ -20,6 +20,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import seed003
+import warm_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIMS = os.path.join(os.path.dirname(HERE), "shims")
@@ -660,7 +661,7 @@ def test_modelzoo_dcgan_script_runs_unchanged(mode):
     runner = ("import sys, runpy; from graph_mode import set_graph_mode; set_graph_mode(); "
               "sys.argv = [sys.argv[1], '--steps', '40']; "
               "runpy.run_path(sys.argv[0], run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", runner, DCGAN], env=env,
+    proc = warm_python.run([sys.executable, "-c", runner, DCGAN], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

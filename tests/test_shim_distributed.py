@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_float16_reduction_matches
+import warm_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIMS = os.path.join(os.path.dirname(HERE), "shims")
@@ -70,7 +71,7 @@ def _run_two_ranks(tmp_path, mode, script, *args):
                    NPU_SHIM_HCCL_TIMEOUT="60", NPU_SHIM_OVERFLOW_MODE=mode,
                    TF_CPP_MIN_LOG_LEVEL="3",
                    PYTHONPATH=os.pathsep.join([SHIMS, HERE, os.path.dirname(HERE)]))
-        procs.append(subprocess.Popen(
+        procs.append(warm_python.Popen(
             [sys.executable, "-c", script] + list(args), env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True))
     results = []

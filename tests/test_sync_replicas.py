@@ -27,6 +27,7 @@ import tensorflow.compat.v1 as tf
 import npu_lossscale as nl
 from conftest import REPO, op_ancestors
 from models import fed_linear_model
+import warm_python
 
 TABLE = os.path.join(REPO, "tests", "distributed", "sync_table.py")
 PS_WORKER = os.path.join(REPO, "tests", "distributed", "ps_worker.py")
@@ -56,7 +57,7 @@ def _run_table(tmp_path_factory, name, scenarios, saturation=False):
     if saturation:
         command.append("--saturation")
         env["NPU_SHIM_OVERFLOW_MODE"] = "saturation"
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return warm_python.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             universal_newlines=True, env=env, cwd=REPO), out
 
 
@@ -413,7 +414,7 @@ def _cluster(out_dir, mode):
     last finished run."""
     ports = ",".join(str(port) for port in _free_ports(3))
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
-    procs = [subprocess.Popen([sys.executable, PS_WORKER, str(out_dir), ports, role, str(task),
+    procs = [warm_python.Popen([sys.executable, PS_WORKER, str(out_dir), ports, role, str(task),
                                mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               universal_newlines=True, env=env, cwd=REPO)
              for role, task in (("ps", 0), ("worker", 0), ("worker", 1))]
