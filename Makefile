@@ -80,10 +80,10 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.
-# Measured on 2026-11-28 on the 2-core machine: make test 25 min 37 s warm
-# (test-fast 14 min 3 s, test-v1 6 min 44 s, test-tf215 4 min 50 s), 30 min
-# 29 s cold (.ci/run on a fresh clone); docs/benchmarks.md has the earlier
-# figures (10 min 3 s warm on 2026-11-26's faster machine) and why.
+# Measured on 2026-11-28 on the 2-core machine: make test 19 min 42 s warm
+# (test-fast 9 min 42 s, test-v1 5 min 54 s, test-tf215 3 min 37 s), with
+# the tests' Python processes forked warm (tests/warm_python.py);
+# docs/benchmarks.md has the earlier figures and why.
 JOBS ?= 2
 PYTEST_ARGS ?=
 pytest = $(1) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
