@@ -2,7 +2,7 @@
 own loss scaling, in one process.
 
   python benchmarks/run.py            # full run, writes benchmarks/results.*
-  python benchmarks/run.py --quick    # CI smoke run (< 1 minute)
+  python benchmarks/run.py --quick    # smoke run: 2 small models, 4 rounds
   python benchmarks/run.py --out DIR  # write results.json/.md/.png to DIR
 
 What is compared (see variants.py): ``floor`` (no loss scaling), ``builder``
@@ -45,7 +45,7 @@ ONEDNN_NOTE = (
 def _parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="small CI run: 2 models, few rounds (< 1 minute)")
+                        help="smoke run: 2 small models, 4 rounds, every variant")
     parser.add_argument("--out", default=None,
                         help="output folder (default: the benchmarks/ folder)")
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds R")

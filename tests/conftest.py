@@ -19,9 +19,9 @@ models.py holds the shared models and set-ups.
 Python processes that a test starts (the examples, the shim's HCCL ranks,
 the parameter-server clusters, the docs' scripts) go through
 ``warm_python.run``/``warm_python.Popen``: each is a fresh process forked
-from a server that has imported TensorFlow once, which saves about 9
-CPU-seconds of import per process. NPU_LOSSSCALE_TESTS_FRESH=1 starts them
-as plain interpreters instead. Tests that check what a module imports (no
+from a server that has imported TensorFlow once, so that none of them
+imports it again. NPU_LOSSSCALE_TESTS_FRESH=1 starts them as plain
+interpreters instead. Tests that check what a module imports (no
 TF) and horovodrun's ranks keep ``subprocess``.
 """
 

@@ -86,3 +86,22 @@ def test_fresh_mode_and_other_commands_use_subprocess(monkeypatch):
         assert not warm_python._warm(args, None), args  # noqa pylint: disable=protected-access
     changed = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="7")
     assert not warm_python._warm([sys.executable, "-c", "pass"], changed)  # noqa pylint: disable=protected-access
+
+
+def test_stdout_is_readable_while_the_child_runs_and_stderr_may_be_a_file(tmp_path):
+    """The checkpoint test's pattern: read lines as they come, kill the
+    child mid-run, find its stderr in the caller's own file."""
+    code = ("import sys, time\nprint('ready', flush=True)\nsys.stderr.write('err line\\n')\n"
+            "sys.stderr.flush()\ntime.sleep(60)\n")
+    with open(str(tmp_path / "stderr.txt"), "w+") as stderr:
+        process = warm_python.Popen([sys.executable, "-c", code], stdout=warm_python.PIPE,
+                                    stderr=stderr, universal_newlines=True)
+        assert process._real is None  # noqa pylint: disable=protected-access
+        assert process.stdout.readline() == "ready\n"
+        assert process.poll() is None
+        process.kill()
+        assert process.wait(timeout=30) == -9
+        assert process.stdout.read() == ""
+        process.stdout.close()
+        stderr.seek(0)
+        assert stderr.read() == "err line\n"

@@ -1,12 +1,12 @@
 """Runs ``python SCRIPT``, ``python -m MODULE`` or ``python -c CODE`` in a
 process forked from one that has already imported TensorFlow and NumPy.
 
-Importing TensorFlow 2.21 takes about 9 CPU-seconds (Keras 3 alone about
-3), and the suite starts about a hundred Python processes: the examples,
-the shim's HCCL ranks, the parameter-server clusters, the docs' scripts.
-``run`` and ``Popen`` here are drop-ins for ``subprocess.run`` and
-``subprocess.Popen`` on such commands. Each child is a fresh process, forked
-from a multiprocessing fork server that imported ``tensorflow.compat.v1`` and
+The suite starts many Python processes (the examples, the shim's HCCL
+ranks, the parameter-server clusters, the docs' scripts), and importing
+TensorFlow is most of what a short one costs. ``run`` and ``Popen`` here are
+drop-ins for ``subprocess.run`` and ``subprocess.Popen`` on such commands.
+Each child is a fresh process, forked from a server (``serve``, one per test
+process, started on first use) that imported ``tensorflow.compat.v1`` and
 ``numpy`` and nothing else (no graph, no session, eager execution as TF
 starts it), so a script sees what a fresh interpreter gives it: its own
 ``sys.argv``, ``sys.path`` (the script's folder, then PYTHONPATH, then the
@@ -172,7 +172,11 @@ def serve():
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 request = json.loads(line.decode("utf-8"))
-                streams = _open_streams(request)
+                try:
+                    streams = _open_streams(request)
+                except OSError as error:
+                    reply(id=request["id"], error="cannot open the child's streams: %s" % error)
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     replies.close()
@@ -200,6 +204,9 @@ class _Server(object):
                               env=env, stdout=PIPE, check=True, universal_newlines=True)
         self.base_path = json.loads(base.stdout)
         self.import_env = dict((k, os.environ.get(k)) for k in IMPORT_TIME_ENV)
+        #: The children's output files and FIFOs, removed when this process exits.
+        self.root = tempfile.mkdtemp(prefix="warm-python-")
+        atexit.register(shutil.rmtree, self.root, True)
         self._process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"],
                                          stdin=PIPE, stdout=PIPE, universal_newlines=True)
         self._lock = threading.Lock()
@@ -216,12 +223,23 @@ class _Server(object):
             reply = json.loads(line)
             with self._lock:
                 child = self._children[reply["id"]]
-            if "pid" in reply:
+            if "error" in reply:
+                child["error"] = reply["error"]
+                child["started"].set()
+            elif "pid" in reply:
                 child["pid"] = reply["pid"]
                 child["started"].set()
             else:
                 child["exit"] = reply["exit"]
                 child["done"].set()
+        # The server is gone: no child of its can report, so none is left waiting.
+        with self._lock:
+            for child in self._children.values():
+                if not child["done"].is_set():
+                    child.setdefault("error", "the warm Python server exited")
+                    child["exit"] = -signal.SIGKILL
+                    child["started"].set()
+                    child["done"].set()
 
     def start(self, command, env, cwd, out, err):
         """Forks a child for ``command``; returns its record (pid, events)."""
@@ -234,6 +252,8 @@ class _Server(object):
                 "err": err, "base_path": self.base_path}) + "\n")
             self._process.stdin.flush()
         child["started"].wait()
+        if "pid" not in child:
+            raise RuntimeError("warm_python could not start %r: %s" % (command[:2], child["error"]))
         return child
 
 
@@ -273,7 +293,7 @@ class Popen(object):
                                           **kwargs)
             self.pid = self._real.pid
             return
-        self._dir = tempfile.mkdtemp(prefix="warm-python-")
+        self._dir = tempfile.mkdtemp(dir=_server().root)
         self.stdout = None
         out = self._target(stdout, "stdout")
         if stdout == PIPE:
