@@ -91,8 +91,8 @@ def test_fresh_mode_and_other_commands_use_subprocess(monkeypatch):
 def test_stdout_is_readable_while_the_child_runs_and_stderr_may_be_a_file(tmp_path):
     """The checkpoint test's pattern: read lines as they come, kill the
     child mid-run, find its stderr in the caller's own file."""
-    code = ("import sys, time\nprint('ready', flush=True)\nsys.stderr.write('err line\\n')\n"
-            "sys.stderr.flush()\ntime.sleep(60)\n")
+    code = ("import sys, time\nsys.stderr.write('err line\\n')\nsys.stderr.flush()\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n")
     with open(str(tmp_path / "stderr.txt"), "w+") as stderr:
         process = warm_python.Popen([sys.executable, "-c", code], stdout=warm_python.PIPE,
                                     stderr=stderr, universal_newlines=True)
