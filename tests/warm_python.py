@@ -118,16 +118,14 @@ def _child(request, streams):
         first = {"script": os.path.dirname(os.path.abspath(target)), "-m": os.getcwd(),
                  "-c": ""}[kind]
         sys.path[:] = [first] + extra + request["base_path"]
+        sys.argv = ["-c" if kind == "-c" else target] + arguments
         error = None
         try:
             if kind == "script":
-                sys.argv = [target] + arguments
                 runpy.run_path(target, run_name="__main__")
             elif kind == "-m":
-                sys.argv = [target] + arguments
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             else:
-                sys.argv = ["-c"] + arguments
                 main = types.ModuleType("__main__")
                 main.__dict__["__builtins__"] = builtins
                 sys.modules["__main__"] = main
@@ -203,7 +201,7 @@ class _Server(object):
         base = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
                               env=env, stdout=PIPE, check=True, universal_newlines=True)
         self.base_path = json.loads(base.stdout)
-        self.import_env = dict((k, os.environ.get(k)) for k in IMPORT_TIME_ENV)
+        self.import_env = _import_env(os.environ)
         #: The children's output files and FIFOs, removed when this process exits.
         self.root = tempfile.mkdtemp(prefix="warm-python-")
         atexit.register(shutil.rmtree, self.root, True)
@@ -266,11 +264,18 @@ def _server():
     return _SERVER[0]
 
 
+def _import_env(env):
+    return dict((k, env.get(k)) for k in IMPORT_TIME_ENV)
+
+
 def _warm(args, env):
+    """Whether ``args`` can run warm: a Python command whose import-time
+    variables match the server's (this process's, before the server starts,
+    so that a command that runs cold never starts one)."""
     if _fresh() or _command(args) is None:
         return False
-    env = os.environ if env is None else env
-    return all(env.get(k) == v for k, v in _server().import_env.items())
+    server_env = _SERVER[0].import_env if _SERVER else _import_env(os.environ)
+    return _import_env(os.environ if env is None else env) == server_env
 
 
 class Popen(object):
