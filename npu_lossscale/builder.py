@@ -535,7 +535,8 @@ class MultiOptimizerLossScale(object):
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
-            record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu)
+            record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu,
+                                       switch_merge=plan.gate_kind == "pivot")
             diagnosis = _diagnosis.SkipDiagnosis(record)
             observers = list(first) + [diagnosis]
             if _underflow.listens(plan):

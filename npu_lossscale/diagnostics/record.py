@@ -67,7 +67,11 @@ class SkipDiagnosis(_seams.StepObserver):
     The diagnosis is the body of one functional ``If`` that TF does not
     lower into Switch/Merge: under the gate's false side it is one dead
     node on an applied step, where its own ops, one or more per gradient,
-    would each be a dead node the executor passes over.
+    would each be a dead node the executor passes over. The write that
+    follows it is a few ops under the same false side. The run's
+    ``SkipReport`` is a second ``If`` op on the same branch functions,
+    outside the gate, so the diagnosis is built once and runs only when
+    the step skips or the report is fetched.
 
     Args:
       record: the builder's ``Record``.
@@ -77,32 +81,62 @@ class SkipDiagnosis(_seams.StepObserver):
 
     def __init__(self, record):
         self.record = record
+        self._branch = None  # the last on_skip's _Branch, for report()
+        self._if_op = None  # the last _diagnosed's If op
 
     def on_skip(self, state):
         plan, record = state.plan, self.record
         evidence = _evidence(state)
+        flags = list(state.reduced_flags.values())
         with tf.name_scope("diagnose"):
             # True on every run that gets here (flags are >= 0, and one is
             # set); a value, not a constant, so that nothing folds it.
-            skipped = tf.greater(tf.add_n(list(state.reduced_flags.values())), 0.0)
+            skipped = tf.greater(tf.add_n(flags), 0.0)
             step = _global_step(state.global_step)
+            graph = tf.get_default_graph()
+            if (graph is not flags[0].graph
+                    or _tf_internals.control_flow_context(graph) is not None):
+                # Inside a cond's branch (the "cond" gate): the diagnosis
+                # and the write make one If there, and the report its own.
+                def diagnose_and_write():
+                    found = record.diagnose(plan, evidence, state.closing.flags,
+                                            state.reduced_flags)
+                    with tf.control_dependencies([record.write(found, step)]):
+                        return tf.constant(True)
 
-            def diagnose():
-                found = record.diagnose(plan, evidence, state.closing.flags,
-                                        state.reduced_flags)
-                with tf.control_dependencies([record.write(found, step)]):
-                    return tf.constant(True)
+                done = _tf_internals.cond_v2(skipped, diagnose_and_write,
+                                             lambda: tf.constant(False), name="diagnose")
+                _keep_whole(done)
+                return [done.op]
+            found = self._diagnosed(skipped, state, evidence)
+            self._branch = _Branch(state, self._if_op)
+            with tf.device(record.variable.device):  # the host, off Ascend (Record)
+                return [record.write(found, step)]
 
-            done = _tf_internals.cond_v2(skipped, diagnose, lambda: tf.constant(False),
-                                         name="diagnose")
-            _keep_whole(done)
-            return [done.op]
+    def _diagnosed(self, skipped, state, evidence):
+        """The ``Diagnosed`` of ``state`` as the outputs of one functional
+        ``If`` on ``skipped`` (zeros when False)."""
+        plan, record = state.plan, self.record
+
+        def diagnose():
+            return tuple(record.diagnose(plan, evidence, state.closing.flags,
+                                         state.reduced_flags))
+
+        def blank():
+            return (tf.constant(0, tf.int64), tf.zeros([len(record.group_names)], tf.int64),
+                    tf.zeros([len(record.variable_names)], tf.int64))
+
+        found = _tf_internals.cond_v2(skipped, diagnose, blank, name="diagnose")
+        self._if_op = _keep_whole(found[0])
+        return Diagnosed(*found)
 
     def report(self, state):
         """``SkipReport`` of the run: its reason and the groups that
-        overflowed, worked out again in a functional ``If`` that runs the
-        diagnosis only when the run skips. Nothing of it writes, so
-        fetching it alone changes nothing; it runs only when fetched.
+        overflowed, worked out in a functional ``If`` that runs the
+        diagnosis only when the run skips: the skip branch's own branch
+        functions where the run closes its step there, else built here.
+        Nothing of it writes, so fetching it alone changes nothing; it runs
+        only when fetched.
 
         Returns:
           ``(skip_reason, groups_overflowed)``: an int32 scalar, and a dict
@@ -111,9 +145,7 @@ class SkipDiagnosis(_seams.StepObserver):
         """
         if state.reduced_flags is None:
             return None
-        plan, record = state.plan, self.record
-        evidence = _evidence(state)
-        names = record.group_names
+        names = self.record.group_names
         with tf.name_scope("skip_report"):
             if not state.reduced_flags:  # nothing can skip
                 return (tf.constant(0, tf.int32, name="skip_reason"),
@@ -122,21 +154,32 @@ class SkipDiagnosis(_seams.StepObserver):
             skipped = tf.greater(tf.add_n(list(state.reduced_flags.values())), 0.0)
             if state.window_end is not None:
                 skipped = tf.logical_and(state.window_end, skipped)
-
-            def diagnose():
-                found = record.diagnose(plan, evidence, state.closing.flags,
-                                        state.reduced_flags)
-                return found.reason, found.groups
-
-            reason, groups = _tf_internals.cond_v2(
-                skipped, diagnose,
-                lambda: (tf.constant(0, tf.int64), tf.zeros([len(names)], tf.int64)),
-                name="diagnose")
-            _keep_whole(reason)
-            overflowed = tf.cast(groups, tf.bool)
-            return (tf.cast(reason, tf.int32, name="skip_reason"),
+            branch = self._branch
+            if branch is not None and branch.state is state and state.window_end is None:
+                found = Diagnosed(*_copy_if(branch.op, skipped, name="diagnose"))
+            else:
+                found = self._diagnosed(skipped, state, _evidence(state))
+            overflowed = tf.unstack(tf.cast(found.groups, tf.bool), num=len(names))
+            return (tf.cast(found.reason, tf.int32, name="skip_reason"),
                     dict((name, tf.identity(overflowed[index], name="overflowed_%d" % index))
                          for index, name in enumerate(names)))
+
+
+class _Branch(collections.namedtuple("_Branch", ["state", "op"])):
+    """A skip branch's diagnosis: the ``StepState`` it diagnoses and its
+    functional ``If`` op."""
+
+
+def _copy_if(if_op, pred, name):
+    """Another ``If`` op on ``if_op``'s branch functions and inputs, on
+    ``pred``; returns its outputs."""
+    node = if_op.node_def
+    inputs = [pred] + list(if_op.inputs)[1:]
+    copy = tf.get_default_graph().create_op(
+        if_op.type, inputs, [output.dtype for output in if_op.outputs],
+        input_types=[tensor.dtype for tensor in inputs], name=name,
+        attrs=dict((key, node.attr[key]) for key in node.attr))
+    return copy.outputs
 
 
 def _evidence(state):
@@ -157,11 +200,12 @@ def _global_step(global_step):
 def _keep_whole(output):
     """Keeps the ``If`` behind a ``cond_v2`` output from being lowered into
     Switch/Merge (``_lower_using_switch_merge``, TF's lowering pass): it
-    runs as one op, its branches as functions."""
+    runs as one op, its branches as functions. Returns the ``If`` op."""
     graph_op = output.op
     while graph_op.type not in ("If", "StatelessIf"):
         graph_op = graph_op.inputs[0].op
     _tf_internals.keep_if_whole(graph_op)
+    return graph_op
 
 
 def evidence_of(plan, scaled):
@@ -223,22 +267,31 @@ class Record(object):
       groups: the builder's ``plan.Group`` records, in ``add()`` order.
       on_host: whether to pin the variable to the host (every backend but
         one that runs on Ascend, ``Backend.on_npu``).
+      switch_merge: whether the record may be read through a raw
+        Switch/Merge (the "pivot" gate's graphs; the "cond" gate's have none
+        of ours).
     """
 
-    def __init__(self, groups, on_host=True):
+    def __init__(self, groups, on_host=True, switch_merge=True):
         self.group_names = tuple(group.name for group in groups)
         self.variable_names = tuple(var.op.name for group in groups for var in group.var_list)
         sizes = [("number", 1), ("global_step", 1), ("reason", 1),
                  ("reason_counts", len(_diagnostics.REASONS)),
                  ("group_counts", len(self.group_names)),
                  ("groups", len(self.group_names)), ("variables", len(self.variable_names))]
-        self._slices, offset = {}, 0
+        self._slices, offset = collections.OrderedDict(), 0
         for field, size in sizes:
             self._slices[field] = (offset, offset + size)
             offset += size
         self._blank = np.zeros([offset], np.int64)
+        #: 1 where a write adds to the old value (the skip number and the
+        #: counts), 0 where it replaces it.
+        self._kept = np.zeros([offset], np.int64)
+        for field in ("number", "reason_counts", "group_counts"):
+            self._kept[self._slices[field][0]:self._slices[field][1]] = 1
         self._blank[self._slices["global_step"][0]] = -1
         self._on_host = on_host
+        self._switch_merge = switch_merge
         self._scope = _graph_state.current_scope()
         self._variable = None
 
@@ -253,32 +306,54 @@ class Record(object):
                                                  name="last_skip")
         return self._variable
 
-    def _field(self, values, field):
-        """A field of the record's ``values``: a scalar or a vector."""
-        start, stop = self._slices[field]
-        return values[start] if field in _SCALAR_FIELDS else values[start:stop]
+    def _fields(self, values):
+        """The record's ``values`` by field: a dict from field name to an
+        int64 scalar or vector, cut in one ``SplitV``."""
+        names = list(self._slices)
+        pieces = tf.split(values, [stop - start for start, stop in self._slices.values()])
+        return dict((name, tf.squeeze(piece, [0]) if name in _SCALAR_FIELDS else piece)
+                    for name, piece in zip(names, pieces))
 
     def _values(self):
         """The record's values: the variable's, or the blank record before
-        its first write."""
-        return tf.cond(self.variable.is_initialized(), self.variable.read_value,
-                       lambda: tf.constant(self._blank), name="values")
+        its first write.
+
+        Under the "pivot" gate, in the variable's own graph and outside any
+        cond, a Switch on
+        ``VarIsInitializedOp`` and a Merge (the read runs only when the
+        variable is initialized); inside a function or a v1 cond, a
+        ``tf.cond``.
+        """
+        variable = self.variable
+        graph = tf.get_default_graph()
+        if (not self._switch_merge or graph is not variable.graph
+                or _tf_internals.control_flow_context(graph) is not None):
+            return tf.cond(variable.is_initialized(), variable.read_value,
+                           lambda: tf.constant(self._blank), name="values")
+        with tf.name_scope("values"), tf.device(variable.device):
+            initialized = variable.is_initialized()
+            unset, is_set = tf.raw_ops.Switch(data=initialized, pred=initialized)
+            with tf.control_dependencies([tf.identity(is_set, name="set")]):
+                read = variable.read_value()
+            with tf.control_dependencies([tf.identity(unset, name="unset")]):
+                blank = tf.constant(self._blank)
+            return tf.raw_ops.Merge(inputs=[blank, read])[0]
 
     def last_skip(self):
         """A ``LastSkip`` of one fresh read of the record."""
         with tf.name_scope("last_skip_read"):
-            values = self._values()
+            fields = self._fields(self._values())
             return LastSkip(
-                number=self._field(values, "number"),
-                global_step=self._field(values, "global_step"),
-                reason=tf.cast(self._field(values, "reason"), tf.int32),
-                groups=tf.cast(self._field(values, "groups"), tf.bool),
-                variables=tf.cast(self._field(values, "variables"), tf.bool),
+                number=fields["number"],
+                global_step=fields["global_step"],
+                reason=tf.cast(fields["reason"], tf.int32),
+                groups=tf.cast(fields["groups"], tf.bool),
+                variables=tf.cast(fields["variables"], tf.bool),
                 group_names=tf.constant(self.group_names, tf.string, name="group_names"),
                 variable_names=tf.constant(self.variable_names, tf.string,
                                            name="variable_names"),
-                reason_counts=self._field(values, "reason_counts"),
-                group_counts=self._field(values, "group_counts"))
+                reason_counts=fields["reason_counts"],
+                group_counts=fields["group_counts"])
 
     def diagnose(self, plan, evidence, local_flags, reduced_flags):
         """Works out why a step skipped, without writing anything.
@@ -323,7 +398,7 @@ class Record(object):
         if entries:
             membership = np.array([[int(group == name) for group in entry_groups]
                                    for name in self.group_names], np.int64)
-            groups = tf.reduce_max(flags[None, :] * membership, axis=1)
+            groups = tf.reduce_max(flags * membership, axis=1)
         else:
             groups = tf.zeros([len(self.group_names)], tf.int64)
         position = dict((var, len(losses) + index) for index, (_, _, var) in enumerate(grads))
@@ -333,8 +408,9 @@ class Record(object):
             REGISTER_OUTSIDE_GRADIENTS if evidence.saturation
             else GRADIENTS_OVERFLOWED if plan.backend.gives_evidence
             else _diagnostics.BACKEND_FLAGGED, tf.int64)
+        bad_losses, bad_grads = tf.split(bad, [len(losses), len(grads)])
         if grads:
-            reason = tf.where(tf.reduce_any(bad[len(losses):]),
+            reason = tf.where(tf.reduce_any(bad_grads),
                               tf.constant(GRADIENTS_OVERFLOWED, tf.int64), reason)
         checks = [item.name for item in plan.checks]
         if plan.reduction.active and checks:
@@ -342,7 +418,7 @@ class Record(object):
                                            0.0))
             reason = tf.where(clear, tf.constant(OTHER_WORKER_OVERFLOWED, tf.int64), reason)
         if losses:
-            reason = tf.where(tf.reduce_any(bad[:len(losses)]),
+            reason = tf.where(tf.reduce_any(bad_losses),
                               tf.constant(LOSS_NOT_FINITE, tf.int64), reason)
         if plan.conditions:
             # A condition is the reason only where no check says overflow;
@@ -369,11 +445,12 @@ class Record(object):
           The write op.
         """
         reason, groups, variables = diagnosed
-        old = self._values()
         counts = self._slices["reason_counts"]
-        new = tf.concat([
-            tf.stack([self._field(old, "number") + 1, step, reason]),
-            self._field(old, "reason_counts") + tf.one_hot(reason, counts[1] - counts[0],
-                                                           dtype=tf.int64),
-            self._field(old, "group_counts") + groups, groups, variables], 0)
+        # new = old * kept + written: the counters keep their value and add,
+        # the skip's own fields are replaced.
+        written = tf.concat([
+            tf.stack([tf.constant(1, tf.int64), step, reason]),
+            tf.one_hot(reason, counts[1] - counts[0], dtype=tf.int64),
+            groups, groups, variables], 0)
+        new = self._values() * self._kept + written
         return self.variable.assign(new, read_value=False)
