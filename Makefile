@@ -80,10 +80,11 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.
-# Measured on 2026-11-28 on the 2-core machine: make test 19 min 42 s warm
-# (test-fast 9 min 42 s, test-v1 5 min 54 s, test-tf215 3 min 37 s), with
-# the tests' Python processes forked warm (tests/warm_python.py);
-# docs/benchmarks.md has the earlier figures and why.
+# Measured on 2026-11-28 on the 2-core machine: make test 17 min 28 s warm
+# (test-fast 8 min 44 s, test-v1 4 min 49 s, test-tf215 3 min 21 s), with
+# the tests' Python processes forked warm (tests/warm_python.py). The legs
+# run one after another: all three at once (make -j3, 6 workers on 2 cores)
+# took longer. docs/benchmarks.md has the earlier figures and why.
 JOBS ?= 2
 PYTEST_ARGS ?=
 pytest = $(1) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)

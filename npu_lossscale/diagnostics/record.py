@@ -254,14 +254,12 @@ class Record(object):
     blank record until the first write (``VarIsInitializedOp``), so no
     initializer has to run.
 
-    Off Ascend the variable lives on the host (``/device:CPU:0``, under any
-    job or task the graph's device scope names). On an NVIDIA H100 with TF
-    2.21 a skipped step whose branch wrote it on the GPU killed the process
-    (a segmentation fault in ``session.run``; applied steps ran), with the
-    functional ``If`` whole or under ``gate="cond"``; on the host it writes
-    and reads back right (measured 2026-11-26, tools/gpu_stage.sh). An
-    int64 bookkeeping vector has no business on the GPU anyway. On Ascend
-    the adapter places it, as the other variables.
+    Off Ascend the variable, and the write and reads made beside it, live
+    on the host (``/device:CPU:0``, under any job or task the graph's
+    device scope names): written on a GPU in a skip branch, TF 2.21 crashes
+    (docs/benchmarks.md), and an int64 bookkeeping vector has no business
+    on the GPU anyway. On Ascend the adapter places it, as the other
+    variables.
 
     Args:
       groups: the builder's ``plan.Group`` records, in ``add()`` order.
