@@ -8,6 +8,7 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale.core import graph_copy as _graph_copy
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import graph_walk as _graph_walk
 
@@ -109,7 +110,7 @@ def cond_if(pred, build, name, existing=(), otherwise=None):
     """
     def when_true():
         with tf.name_scope(name) as scope:
-            done = list(build(scope.rstrip("/"))) + [_copy_op(op) for op in existing]
+            done = list(build(scope.rstrip("/"))) + [_graph_copy.copy_op(op) for op in existing]
         with tf.control_dependencies(done):
             return tf.constant(True)
 
@@ -122,15 +123,6 @@ def cond_if(pred, build, name, existing=(), otherwise=None):
             return tf.constant(False)
 
     return tf.cond(pred, when_true, when_false, name=name)
-
-
-def _copy_op(op):
-    """A copy of ``op`` made here (same type, inputs and attributes)."""
-    node = op.node_def
-    return tf.get_default_graph().create_op(
-        op.type, list(op.inputs), [output.dtype for output in op.outputs],
-        input_types=[tensor.dtype for tensor in op.inputs],
-        name=op.name.rsplit("/", 1)[-1], attrs=dict((key, node.attr[key]) for key in node.attr))
 
 
 def gate(kind, pred, build, name, existing=(), otherwise=None):
@@ -147,7 +139,7 @@ def gate(kind, pred, build, name, existing=(), otherwise=None):
         applied = cond_if(pred, build, name, existing, otherwise=otherwise)
     elif isinstance(existing, Copies):
         applied = run_if(pred,
-                         lambda scope: list(build(scope)) + [_copy_op(op) for op in existing],
+                         lambda scope: list(build(scope)) + [_graph_copy.copy_op(op) for op in existing],
                          name, otherwise=otherwise)
     else:
         applied = run_if(pred, build, name, existing=existing, otherwise=otherwise)
@@ -210,7 +202,7 @@ def guarded_apply(is_finite, applies, global_step=None, name="apply_if_finite",
         with tf.name_scope(name) as scope:
             done = list(apply_all(scope.rstrip("/")))
             if isinstance(update_ops, Copies):
-                done += [_copy_op(op) for op in update_ops]
+                done += [_graph_copy.copy_op(op) for op in update_ops]
             with tf.control_dependencies(done + list(update_ops)):
                 return tf.constant(True, name="applied")
     return gate(kind, is_finite, apply_all, name, existing=update_ops, otherwise=on_skip)
@@ -318,7 +310,7 @@ def commit(plan, grads, decisions, global_step, skipped_steps=None, update_ops=(
         applied = tf.reduce_any(tf.stack(ops[:len(plan.gates)]))
         every_group = tf.reduce_all(tf.stack(ops[:len(plan.gates)]))
         if update_ops and not plan.flag_names:  # nothing can skip: no gate
-            ops.append(tf.group(*([_copy_op(op) for op in update_ops]
+            ops.append(tf.group(*([_graph_copy.copy_op(op) for op in update_ops]
                                   if isinstance(update_ops, Copies) else update_ops)))
         elif update_ops or on_apply is not None:
             every = decisions.all_of(list(plan.flag_names), name="all_finite")

@@ -13,6 +13,23 @@ import contextlib
 import tensorflow.compat.v1 as tf
 
 
+def copy_op(op, inputs=None, name=None):
+    """One copy of ``op`` made here: same type and attributes, on
+    ``inputs`` (its own if None), named ``name`` (its own last name part if
+    None), without its control inputs.
+
+    Returns:
+      The new ``tf.Operation``.
+    """
+    inputs = list(op.inputs) if inputs is None else list(inputs)
+    node = op.node_def
+    return tf.get_default_graph().create_op(
+        op.type, inputs, [output.dtype for output in op.outputs],
+        input_types=[tensor.dtype for tensor in inputs],
+        name=name or op.name.rsplit("/", 1)[-1],
+        attrs=dict((key, node.attr[key]) for key in node.attr))
+
+
 def data_inputs(op):
     """The producers of ``op``'s data inputs (a walk's ``parents``)."""
     return [tensor.op for tensor in op.inputs]

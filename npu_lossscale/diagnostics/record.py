@@ -25,6 +25,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
+from npu_lossscale.core import graph_copy as _graph_copy
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import (
@@ -156,7 +157,8 @@ class SkipDiagnosis(_seams.StepObserver):
                 skipped = tf.logical_and(state.window_end, skipped)
             branch = self._branch
             if branch is not None and branch.state is state and state.window_end is None:
-                found = Diagnosed(*_copy_if(branch.op, skipped, name="diagnose"))
+                found = Diagnosed(*_graph_copy.copy_op(
+                    branch.op, [skipped] + list(branch.op.inputs)[1:], name="diagnose").outputs)
             else:
                 found = self._diagnosed(skipped, state, _evidence(state))
             overflowed = tf.unstack(tf.cast(found.groups, tf.bool), num=len(names))
@@ -168,18 +170,6 @@ class SkipDiagnosis(_seams.StepObserver):
 class _Branch(collections.namedtuple("_Branch", ["state", "op"])):
     """A skip branch's diagnosis: the ``StepState`` it diagnoses and its
     functional ``If`` op."""
-
-
-def _copy_if(if_op, pred, name):
-    """Another ``If`` op on ``if_op``'s branch functions and inputs, on
-    ``pred``; returns its outputs."""
-    node = if_op.node_def
-    inputs = [pred] + list(if_op.inputs)[1:]
-    copy = tf.get_default_graph().create_op(
-        if_op.type, inputs, [output.dtype for output in if_op.outputs],
-        input_types=[tensor.dtype for tensor in inputs], name=name,
-        attrs=dict((key, node.attr[key]) for key in node.attr))
-    return copy.outputs
 
 
 def _evidence(state):
