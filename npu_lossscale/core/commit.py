@@ -138,9 +138,8 @@ def gate(kind, pred, build, name, existing=(), otherwise=None):
     if kind == "cond":
         applied = cond_if(pred, build, name, existing, otherwise=otherwise)
     elif isinstance(existing, Copies):
-        applied = run_if(pred,
-                         lambda scope: list(build(scope)) + [_graph_copy.copy_op(op) for op in existing],
-                         name, otherwise=otherwise)
+        applied = run_if(pred, lambda scope: list(build(scope)) + [
+            _graph_copy.copy_op(op) for op in existing], name, otherwise=otherwise)
     else:
         applied = run_if(pred, build, name, existing=existing, otherwise=otherwise)
     _mark_gate(applied)

@@ -83,7 +83,6 @@ class SkipDiagnosis(_seams.StepObserver):
     def __init__(self, record):
         self.record = record
         self._branch = None  # the last on_skip's _Branch, for report()
-        self._if_op = None  # the last _diagnosed's If op
 
     def on_skip(self, state):
         plan, record = state.plan, self.record
@@ -94,9 +93,7 @@ class SkipDiagnosis(_seams.StepObserver):
             # set); a value, not a constant, so that nothing folds it.
             skipped = tf.greater(tf.add_n(flags), 0.0)
             step = _global_step(state.global_step)
-            graph = tf.get_default_graph()
-            if (graph is not flags[0].graph
-                    or _tf_internals.control_flow_context(graph) is not None):
+            if not _at_top_level(flags[0].graph):
                 # Inside a cond's branch (the "cond" gate): the diagnosis
                 # and the write make one If there, and the report its own.
                 def diagnose_and_write():
@@ -109,14 +106,14 @@ class SkipDiagnosis(_seams.StepObserver):
                                              lambda: tf.constant(False), name="diagnose")
                 _keep_whole(done)
                 return [done.op]
-            found = self._diagnosed(skipped, state, evidence)
-            self._branch = _Branch(state, self._if_op)
+            found, if_op = self._diagnosed(skipped, state, evidence)
+            self._branch = _Branch(state, if_op)
             with tf.device(record.variable.device):  # the host, off Ascend (Record)
                 return [record.write(found, step)]
 
     def _diagnosed(self, skipped, state, evidence):
         """The ``Diagnosed`` of ``state`` as the outputs of one functional
-        ``If`` on ``skipped`` (zeros when False)."""
+        ``If`` on ``skipped`` (zeros when False), and that ``If`` op."""
         plan, record = state.plan, self.record
 
         def diagnose():
@@ -128,8 +125,7 @@ class SkipDiagnosis(_seams.StepObserver):
                     tf.zeros([len(record.variable_names)], tf.int64))
 
         found = _tf_internals.cond_v2(skipped, diagnose, blank, name="diagnose")
-        self._if_op = _keep_whole(found[0])
-        return Diagnosed(*found)
+        return Diagnosed(*found), _keep_whole(found[0])
 
     def report(self, state):
         """``SkipReport`` of the run: its reason and the groups that
@@ -160,7 +156,7 @@ class SkipDiagnosis(_seams.StepObserver):
                 found = Diagnosed(*_graph_copy.copy_op(
                     branch.op, [skipped] + list(branch.op.inputs)[1:], name="diagnose").outputs)
             else:
-                found = self._diagnosed(skipped, state, _evidence(state))
+                found, _ = self._diagnosed(skipped, state, _evidence(state))
             overflowed = tf.unstack(tf.cast(found.groups, tf.bool), num=len(names))
             return (tf.cast(found.reason, tf.int32, name="skip_reason"),
                     dict((name, tf.identity(overflowed[index], name="overflowed_%d" % index))
@@ -185,6 +181,13 @@ def _global_step(global_step):
     any function (a ref variable cannot enter one)."""
     return (tf.constant(-1, tf.int64) if global_step is None
             else tf.cast(global_step.read_value(), tf.int64))
+
+
+def _at_top_level(graph):
+    """Whether ops made now land in ``graph`` itself, outside any function
+    being built and any v1 cond."""
+    here = tf.get_default_graph()
+    return here is graph and _tf_internals.control_flow_context(here) is None
 
 
 def _keep_whole(output):
@@ -306,16 +309,12 @@ class Record(object):
         """The record's values: the variable's, or the blank record before
         its first write.
 
-        Under the "pivot" gate, in the variable's own graph and outside any
-        cond, a Switch on
-        ``VarIsInitializedOp`` and a Merge (the read runs only when the
-        variable is initialized); inside a function or a v1 cond, a
-        ``tf.cond``.
+        Under the "pivot" gate, at the top level of the variable's graph, a
+        Switch on ``VarIsInitializedOp`` and a Merge (the read runs only
+        when the variable is initialized); otherwise a ``tf.cond``.
         """
         variable = self.variable
-        graph = tf.get_default_graph()
-        if (not self._switch_merge or graph is not variable.graph
-                or _tf_internals.control_flow_context(graph) is not None):
+        if not (self._switch_merge and _at_top_level(variable.graph)):
             return tf.cond(variable.is_initialized(), variable.read_value,
                            lambda: tf.constant(self._blank), name="values")
         with tf.name_scope("values"), tf.device(variable.device):
