@@ -87,7 +87,12 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
 # took longer. docs/benchmarks.md has the earlier figures and why.
 JOBS ?= 2
 PYTEST_ARGS ?=
-pytest = $(1) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
+# Python caches compiled modules (tests/__pycache__, pytest's rewritten test
+# files) even where the environment asks it not to: each leg's two workers
+# would otherwise compile the suite again (8 s each).
+unexport PYTHONDONTWRITEBYTECODE
+pytest = $(1) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile \
+         --no-loadscope-reorder $(PYTEST_ARGS)
 
 .PHONY: venv venv215 demo test test-fast test-v1 test-tf215 bench bench-quick soak clean help
 

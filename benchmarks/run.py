@@ -2,7 +2,8 @@
 own loss scaling, in one process.
 
   python benchmarks/run.py            # full run, writes benchmarks/results.*
-  python benchmarks/run.py --quick    # smoke run: 2 small models, 4 rounds
+  python benchmarks/run.py --quick    # smoke run: 2 small models, 4 rounds, the
+                                      # ablation on the small model
   python benchmarks/run.py --out DIR  # write results.json/.md/.png to DIR
 
 What is compared (see variants.py): ``floor`` (no loss scaling), ``builder``
@@ -103,9 +104,12 @@ def plan(quick):
                               gan.spec_for_tensors(20, budget=gan.params(gan.SIZES["small"]))))
         # The shim row on the first model only: its graph is several times
         # the others' and takes most of a quick run's building.
+        # No untimed warm-up builds (its build times are a smoke value), and
+        # the ablation ladder on the small model.
         settings = dict(rounds=4, steps=3, warmup=3, build_repeats=1,
                         check_layouts=[("small", gan.SIZES["small"])], check_steps=3,
-                        npu_up_to_tensors=2 * gan.SIZES["small"].layers)
+                        npu_up_to_tensors=2 * gan.SIZES["small"].layers,
+                        warm_up_builds=False, ablation_model="small")
         return configs, settings
     for name, spec in gan.SIZES.items():
         configs.append(Config("size/" + name, "size", name, spec))
@@ -119,7 +123,8 @@ def plan(quick):
                     check_layouts=[("medium", medium), ("large", gan.SIZES["large"]),
                                    ("200 tensors", gan.spec_for_tensors(200)),
                                    ("2000 tensors", gan.spec_for_tensors(2000))],
-                    check_steps=5, npu_up_to_tensors=NPU_UP_TO_TENSORS)
+                    check_steps=5, npu_up_to_tensors=NPU_UP_TO_TENSORS,
+                    warm_up_builds=True, ablation_model="medium")
     return configs, settings
 
 
@@ -415,7 +420,8 @@ def main(args):
     _log("TF %s, %s, %s cores, load %s" % (meta["tensorflow"], meta["cpu_model"],
                                              meta["cores"], meta["load_avg_start"]))
 
-    warm_up_builds(builders, npu_reason, args.seed)
+    if settings["warm_up_builds"]:
+        warm_up_builds(builders, npu_reason, args.seed)
     entries = build_all(configs, settings, builders, args.seed, npu_reason)
     repeat_builds(configs, builders, entries, settings["build_repeats"], args.seed)
 
@@ -442,11 +448,11 @@ def main(args):
                                  time.time() - started))
     print(report.markdown(results))
     if not args.no_ablation:
-        # Where the medium GAN's overhead goes, piece by piece (ablation.py),
-        # in this same process.
+        # Where the GAN's overhead goes, piece by piece (ablation.py), in
+        # this same process.
         import ablation  # pylint: disable=import-outside-toplevel
         rounds = ["--rounds", "3", "--steps", "2"] if args.quick else []
-        ablation.main(["--model", "medium", "--out", out] + rounds)
+        ablation.main(["--model", settings["ablation_model"], "--out", out] + rounds)
     manager_op_counts(out)
     return 0
 

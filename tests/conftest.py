@@ -25,6 +25,7 @@ interpreters instead. Tests that check what a module imports (no
 TF) and horovodrun's ranks keep ``subprocess``.
 """
 
+import gc
 import os
 import sys
 
@@ -32,11 +33,29 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402
 
-from graph_mode import set_graph_mode  # noqa: E402
+import graph_mode  # noqa: E402
 
-GRAPH_MODE = set_graph_mode()
+GRAPH_MODE = graph_mode.mode()
+#: tensorflow.compat.v1, imported by pytest_configure.
+tf = None
+
+
+def pytest_configure(config):
+    """Imports TF and sets the graph mode in each process that runs tests.
+
+    pytest-xdist's controller only hands out files to its workers: it skips
+    the import (8 s here, once per leg of the matrix, before any worker
+    starts).
+    """
+    global tf  # pylint: disable=global-statement
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+        return
+    graph_mode.set_graph_mode()
+    tf = graph_mode.import_tensorflow()
+    # The ~250,000 objects of TF's import would otherwise be traversed by
+    # every full collection of the worker's cyclic garbage collector.
+    gc.freeze()
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIMS = os.path.join(REPO, "shims")
@@ -47,6 +66,28 @@ SHIMS = os.path.join(REPO, "shims")
 fresh_process = pytest.mark.skipif(
     GRAPH_MODE == "v1", reason="runs in a fresh process with its own graph mode; "
                                "the v2 run of this file covers it")
+
+
+#: The files that take longest, longest first. The Makefile runs each leg
+#: on two pytest-xdist workers with ``--dist loadfile --no-loadscope-reorder``,
+#: which hands out whole files in collection order; starting with the long
+#: ones (whole scripts, several processes, many builds) lets the short ones
+#: fill the end, so that both workers finish together. (xdist's own order,
+#: by number of tests, would start these few-test files last.)
+LONGEST_FIRST = (
+    "test_distributed.py", "test_audit.py", "test_diagnostics.py", "test_porting.py",
+    "test_examples.py", "test_benchmarks_quick.py", "test_npu_backend.py",
+    "test_monitoring.py", "test_sync_replicas.py", "test_alternating.py", "test_port.py",
+    "test_port_docs.py", "test_first_scale.py", "test_managers_listening.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Orders the collected tests by LONGEST_FIRST, the rest after them in
+    their own order (a stable sort: each file keeps its tests' order)."""
+    rank = dict((name, index) for index, name in enumerate(LONGEST_FIRST))
+    items.sort(key=lambda item: rank.get(os.path.basename(item.nodeid.split("::")[0]),
+                                         len(rank)))
 
 
 @pytest.fixture

@@ -10,10 +10,34 @@ through this one function:
 """
 
 import os
-
-import tensorflow.compat.v1 as tf
+import sys
 
 ENV = "NPU_LOSSSCALE_GRAPH_MODE"
+
+
+def import_tensorflow():
+    """Imports and returns ``tensorflow.compat.v1`` without Keras.
+
+    TF 2.15 and 2.21 import Keras while they are imported (tensorflow/
+    __init__.py loads ``keras.src.optimizers`` for the SavedModel registry,
+    and skips it on ImportError); Keras 3 brings scikit-learn and SciPy with
+    it. That is 3 of the 8 seconds an import of TF takes here, in every test
+    process, and no test needs it: a test that uses Keras imports it, and
+    ``tf.keras`` still loads it on first use.
+    """
+    if "tensorflow" not in sys.modules and "keras" not in sys.modules:
+        sys.modules["keras"] = None  # makes TF's eager import of Keras fail
+        try:
+            import tensorflow.compat.v1  # noqa: F401 pylint: disable=import-outside-toplevel
+        finally:
+            del sys.modules["keras"]
+    import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+    return tf
+
+
+def mode():
+    """The graph mode NPU_LOSSSCALE_GRAPH_MODE names ("v2" when unset)."""
+    return os.environ.get(ENV, "v2")
 
 
 def set_graph_mode():
@@ -25,12 +49,13 @@ def set_graph_mode():
     Raises:
       ValueError: for any other value.
     """
-    mode = os.environ.get(ENV, "v2")
-    if mode == "v1":
+    name = mode()
+    if name not in ("v1", "v2"):
+        raise ValueError("%s must be v1 or v2, got %r" % (ENV, name))
+    tf = import_tensorflow()
+    if name == "v1":
         tf.disable_v2_behavior()
-    elif mode == "v2":
-        tf.disable_eager_execution()
     else:
-        raise ValueError("%s must be v1 or v2, got %r" % (ENV, mode))
+        tf.disable_eager_execution()
     tf.logging.set_verbosity(tf.logging.ERROR)
-    return mode
+    return name

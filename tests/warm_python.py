@@ -8,11 +8,12 @@ drop-ins for ``subprocess.run`` and ``subprocess.Popen`` on such commands.
 Each child is a fresh process, forked from a server (``serve``, one per test
 process, started on first use) that imported ``tensorflow.compat.v1`` and
 ``numpy`` and nothing else (no graph, no session, eager execution as TF
-starts it), so a script sees what a fresh interpreter gives it: its own
-``sys.argv``, ``sys.path`` (the script's folder, then PYTHONPATH, then the
-interpreter's default), environment, working directory and ``__main__``,
-and its exit status, atexit handlers and standard streams behave as in
-``python SCRIPT``.
+starts it, and not the Keras that TF imports with itself:
+graph_mode.import_tensorflow), so a script sees what a fresh interpreter
+gives it: its own ``sys.argv``, ``sys.path`` (the script's folder, then
+PYTHONPATH, then the interpreter's default), environment, working directory
+and ``__main__``, and its exit status, atexit handlers and standard streams
+behave as in ``python SCRIPT``.
 
 A command that is not one of those three forms, or whose environment
 changes a variable TensorFlow reads when it is imported (IMPORT_TIME_ENV),
@@ -23,6 +24,7 @@ test fails in a child.
 
 import atexit
 import builtins
+import gc
 import json
 import os
 import runpy
@@ -145,7 +147,10 @@ def serve():
     """The fork server: imports TF and NumPy, then forks a child per request
     line on stdin and answers, on stdout, each child's pid and exit status."""
     import numpy  # noqa: F401 pylint: disable=unused-import,import-outside-toplevel
-    import tensorflow.compat.v1  # noqa: F401 pylint: disable=unused-import,import-outside-toplevel
+    import graph_mode  # pylint: disable=import-outside-toplevel
+    graph_mode.import_tensorflow()
+    del sys.modules["graph_mode"]  # a child that wants it imports it afresh
+    gc.freeze()  # the children's collections need not traverse TF's objects
     replies = os.fdopen(os.dup(1), "w")
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
