@@ -97,6 +97,7 @@ class GraphModel(object):
             self._inline_calls(node_def.name, 0)
         self._conditions = None
         self._positions = None
+        self._orders = {}  # data_deps / all_deps -> their topological order
 
     # -- construction ---------------------------------------------------------
 
@@ -280,9 +281,16 @@ class GraphModel(object):
     def topological(self, deps):
         """Node names ordered so that each follows its ``deps`` (cycles,
         i.e. v1 loop back edges, are broken arbitrarily;
-        ``graph_walk.topological``)."""
-        return graph_walk.topological(
-            self.nodes, lambda name: [d for d in deps(name) if d in self.nodes])
+        ``graph_walk.topological``). The orders of ``data_deps`` and
+        ``all_deps``, which the checks ask for many times, are kept."""
+        own = deps == self.data_deps or deps == self.all_deps
+        if own and deps in self._orders:
+            return self._orders[deps]
+        order = tuple(graph_walk.topological(
+            self.nodes, lambda name: [d for d in deps(name) if d in self.nodes]))
+        if own:
+            self._orders[deps] = order
+        return order
 
     # -- conditions -----------------------------------------------------------
 
