@@ -52,24 +52,36 @@ def _results(out_dir):
     return [json.load(open(os.path.join(str(out_dir), "rank%d.json" % r))) for r in (0, 1)]
 
 
-def _horovodrun(out_dir, *worker_args):
-    """Runs dp_worker.py on 2 ranks; a hang fails and names the stalled rank."""
+def _horovodrun(out_dir, *runs):
+    """Runs dp_worker.py's ``runs`` on 2 ranks, in one launch; returns each
+    run's [rank 0, rank 1] results by name. A hang fails and names the
+    stalled rank."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     command = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
                "--network-interfaces", "lo", sys.executable, WORKER, str(out_dir)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
     try:
-        done = subprocess.run(command + list(worker_args), capture_output=True, text=True,
+        done = subprocess.run(command + list(runs), capture_output=True, text=True,
                               timeout=RUN_TIMEOUT, env=env, cwd=REPO)
     except subprocess.TimeoutExpired:
         _fail_stalled(out_dir)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return _results(out_dir)
+    return dict((run, _results(os.path.join(str(out_dir), run))) for run in runs)
 
 
-def _hccl_run(out_dir, *worker_args):
-    """Runs dp_worker.py as two HCCL ranks on the npu shim (saturation mode),
-    one process per rank as on Ascend; a hang fails and names the stalled rank."""
+@pytest.fixture(scope="module")
+def horovod_runs(tmp_path_factory):
+    """dp_worker.py's three runs on 2 Horovod ranks, in one launch."""
+    if hvd is None:
+        pytest.skip("Horovod is built against TF 2.15.1; make test runs this file there")
+    return _horovodrun(tmp_path_factory.mktemp("horovod"), "plain", "no_allreduce",
+                       "accumulate")
+
+
+def _hccl_run(out_dir, run):
+    """Runs dp_worker.py's ``run`` as two HCCL ranks on the npu shim
+    (saturation mode), one process per rank as on Ascend; a hang fails and
+    names the stalled rank."""
     rendezvous = os.path.join(str(out_dir), "hccl")
     os.makedirs(rendezvous)
     procs = []
@@ -79,7 +91,7 @@ def _hccl_run(out_dir, *worker_args):
                    NPU_SHIM_HCCL_TIMEOUT=str(RUN_TIMEOUT // 2),
                    NPU_SHIM_OVERFLOW_MODE="saturation")
         procs.append(warm_python.Popen(
-            [sys.executable, WORKER, str(out_dir), "--engine", "hccl"] + list(worker_args),
+            [sys.executable, WORKER, str(out_dir), "--engine", "hccl", run],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
             env=env, cwd=REPO))
     outputs = []
@@ -92,12 +104,12 @@ def _hccl_run(out_dir, *worker_args):
         _fail_stalled(out_dir)
     for rank, (proc, output) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, "rank %d:\n%s" % (rank, output[-4000:])
-    return _results(out_dir)
+    return _results(os.path.join(str(out_dir), run))
 
 
 @needs_horovod
-def test_two_ranks_agree_on_every_skip_and_stay_identical(tmp_path):
-    rank0, rank1 = _horovodrun(tmp_path)
+def test_two_ranks_agree_on_every_skip_and_stay_identical(horovod_runs):
+    rank0, rank1 = horovod_runs["plain"]
     assert rank0["size"] == rank1["size"] == 2
     for a, b in zip(rank0["records"], rank1["records"]):
         assert a["finite"] == b["finite"] == (a["step"] != 2), (a, b)
@@ -110,8 +122,8 @@ def test_two_ranks_agree_on_every_skip_and_stay_identical(tmp_path):
 
 
 @needs_horovod
-def test_without_gradient_allreduce_rank0_still_skips_the_step_rank1_broke(tmp_path):
-    rank0, rank1 = _horovodrun(tmp_path, "--no-allreduce")
+def test_without_gradient_allreduce_rank0_still_skips_the_step_rank1_broke(horovod_runs):
+    rank0, rank1 = horovod_runs["no_allreduce"]
     step2 = rank0["records"][2]
     assert not step2["finite"] and not step2["applied"]  # its own gradients were finite
     assert [r["global_step"] for r in rank0["records"]] == [r["global_step"] for r in rank1["records"]]
@@ -119,9 +131,24 @@ def test_without_gradient_allreduce_rank0_still_skips_the_step_rank1_broke(tmp_p
     assert any(not np.array_equal(v, rank1["weights"][k]) for k, v in rank0["weights"].items())
 
 
+@pytest.fixture(scope="module")
+def float16_sum_runs(tmp_path_factory):
+    """fp16_sum_worker.py on 2 Horovod ranks: its float32 and float16 runs,
+    in one launch."""
+    out = tmp_path_factory.mktemp("fp16_sum")
+    worker = os.path.join(REPO, "tests", "distributed", "fp16_sum_worker.py")
+    command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+               "-H", "localhost:2", "--gloo", "--network-interfaces", "lo",
+               sys.executable, worker, str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=REPO)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return out
+
+
 @needs_horovod
 @pytest.mark.parametrize("float16", [False, True])
-def test_float16_gradients_whose_sum_overflows_are_averaged_exactly(tmp_path, float16):
+def test_float16_gradients_whose_sum_overflows_are_averaged_exactly(float16_sum_runs, float16):
     """Each rank's float16 gradient is 40000; their float16 sum is inf, so a
     float16 average would apply -inf after the overflow check passed. The
     builder averages in float32 (distributed.widened), or with
@@ -129,19 +156,13 @@ def test_float16_gradients_whose_sum_overflows_are_averaged_exactly(tmp_path, fl
     (20000 + 20000 fits): both ranks apply the exact mean,
     w = -1e-4 * 40000. On 64 random float16 gradients per rank the float16
     reduction equals the float32 one within float16 rounding (issue 34)."""
-    worker = os.path.join(REPO, "tests", "distributed", "fp16_sum_worker.py")
-    command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
-               "-H", "localhost:2", "--gloo", "--network-interfaces", "lo",
-               sys.executable, worker, str(tmp_path)] + (["--float16"] if float16 else [])
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=REPO)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert_float16_reduction_matches(_results(tmp_path))
+    run = os.path.join(str(float16_sum_runs), "float16" if float16 else "float32")
+    assert_float16_reduction_matches(_results(run))
 
 
 @needs_horovod
-def test_two_ranks_with_accumulation(tmp_path):
-    rank0, rank1 = _horovodrun(tmp_path, "--accumulate", "2", "--steps", "6")
+def test_two_ranks_with_accumulation(horovod_runs):
+    rank0, rank1 = horovod_runs["accumulate"]
     applied = [r["applied"] for r in rank0["records"]]
     assert applied == [False, True, False, False, False, True]  # window 2 holds step 2
     assert applied == [r["applied"] for r in rank1["records"]]
@@ -160,7 +181,7 @@ def test_hccl_ranks_agree_on_an_overflow_only_one_register_saw(tmp_path):
     """Ascend's float-status register is per device. Rank 1's overflow
     saturates (finite values), so only its register sees it; the summed flag
     makes rank 0 skip too, and the ranks stay identical."""
-    rank0, rank1 = _hccl_run(tmp_path)
+    rank0, rank1 = _hccl_run(tmp_path, "plain")
     for a, b in zip(rank0["records"], rank1["records"]):
         assert a["finite"] == b["finite"] == (a["step"] != 2), (a, b)
         assert a["scale_after"] == b["scale_after"] and a["global_step"] == b["global_step"]
@@ -171,7 +192,7 @@ def test_hccl_ranks_agree_on_an_overflow_only_one_register_saw(tmp_path):
 
 @hccl_on_primary_tf
 def test_hccl_without_gradient_allreduce_rank0_still_skips(tmp_path):
-    rank0, rank1 = _hccl_run(tmp_path, "--no-allreduce")
+    rank0, rank1 = _hccl_run(tmp_path, "no_allreduce")
     assert [r["applied"] for r in rank0["records"]] == [True, True, False, True]
     assert [r["applied"] for r in rank1["records"]] == [True, True, False, True]
     assert any(not np.array_equal(v, rank1["weights"][k]) for k, v in rank0["weights"].items())
@@ -179,7 +200,7 @@ def test_hccl_without_gradient_allreduce_rank0_still_skips(tmp_path):
 
 @hccl_on_primary_tf
 def test_hccl_ranks_reduce_once_per_window(tmp_path):
-    rank0, rank1 = _hccl_run(tmp_path, "--accumulate", "2", "--steps", "6")
+    rank0, rank1 = _hccl_run(tmp_path, "accumulate")
     for records in (rank0["records"], rank1["records"]):
         assert [r["applied"] for r in records] == [False, True, False, False, False, True]
         assert [r["collectives"] for r in records] == [0, 5, 0, 5, 0, 5]

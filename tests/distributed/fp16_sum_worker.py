@@ -6,11 +6,13 @@ float16; the sum of the two ranks, 80000, is not. The builder averages float16
 gradients in float32, so both ranks apply the exact mean. Writes
 ``[w after one step, is_finite]`` to ``<out>/rank<R>.json``.
 
-Usage: fp16_sum_worker.py OUT_DIR [--float16]
+Usage: fp16_sum_worker.py OUT_DIR
 
-With --float16 the builder averages in float16, pre-divided by the rank
-count. Also writes, for 64 random float16 gradients per rank, the weights
-after one step of each reduction (float32, then float16).
+Runs twice, each in a graph of its own: averaging in float32 (the default;
+``<out>/float32/``), then with ``allreduce_float16=True``, in float16
+pre-divided by the rank count (``<out>/float16/``). Each also writes, for 64
+random float16 gradients per rank, the weights after one step of each
+reduction (float32, then float16).
 """
 
 import json
@@ -20,13 +22,13 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from graph_mode import set_graph_mode  # noqa: E402
+from graph_mode import import_tensorflow, set_graph_mode  # noqa: E402
 
+tf = import_tensorflow()
 set_graph_mode()
 
 import horovod.tensorflow as hvd  # noqa: E402
@@ -34,8 +36,8 @@ import horovod.tensorflow as hvd  # noqa: E402
 import npu_lossscale as nl  # noqa: E402
 
 
-def main(out_dir, float16=False):
-    hvd.init()
+def run(out_dir, float16):
+    """One run; writes ``<out_dir>/rank<R>.json``."""
     x = tf.placeholder(tf.float16, [])
     w = tf.Variable(tf.constant(0.0, tf.float16))   # float16 weights: float16 gradients
     scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite",
@@ -60,9 +62,17 @@ def main(out_dir, float16=False):
         sess.run([op for op, _ in both])
         result = [float(sess.run(w)), bool(finite)] + [
             sess.run(u).astype(np.float32).tolist() for _, u in both]
+    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "rank%d.json" % hvd.rank()), "w") as handle:
         json.dump(result, handle)
 
 
+def main(out_dir):
+    hvd.init()
+    for float16 in (False, True):
+        with tf.Graph().as_default():
+            run(os.path.join(out_dir, "float16" if float16 else "float32"), float16)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], "--float16" in sys.argv[2:])
+    main(sys.argv[1])
