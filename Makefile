@@ -18,25 +18,58 @@ PIP_FLAGS := -q --disable-pip-version-check
 # chooses its legs, and tests/test_legs.py fails until it is named.
 #
 # V1_TESTS run again on TF 2.21 under v1 behaviour (ref variables,
-# Switch/Merge conds, TF 1.15's default): files that build and run the step,
-# the gate, the managers' state or the register, where ref variables and v1
-# control flow change the graph we make.
+# Switch/Merge conds, TF 1.15's default): whole files for the step (plan,
+# gradients, overflow, gate, window, close, commit), the managers' state,
+# the register, the skip record, what reads graphs (the audit, the graph
+# walks) and TF 1.15's own routes (SyncReplicas, the graph rewrite, the
+# shim's TF1 scripts), where ref variables and v1 control flow change the
+# graph we make or read. For a capability built on a seam (its file named
+# with ::tests), the tests that build its ops into a step and run it: the
+# refusals, the argument checks and the variations of each run on v2 only.
 V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_gradients.py tests/test_overflow.py tests/test_window.py \
             tests/test_close.py tests/test_update_ops.py tests/test_graph_state.py \
             tests/test_alternating.py tests/test_claims.py \
             tests/test_managers.py tests/test_manager_api.py tests/test_manager_state.py \
             tests/test_manager_npu_bridge.py tests/test_manager_checkpoints.py \
-            tests/test_manager_misuse.py tests/test_managers_extension.py \
-            tests/test_managers_hysteresis.py tests/test_bfloat16.py tests/test_graph_rewrite.py \
+            tests/test_managers_extension.py tests/test_managers_hysteresis.py \
+            tests/test_bfloat16.py tests/test_graph_rewrite.py \
             tests/test_npu_backend.py tests/test_backend_extension.py \
-            tests/test_shim_adapter.py tests/test_monitoring.py tests/test_diagnostics.py \
-            tests/test_misuse.py tests/test_underflow.py tests/test_managers_listening.py \
+            tests/test_shim_adapter.py tests/test_diagnostics.py \
+            tests/test_misuse.py tests/test_underflow.py \
             tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
-            tests/test_recipes.py tests/test_peer_suites.py tests/test_step_cost.py \
-            tests/test_port.py tests/test_transform_grads.py tests/test_skip_conditions.py \
-            tests/test_seams.py tests/test_towers.py tests/test_first_scale.py \
-            tests/test_xla_fusion.py
+            tests/test_step_cost.py \
+            tests/test_monitoring.py::test_summaries_count_skips_by_reason_and_group \
+            tests/test_monitoring.py::test_merged_summaries_fetched_alone_run_no_step \
+            tests/test_monitoring.py::test_all_finite_inside_a_cond_branch_takes_the_outer_graphs_gradients \
+            tests/test_monitoring.py::test_one_builder_with_per_group_ops_is_one_reader \
+            tests/test_monitoring.py::test_the_hook_watches_alternating_per_group_runs \
+            tests/test_monitoring.py::test_the_hook_counts_closed_windows_only \
+            tests/test_managers_listening.py::test_raises_early_by_the_headroom_and_measures_every_n_updates \
+            tests/test_managers_listening.py::test_per_group_ops_listen_too \
+            tests/test_manager_misuse.py::test_custom_scale_outside_the_range_fails_the_run_and_moves_nothing \
+            tests/test_manager_misuse.py::test_an_overridden_rule_that_breaks_the_range_fails_the_run \
+            tests/test_first_scale.py::test_a_modelzoo_start_at_2_to_the_32_skips_no_step \
+            tests/test_first_scale.py::test_with_per_group_ops_each_groups_first_run_measures_it \
+            tests/test_first_scale.py::test_the_measured_flag_is_saved_and_a_restored_run_keeps_its_scale \
+            tests/test_recipes.py::test_wgan_gp_overflow_in_the_penalty_is_skipped_atomically \
+            tests/test_recipes.py::test_update_ops_recipe_takes_every_call_of_the_network \
+            tests/test_port.py::test_ported_script_trains_and_skips_an_overflow_atomically \
+            tests/test_skip_conditions.py::test_requested_steps_skip_and_hold_the_scale \
+            tests/test_skip_conditions.py::test_a_spike_in_one_micro_batch_skips_the_window \
+            tests/test_skip_conditions.py::test_a_requested_skip_in_a_per_group_op \
+            tests/test_skip_conditions.py::test_the_spike_state_is_written_inside_a_functional_if \
+            tests/test_towers.py::test_an_overflow_in_one_tower_skips_the_step_for_both \
+            tests/test_towers.py::test_accumulation_averages_micro_batches_and_towers \
+            tests/test_towers.py::test_no_collective_and_nothing_but_the_gate_inside_a_cond \
+            tests/test_seams.py::test_a_gradient_transform_of_the_users \
+            tests/test_seams.py::test_a_skip_condition_with_a_reason_of_its_own \
+            tests/test_seams.py::test_a_step_observer_reports_and_runs_only_on_skipped_steps \
+            tests/test_seams.py::test_a_reduction_engine_of_the_users \
+            tests/test_transform_grads.py::test_the_fn_takes_and_returns_a_list_of_pairs_of_unscaled_gradients \
+            tests/test_transform_grads.py::test_a_non_finite_output_at_the_windows_close_skips_the_window \
+            tests/test_transform_grads.py::test_per_group_ops_apply_each_groups_fn \
+            tests/test_xla_fusion.py::test_applied_values_equal_the_is_finite_steps
 # TF215_TESTS run again on TF 2.15.1: what needs it (tf.estimator; Horovod,
 # built against it: test_distributed.py and the audit's Horovod test), and
 # what depends on TF's version rather than on our own logic: checkpoint
@@ -62,7 +95,9 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
 # FAST_ONLY_TESTS run on TF 2.21 alone: checks without a TF graph (the
 # plan, the static TF 1.15 API and Python 3.7 checks, this list's check, the
 # docstring ratio, the port's rules on source snippets),
-# is_finite's numbers, end-to-end runs of our own scripts whose TF 2.15 side
+# is_finite's numbers, the peers' own test suites run on our step (the
+# numbers it computes, against TF's, Keras's and contrib's classes; the
+# step's graph under v1 is the lists' above), end-to-end runs of our own scripts whose TF 2.15 side
 # the lists above cover (the GAN examples: test_distributed.py runs the DCGAN
 # under horovodrun; the shim's two ranks: its HCCL runs; the porting example,
 # the README's quick start, the docs' code blocks, docs/port.md's command
@@ -71,7 +106,7 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
 # float16 it took 100 s), and the warm fork server the tests start Python
 # processes through (tests/warm_python.py, against a real interpreter).
 FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_syntax.py \
-                   tests/test_messages.py \
+                   tests/test_messages.py tests/test_peer_suites.py \
                    tests/test_legs.py tests/test_backends.py tests/test_examples.py \
                    tests/test_shim_distributed.py tests/test_porting.py \
                    tests/test_readme.py tests/test_docs.py tests/test_soak.py \
