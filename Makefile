@@ -115,8 +115,8 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.
-# Measured on 2026-11-28 on the 2-core machine: make test 17 min 28 s warm
-# (test-fast 8 min 44 s, test-v1 4 min 49 s, test-tf215 3 min 21 s), with
+# Measured on 2026-11-28 on the 2-core machine: make test 13 min 43 s warm
+# (test-fast 7 min 54 s, test-v1 3 min 27 s, test-tf215 2 min 22 s), with
 # the tests' Python processes forked warm (tests/warm_python.py). The legs
 # run one after another: all three at once (make -j3, 6 workers on 2 cores)
 # took longer. docs/benchmarks.md has the earlier figures and why.
