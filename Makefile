@@ -124,7 +124,7 @@ JOBS ?= 2
 PYTEST_ARGS ?=
 # Python caches compiled modules (tests/__pycache__, pytest's rewritten test
 # files) even where the environment asks it not to: each leg's two workers
-# would otherwise compile the suite again (8 s each).
+# would otherwise compile the suite again.
 unexport PYTHONDONTWRITEBYTECODE
 pytest = $(1) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile \
          --no-loadscope-reorder $(PYTEST_ARGS)

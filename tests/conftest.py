@@ -45,16 +45,15 @@ def pytest_configure(config):
     """Imports TF and sets the graph mode in each process that runs tests.
 
     pytest-xdist's controller only hands out files to its workers: it skips
-    the import (8 s here, once per leg of the matrix, before any worker
-    starts).
+    the import, which would delay every worker's start.
     """
     global tf  # pylint: disable=global-statement
     if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
         return
-    graph_mode.set_graph_mode()
     tf = graph_mode.import_tensorflow()
-    # The ~250,000 objects of TF's import would otherwise be traversed by
-    # every full collection of the worker's cyclic garbage collector.
+    graph_mode.set_graph_mode()
+    # The objects of TF's import would otherwise be traversed by every full
+    # collection of the worker's cyclic garbage collector.
     gc.freeze()
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

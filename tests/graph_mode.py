@@ -21,9 +21,9 @@ def import_tensorflow():
     TF 2.15 and 2.21 import Keras while they are imported (tensorflow/
     __init__.py loads ``keras.src.optimizers`` for the SavedModel registry,
     and skips it on ImportError); Keras 3 brings scikit-learn and SciPy with
-    it. That is 3 of the 8 seconds an import of TF takes here, in every test
-    process, and no test needs it: a test that uses Keras imports it, and
-    ``tf.keras`` still loads it on first use.
+    it: a large part of TF's import time, in every test process
+    (docs/benchmarks.md), and no test needs it there: a test that uses Keras
+    imports it, and ``tf.keras`` still loads it on first use.
     """
     if "tensorflow" not in sys.modules and "keras" not in sys.modules:
         sys.modules["keras"] = None  # makes TF's eager import of Keras fail
