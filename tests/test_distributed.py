@@ -52,16 +52,22 @@ def _results(out_dir):
     return [json.load(open(os.path.join(str(out_dir), "rank%d.json" % r))) for r in (0, 1)]
 
 
+def _two_horovod_ranks(script, *args):
+    """The horovodrun command line that runs ``python script args`` on 2
+    local ranks over Gloo."""
+    return [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+            "-H", "localhost:2", "--gloo", "--network-interfaces", "lo",
+            sys.executable, script] + [str(a) for a in args]
+
+
 def _horovodrun(out_dir, *runs):
     """Runs dp_worker.py's ``runs`` on 2 ranks, in one launch; returns each
     run's [rank 0, rank 1] results by name. A hang fails and names the
     stalled rank."""
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    command = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
-               "--network-interfaces", "lo", sys.executable, WORKER, str(out_dir)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
     try:
-        done = subprocess.run(command + list(runs), capture_output=True, text=True,
+        done = subprocess.run(_two_horovod_ranks(WORKER, out_dir, *runs),
+                              capture_output=True, text=True,
                               timeout=RUN_TIMEOUT, env=env, cwd=REPO)
     except subprocess.TimeoutExpired:
         _fail_stalled(out_dir)
@@ -137,10 +143,7 @@ def float16_sum_runs(tmp_path_factory):
     in one launch."""
     out = tmp_path_factory.mktemp("fp16_sum")
     worker = os.path.join(REPO, "tests", "distributed", "fp16_sum_worker.py")
-    command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
-               "-H", "localhost:2", "--gloo", "--network-interfaces", "lo",
-               sys.executable, worker, str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+    done = subprocess.run(_two_horovod_ranks(worker, out), capture_output=True, text=True, timeout=RUN_TIMEOUT,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=REPO)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return out
@@ -475,12 +478,10 @@ def test_dcgan_example_under_horovodrun(tmp_path):
     The ranks seed their initializers differently, so equal digests also show
     that the example's broadcast_global_variables(0) took effect."""
     out = tmp_path / "dcgan"
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    command = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
-               "--network-interfaces", "lo", sys.executable,
-               os.path.join(REPO, "examples", "gan", "dcgan.py"), "--distributed", "horovod",
-               "--steps", "2", "--batch-size", "8", "--eval-samples", "40",
-               "--log-every", "1", "--ckpt-every", "1", "--out", str(out)]
+    command = _two_horovod_ranks(
+        os.path.join(REPO, "examples", "gan", "dcgan.py"), "--distributed", "horovod",
+        "--steps", "2", "--batch-size", "8", "--eval-samples", "40",
+        "--log-every", "1", "--ckpt-every", "1", "--out", out)
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT,

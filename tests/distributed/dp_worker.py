@@ -144,8 +144,7 @@ def train(engine, name, allreduce, accumulate, steps, out, progress):
                 progress.flush()
             weights = {v.op.name: sess.run(v).tolist() for v in model.d_vars + model.g_vars}
     folder = os.path.join(out, name)
-    if not os.path.isdir(folder):
-        os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "rank%d.json" % rank), "w") as handle:
         json.dump({"rank": rank, "size": engine.size, "records": records,
                    "weights": weights}, handle)
