@@ -157,6 +157,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 
 import tensorflow.compat.v1 as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -520,31 +521,64 @@ except KeyError:  # already registered by an earlier import of this module
     pass
 
 
-def _saturate(x):
-    m = _MAX_FINITE[x.dtype.base_dtype]
-    clipped = _math_ops.minimum(_math_ops.maximum(x, tf.constant(-m, x.dtype)),
-                                tf.constant(m, x.dtype))
-    return _array_ops.where_v2(_math_ops.is_nan(x), _array_ops.zeros_like(x), clipped)
+#: Per graph, the names of the scalar constants its checks share
+#: (_shared_constant). Names, not tensors: a tensor would keep its graph alive.
+_SHARED_CONSTANTS = weakref.WeakKeyDictionary()
+
+
+def _shared_constant(graph, value, dtype):
+    """A scalar constant for the checks built in ``graph``'s current
+    control-flow context, made once per (context, dtype, value).
+
+    It is made outside the control dependencies and the colocation active
+    where the check is built, so that sharing it ties no two ops together.
+    A control-flow context without a name gets a constant of its own each
+    time (TF's v1 conds and loops all have one).
+    """
+    context = graph._get_control_flow_context()  # pylint: disable=protected-access
+    context_name = None if context is None else getattr(context, "name", None)
+    names = _SHARED_CONSTANTS.setdefault(graph, {})
+    key = (context_name, dtype.name, value)
+    if key in names and (context is None or context_name):
+        return graph.get_tensor_by_name(names[key])
+    with _without_control_deps(graph), graph.name_scope(None):
+        with graph.colocate_with(None, ignore_existing=True):
+            constant = tf.constant(value, dtype=dtype, name=INTERNAL_SCOPE + "/shared")
+    names[key] = constant.name
+    return constant
+
+
+def _saturate(graph, x):
+    """``x`` with +-inf and finite overflows clipped to the dtype's largest
+    finite value, and NaN set to 0."""
+    dtype = x.dtype.base_dtype
+    m = _MAX_FINITE[dtype]
+    clipped = _math_ops.minimum(_math_ops.maximum(x, _shared_constant(graph, -m, dtype)),
+                                _shared_constant(graph, m, dtype))
+    return _array_ops.where_v2(_math_ops.is_nan(x), _shared_constant(graph, 0.0, dtype), clipped)
 
 
 def _build_check(graph, outputs, indices):
     """Build flag + register write + saturation (saturation mode only);
-    return the replacement outputs."""
+    return the replacement outputs.
+
+    The write puts 1 at status word 0 when an output holds an inf or a NaN,
+    else at the dummy key STATUS_WORDS, which no read looks up.
+    """
     handle = register_handle(graph)
-    flags = [_math_ops.logical_not(_math_ops.reduce_all(_math_ops.is_finite(outputs[i])))
-             for i in indices]
-    flag = flags[0] if len(flags) == 1 else _math_ops.reduce_any(_array_ops.stack(flags))
-    key = _array_ops.reshape(
-        _array_ops.where_v2(flag, tf.constant(0, tf.int64), tf.constant(_DUMMY_KEY, tf.int64)), [1])
+    finite = [_math_ops.reduce_all(_math_ops.is_finite(outputs[i])) for i in indices]
+    all_finite = finite[0] if len(finite) == 1 else _math_ops.reduce_all(_array_ops.stack(finite))
+    key = _array_ops.where_v2(all_finite, _shared_constant(graph, _DUMMY_KEY, tf.int64),
+                              _shared_constant(graph, 0, tf.int64))
     write = _gen_lookup_ops.lookup_table_insert_v2(
-        handle, key, tf.constant([1], dtype=tf.int32), name="set_overflow_bit")
+        handle, key, _shared_constant(graph, 1, tf.int32), name="set_overflow_bit")
     new = list(outputs)
-    with graph.control_dependencies([write]):
-        for i in indices:
-            x = outputs[i]
-            sat = _saturate(x)
-            with graph.gradient_override_map({"IdentityN": _ST_GRAD_NAME}):
-                new[i] = _gen_array_ops.identity_n([sat, x], name="saturated")[0]
+    for i in indices:
+        x = outputs[i]
+        sat = _saturate(graph, x)
+        with graph.control_dependencies([write]), \
+                graph.gradient_override_map({"IdentityN": _ST_GRAD_NAME}):
+            new[i] = _gen_array_ops.identity_n([sat, x], name="saturated")[0]
     return new
 
 
