@@ -85,6 +85,14 @@ def checkpoint_variables(out):
     return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(prefix)}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def preloaded():
+    """The examples' scikit-learn (the digits, the scorer) and matplotlib,
+    imported once in the warm server rather than in each run."""
+    warm_python.preload("sklearn.datasets", "sklearn.decomposition", "sklearn.neural_network",
+                        "sklearn.pipeline", "matplotlib.pyplot")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The four smoke runs, started together (each is mostly TF start-up)."""

@@ -105,3 +105,16 @@ def test_stdout_is_readable_while_the_child_runs_and_stderr_may_be_a_file(tmp_pa
         process.stdout.close()
         stderr.seek(0)
         assert stderr.read() == "err line\n"
+
+
+def test_a_preloaded_module_is_imported_in_the_children_forked_after_it():
+    """``preload`` imports in the server: a child started before it imports
+    the module itself, one started after finds it in sys.modules; a module
+    that cannot be imported is named, and the server goes on serving."""
+    probe = [sys.executable, "-c", "import sys; print('wave' in sys.modules)"]
+    assert warm_python.run(probe, capture_output=True, text=True).stdout == "False\n"
+    warm_python.preload("wave")
+    assert warm_python.run(probe, capture_output=True, text=True).stdout == "True\n"
+    with pytest.raises(RuntimeError, match="cannot preload no_such_module_here"):
+        warm_python.preload("no_such_module_here")
+    assert warm_python.run(probe, capture_output=True, text=True).stdout == "True\n"

@@ -9,8 +9,8 @@ Each child is a fresh process, forked from a server (``serve``, one per test
 process, started on first use) that imported ``tensorflow.compat.v1`` and
 ``numpy`` and nothing else (no graph, no session, eager execution as TF
 starts it, and not the Keras that TF imports with itself:
-graph_mode.import_tensorflow), so a script sees what a fresh interpreter
-gives it: its own ``sys.argv``, ``sys.path`` (the script's folder, then
+graph_mode.import_tensorflow), but what a test file asks it to ``preload``,
+so a script sees what a fresh interpreter gives it: its own ``sys.argv``, ``sys.path`` (the script's folder, then
 PYTHONPATH, then the interpreter's default), environment, working directory
 and ``__main__``, and its exit status, atexit handlers and standard streams
 behave as in ``python SCRIPT``.
@@ -25,6 +25,7 @@ test fails in a child.
 import atexit
 import builtins
 import gc
+import importlib
 import json
 import os
 import runpy
@@ -143,9 +144,22 @@ def _child(request, streams):
         os._exit(code)  # pylint: disable=protected-access
 
 
+def _preload(modules):
+    """Imports ``modules`` in the server, for every child forked after it;
+    returns the reply's fields."""
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except Exception as error:  # pylint: disable=broad-except
+        return {"error": "cannot preload %s: %s: %s" % (name, type(error).__name__, error)}
+    gc.freeze()
+    return {"preloaded": list(modules)}
+
+
 def serve():
     """The fork server: imports TF and NumPy, then forks a child per request
-    line on stdin and answers, on stdout, each child's pid and exit status."""
+    line on stdin and answers, on stdout, each child's pid and exit status
+    (or, for a ``preload`` request, imports the modules it names)."""
     import numpy  # noqa: F401 pylint: disable=unused-import,import-outside-toplevel
     import graph_mode  # pylint: disable=import-outside-toplevel
     graph_mode.import_tensorflow()
@@ -175,6 +189,9 @@ def serve():
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 request = json.loads(line.decode("utf-8"))
+                if "preload" in request:
+                    reply(id=request["id"], **_preload(request["preload"]))
+                    continue
                 try:
                     streams = _open_streams(request)
                 except OSError as error:
@@ -229,6 +246,8 @@ class _Server(object):
             if "error" in reply:
                 child["error"] = reply["error"]
                 child["started"].set()
+            elif "preloaded" in reply:
+                child["started"].set()
             elif "pid" in reply:
                 child["pid"] = reply["pid"]
                 child["started"].set()
@@ -260,6 +279,20 @@ class _Server(object):
         return child
 
 
+    def preload(self, modules):
+        """Has the server import ``modules`` (see ``preload``)."""
+        with self._lock:
+            self._next += 1
+            request = {"started": threading.Event(), "done": threading.Event(), "exit": None}
+            self._children[self._next] = request
+            self._process.stdin.write(json.dumps({"id": self._next,
+                                                  "preload": list(modules)}) + "\n")
+            self._process.stdin.flush()
+        request["started"].wait()
+        if "error" in request:
+            raise RuntimeError("warm_python: %s" % request["error"])
+
+
 _SERVER = []
 
 
@@ -281,6 +314,23 @@ def _warm(args, env):
         return False
     server_env = _SERVER[0].import_env if _SERVER else _import_env(os.environ)
     return _import_env(os.environ if env is None else env) == server_env
+
+
+def preload(*modules):
+    """Imports ``modules`` in the fork server, so that the children forked
+    after it find them imported, as they find TensorFlow.
+
+    For the heavy modules of the scripts a test file starts many times
+    (scikit-learn's in the GAN examples). A child then sees them in
+    ``sys.modules`` from its start; what they do when imported happens once,
+    in the server, with the server's environment. Does nothing where the
+    children run fresh (NPU_LOSSSCALE_TESTS_FRESH=1).
+
+    Raises:
+      RuntimeError: a module cannot be imported.
+    """
+    if not _fresh():
+        _server().preload(modules)
 
 
 class Popen(object):
