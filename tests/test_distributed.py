@@ -36,6 +36,7 @@ needs_horovod = pytest.mark.skipif(
 hccl_on_primary_tf = pytest.mark.skipif(
     hvd is not None, reason="the shim's HCCL ranks: proved on the TF 2.21 leg")
 WORKER = os.path.join(REPO, "tests", "distributed", "dp_worker.py")
+HOROVODRUN = os.path.join(REPO, "tests", "distributed", "horovodrun.py")
 RUN_TIMEOUT = 240
 
 
@@ -54,8 +55,9 @@ def _results(out_dir):
 
 def _two_horovod_ranks(script, *args):
     """The horovodrun command line that runs ``python script args`` on 2
-    local ranks over Gloo."""
-    return [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+    local ranks over Gloo (through tests/distributed/horovodrun.py, which
+    passes horovodrun this process's answer to its Gloo build check)."""
+    return [sys.executable, HOROVODRUN, "--gloo-built=%d" % hvd.gloo_built(), "-np", "2",
             "-H", "localhost:2", "--gloo", "--network-interfaces", "lo",
             sys.executable, script] + [str(a) for a in args]
 
