@@ -10,10 +10,10 @@ process, started on first use) that imported ``tensorflow.compat.v1`` and
 ``numpy`` and nothing else (no graph, no session, eager execution as TF
 starts it, and not the Keras that TF imports with itself:
 graph_mode.import_tensorflow), but what a test file asks it to ``preload``,
-so a script sees what a fresh interpreter gives it: its own ``sys.argv``, ``sys.path`` (the script's folder, then
-PYTHONPATH, then the interpreter's default), environment, working directory
-and ``__main__``, and its exit status, atexit handlers and standard streams
-behave as in ``python SCRIPT``.
+so a script sees what a fresh interpreter gives it: its own ``sys.argv``,
+``sys.path`` (the script's folder, then PYTHONPATH, then the interpreter's
+default), environment, working directory and ``__main__``, and its exit
+status, atexit handlers and standard streams behave as in ``python SCRIPT``.
 
 A command that is not one of those three forms, or whose environment
 changes a variable TensorFlow reads when it is imported (IMPORT_TIME_ENV),
@@ -263,34 +263,31 @@ class _Server(object):
                     child["started"].set()
                     child["done"].set()
 
-    def start(self, command, env, cwd, out, err):
-        """Forks a child for ``command``; returns its record (pid, events)."""
+    def _request(self, **fields):
+        """Sends the server one request; returns its record once the server
+        has answered (a child's pid, a preload's end, or an error)."""
         with self._lock:
             self._next += 1
-            child = {"started": threading.Event(), "done": threading.Event(), "exit": None}
-            self._children[self._next] = child
-            self._process.stdin.write(json.dumps({
-                "id": self._next, "command": command, "env": env, "cwd": cwd, "out": out,
-                "err": err, "base_path": self.base_path}) + "\n")
+            record = {"started": threading.Event(), "done": threading.Event(), "exit": None}
+            self._children[self._next] = record
+            self._process.stdin.write(json.dumps(dict(fields, id=self._next)) + "\n")
             self._process.stdin.flush()
-        child["started"].wait()
+        record["started"].wait()
+        return record
+
+    def start(self, command, env, cwd, out, err):
+        """Forks a child for ``command``; returns its record (pid, events)."""
+        child = self._request(command=command, env=env, cwd=cwd, out=out, err=err,
+                              base_path=self.base_path)
         if "pid" not in child:
             raise RuntimeError("warm_python could not start %r: %s" % (command[:2], child["error"]))
         return child
 
-
     def preload(self, modules):
         """Has the server import ``modules`` (see ``preload``)."""
-        with self._lock:
-            self._next += 1
-            request = {"started": threading.Event(), "done": threading.Event(), "exit": None}
-            self._children[self._next] = request
-            self._process.stdin.write(json.dumps({"id": self._next,
-                                                  "preload": list(modules)}) + "\n")
-            self._process.stdin.flush()
-        request["started"].wait()
-        if "error" in request:
-            raise RuntimeError("warm_python: %s" % request["error"])
+        record = self._request(preload=list(modules))
+        if "error" in record:
+            raise RuntimeError("warm_python: %s" % record["error"])
 
 
 _SERVER = []
