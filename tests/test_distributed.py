@@ -145,8 +145,9 @@ def float16_sum_runs(tmp_path_factory):
     in one launch."""
     out = tmp_path_factory.mktemp("fp16_sum")
     worker = os.path.join(REPO, "tests", "distributed", "fp16_sum_worker.py")
-    done = subprocess.run(_two_horovod_ranks(worker, out), capture_output=True, text=True, timeout=RUN_TIMEOUT,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=REPO)
+    done = subprocess.run(_two_horovod_ranks(worker, out), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                          cwd=REPO)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return out
 

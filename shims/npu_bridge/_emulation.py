@@ -537,14 +537,16 @@ def _shared_constant(graph, value, dtype):
     """
     context = graph._get_control_flow_context()  # pylint: disable=protected-access
     context_name = None if context is None else getattr(context, "name", None)
+    shared = context is None or context_name is not None
     names = _SHARED_CONSTANTS.setdefault(graph, {})
     key = (context_name, dtype.name, value)
-    if key in names and (context is None or context_name):
+    if shared and key in names:
         return graph.get_tensor_by_name(names[key])
     with _without_control_deps(graph), graph.name_scope(None):
         with graph.colocate_with(None, ignore_existing=True):
             constant = tf.constant(value, dtype=dtype, name=INTERNAL_SCOPE + "/shared")
-    names[key] = constant.name
+    if shared:
+        names[key] = constant.name
     return constant
 
 
