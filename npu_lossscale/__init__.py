@@ -4,22 +4,14 @@ TF1 optimizers in one ``session.run``, on Ascend NPUs, GPUs and CPUs.
 The public names are ``__all__`` (README.md, "API"); ``diagnostics`` reads
 back why a step skipped, and ``python -m npu_lossscale.audit model.meta``
 audits an existing graph.
+
+The package imports its public names, and TensorFlow with them, the first
+time one is used (PEP 562, Python 3.7): ``python -m npu_lossscale.port``
+rewrites source without waiting for TensorFlow to load.
 """
 
-from npu_lossscale.audit import Finding, audit
-from npu_lossscale.builder import MultiOptimizerLossScale, TrainOps
-from npu_lossscale.managers import (DynamicLossScaleManager,
-                                    ExponentialUpdateLossScaleManager,
-                                    FixedLossScaleManager, LossScaleManager,
-                                    NoOpLossScaleManager)
-from npu_lossscale.managers.listening import ListeningLossScaleManager
-from npu_lossscale.monitoring import (CollapseMonitor, LossScaleCollapse, LossScaleHook,
-                                      summaries)
-from npu_lossscale.optimizer import LossScaleOptimizer
-from npu_lossscale.seams import GradientTransform, ReductionEngine, SkipCondition, StepObserver
-from npu_lossscale.core.overflow import all_finite
-from npu_lossscale.distributed.sync_replicas import SyncReplicasOptimizer
-from npu_lossscale.underflow import summaries as underflow_summaries
+import sys
+import types
 
 __version__ = "0.3.0"
 
@@ -47,3 +39,62 @@ __all__ = [
     "summaries",
     "underflow_summaries",
 ]
+
+
+def _public_names():
+    """Imports the modules that define ``__all__`` and returns its names.
+
+    Returns:
+      A dict from each name of ``__all__`` to its object.
+    """
+    # pylint: disable=import-outside-toplevel
+    from npu_lossscale.audit import Finding, audit
+    from npu_lossscale.builder import MultiOptimizerLossScale, TrainOps
+    from npu_lossscale.managers import (DynamicLossScaleManager,
+                                        ExponentialUpdateLossScaleManager,
+                                        FixedLossScaleManager, LossScaleManager,
+                                        NoOpLossScaleManager)
+    from npu_lossscale.managers.listening import ListeningLossScaleManager
+    from npu_lossscale.monitoring import (CollapseMonitor, LossScaleCollapse, LossScaleHook,
+                                          summaries)
+    from npu_lossscale.optimizer import LossScaleOptimizer
+    from npu_lossscale.seams import GradientTransform, ReductionEngine, SkipCondition, StepObserver
+    from npu_lossscale.core.overflow import all_finite
+    from npu_lossscale.distributed.sync_replicas import SyncReplicasOptimizer
+    from npu_lossscale.underflow import summaries as underflow_summaries
+    return dict(locals())
+
+
+def __getattr__(name):
+    """Binds every public name on the first use of one (PEP 562).
+
+    Raises:
+      AttributeError: if ``name`` is not a public name.
+    """
+    if name not in __all__:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    for public, value in _public_names().items():
+        setattr(sys.modules[__name__], public, value)
+    return globals()[name]
+
+
+def __dir__():
+    """Lists the public names with the ones already bound."""
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """This package's module: ``npu_lossscale.audit`` stays the function.
+
+    Importing the subpackage ``npu_lossscale.audit`` binds it as this
+    package's ``audit`` attribute; the public name is the function of the
+    same name, so that binding is not kept.
+    """
+
+    def __setattr__(self, name, value):
+        if name == "audit" and isinstance(value, types.ModuleType):
+            return
+        super(_Package, self).__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -23,6 +23,7 @@ import difflib
 import hashlib
 import importlib.util
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -336,6 +337,26 @@ def test_the_port_modules_do_not_import_tensorflow():
                     module in ("npu_lossscale", "npu_lossscale.port")
                     or not module.startswith("npu_lossscale")
                     or module.startswith("npu_lossscale.port.")), (name, module)
+
+
+def test_the_port_command_loads_no_tensorflow(tmp_path):
+    """``python -m npu_lossscale.port`` rewrites a script in a process that
+    never imports TensorFlow, nor the library's TensorFlow modules: the
+    package binds its public names on their first use."""
+    script = ("import runpy, sys\n"
+              "sys.argv = ['port', %r, '-o', %r]\n"
+              "try:\n"
+              "    runpy.run_module('npu_lossscale.port', run_name='__main__', alter_sys=True)\n"
+              "except SystemExit as stop:\n"
+              "    assert not stop.code, stop.code\n"
+              "print(sorted(name for name in sys.modules if name.split('.')[0] in "
+              "('tensorflow', 'npu_lossscale') and not name.startswith('npu_lossscale.port')))\n"
+              % (os.path.join(SCRIPTS, "npu_three_joint.py"), str(tmp_path / "out.py")))
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1] == "['npu_lossscale']"
+    assert "MultiOptimizerLossScale" in (tmp_path / "out.py").read_text()
 
 
 def test_the_probe_audits_each_training_run_once(tmp_path, graph):

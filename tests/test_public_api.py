@@ -1,5 +1,9 @@
 """The public surface is a contract: this test pins it."""
 
+import sys
+
+import warm_python
+
 import npu_lossscale
 
 
@@ -43,3 +47,29 @@ def test_train_ops_fields():
     from npu_lossscale.builder import GroupReport, SkipReport
     assert GroupReport._fields == ("is_finite", "loss_scale")
     assert SkipReport._fields == ("skip_reason", "groups_overflowed", "last_skip")
+
+
+def test_the_public_names_bind_on_first_use():
+    """``import npu_lossscale`` imports none of the library's TensorFlow
+    modules; the first public name used binds them all. ``npu_lossscale.audit``
+    is the function even when the subpackage of that name is imported first;
+    an unknown name is an AttributeError."""
+    code = "\n".join([
+        "import sys",
+        "import npu_lossscale as nl",
+        "assert 'npu_lossscale.builder' not in sys.modules",
+        "assert sorted(set(nl.__all__) - set(dir(nl))) == []",
+        "import npu_lossscale.audit",
+        "assert callable(nl.audit) and nl.audit.__module__ == 'npu_lossscale.audit'",
+        "assert nl.MultiOptimizerLossScale.__module__ == 'npu_lossscale.builder'",
+        "from npu_lossscale import *",
+        "assert underflow_summaries is sys.modules['npu_lossscale.underflow'].summaries",
+        "try:",
+        "    nl.LossScaleManagr",
+        "except AttributeError as error:",
+        "    print(error)",
+    ])
+    run = warm_python.run([sys.executable, "-c", code], stdout=warm_python.PIPE,
+                          stderr=warm_python.PIPE, universal_newlines=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "module 'npu_lossscale' has no attribute 'LossScaleManagr'"
