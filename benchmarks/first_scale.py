@@ -39,9 +39,7 @@ from __future__ import absolute_import, division, print_function
 
 import argparse
 import collections
-import json
 import os
-import platform
 import sys
 import time
 
@@ -58,6 +56,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 
 import npu_lossscale as nl  # noqa: E402
 from benchmarks import gan as mlp_gan  # noqa: E402
+from benchmarks import record  # noqa: E402
 
 RUNS = 200
 #: How ModelZoo's Ascend GAN scripts start (tests/data/modelzoo_dcgan.py).
@@ -199,8 +198,8 @@ def _markdown(result):
         lines.append("| %s | %s | %s | %d%s | %s | %s | %.4f | %.3f | %.3f |" % (
             row["model"], row["loop"],
             "as started" if row["margin"] is None else "measured, margin %d" % row["margin"],
-            row["skipped"], " (%s)" % runs if runs else "", _power(row["scale_after_run_1"]),
-            _power(row["scale_at_end"]),
+            row["skipped"], " (%s)" % runs if runs else "",
+            record.power_of_two(row["scale_after_run_1"]), record.power_of_two(row["scale_at_end"]),
             row["median_seconds"], row["first_seconds"],
             row["median_seconds"] / base["median_seconds"]))
     lines += ["", "A run skipped when its update did not apply (runs counted from 1; "
@@ -209,10 +208,6 @@ def _markdown(result):
               "session's first-run set-up and, when measured, the measurement."]
     return "\n".join(lines) + "\n"
 
-
-def _power(value):
-    exponent = np.log2(value)
-    return "2**%d" % exponent if exponent == int(exponent) else "%g" % value
 
 
 def main(argv=None):
@@ -229,13 +224,9 @@ def main(argv=None):
     gan_args.runs = args.runs
     images = dcgan.load_data(None)[0]
     config = runtime.session_config(tf, gan_args)
-    result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
-        "cpus": "%d cores" % os.cpu_count(), "tensorflow": tf.__version__,
-        "load_average": "%.1f" % os.getloadavg()[0], "runs": args.runs,
-        "modelzoo_manager": MODELZOO_MANAGER, "mlp_size": MLP_SIZE,
-        "demo_manager": cli.describe_loss_scale(gan_args.loss_scale),
-    }
+    result = record.machine(tf.__version__)
+    result.update(runs=args.runs, modelzoo_manager=MODELZOO_MANAGER, mlp_size=MLP_SIZE,
+                  demo_manager=cli.describe_loss_scale(gan_args.loss_scale))
     began = time.time()
     rows = run_variants("demo GAN (dcgan.py, fp16)", "joint",
                         lambda margin: demo_gan(margin, gan_args, images), DEMO_MARGINS,
@@ -247,13 +238,7 @@ def main(argv=None):
             MLP_MARGINS, config, args.runs)
     result["results"] = [row._asdict() for row in rows]
     result["wall_seconds"] = round(time.time() - began, 1)
-    result["load_average_end"] = "%.1f" % os.getloadavg()[0]
-    with open(os.path.join(args.out, "first_scale.json"), "w") as handle:
-        json.dump(result, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    with open(os.path.join(args.out, "first_scale.md"), "w") as handle:
-        handle.write(_markdown(result))
-    print(_markdown(result))
+    record.write(result, args.out, "first_scale", _markdown)
     return 0
 
 

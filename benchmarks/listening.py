@@ -39,7 +39,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 import npu_lossscale as nl  # noqa: E402
+from benchmarks import record  # noqa: E402
 
 #: The seed net's loss factor: with it every float16 gradient element is
 #: below 2**-24 at scale 1 (the seed's volume did that by its size).
@@ -196,7 +196,7 @@ def _markdown(result):
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for run in result["seed"]["runs"]:
         lines.append("| %s | %s | %s | %s | %s | %.1f %% | %d | %g | %.3f |" % (
-            run["loss_dtype"], _power(run["start"]), run["manager"],
+            run["loss_dtype"], record.power_of_two(run["start"]), run["manager"],
             _never(run["unflushed_step"]), _never(run["healthy_step"]),
             100.0 * run["final_underflow"], run["skipped"], run["final_scale"],
             run["relative_loss"]))
@@ -207,7 +207,7 @@ def _markdown(result):
                   "| inception score | s/step |", "| --- | --- | --- | --- | --- | --- | --- |"]
         for run in result["gan"]:
             lines.append("| %s | %s | %s | %d | %g | %.2f | %.3f |" % (
-                _power(run["start"]), run["manager"], _never(run["healthy_from_step"]),
+                record.power_of_two(run["start"]), run["manager"], _never(run["healthy_from_step"]),
                 run["skipped_steps"], run["final_loss_scale"], run["inception_score"],
                 run["seconds_per_step"]))
     return "\n".join(lines) + "\n"
@@ -216,10 +216,6 @@ def _markdown(result):
 def _never(step):
     return "never" if step is None else str(step)
 
-
-def _power(value):
-    exponent = int(round(np.log2(value)))
-    return "2**%d" % exponent if exponent else "1"
 
 
 def main(argv=None):
@@ -232,11 +228,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     tf.disable_eager_execution()
     tf.logging.set_verbosity(tf.logging.ERROR)
-    result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
-        "cpus": "%d cores" % os.cpu_count(), "tensorflow": tf.__version__,
-        "load_average": "%.1f" % os.getloadavg()[0],
-    }
+    result = record.machine(tf.__version__)
     reference, runs = seed_runs()
     result["seed"] = {"float32_loss": reference.loss,
                       "runs": [run._asdict() for run in runs]}
@@ -246,13 +238,7 @@ def main(argv=None):
         else:
             with tempfile.TemporaryDirectory() as out:
                 result["gan"] = gan_runs(out)
-    result["load_average_end"] = "%.1f" % os.getloadavg()[0]
-    with open(os.path.join(args.out, "listening.json"), "w") as handle:
-        json.dump(result, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    with open(os.path.join(args.out, "listening.md"), "w") as handle:
-        handle.write(_markdown(result))
-    print(_markdown(result))
+    record.write(result, args.out, "listening", _markdown)
     return 0
 
 
