@@ -68,6 +68,15 @@ def test_var_list_given_as_a_string(gan):
         _scaler().add(gan.g_loss, tf.train.AdamOptimizer(), var_list="generator")
 
 
+def test_a_single_variable_is_its_var_list_as_minimize_takes_it(gan):
+    """TF's Optimizer.minimize(var_list=v) flattens one variable to [v]; so
+    does add()."""
+    scaler = _scaler()
+    scaler.add(gan.g_loss, tf.train.AdamOptimizer(), var_list=gan.g_vars[0], name="g")
+    train = scaler.build()
+    assert [var for _, var in train.grads_and_vars["g"]] == [gan.g_vars[0]]
+
+
 def test_variable_in_two_groups(gan):
     scaler = _scaler()
     scaler.add(gan.g_loss, tf.train.AdamOptimizer(), var_list=gan.g_vars, name="g")

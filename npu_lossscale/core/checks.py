@@ -239,7 +239,8 @@ def check_var_list(var_list, name, other_groups):
     """Checks a group's variables and returns them as a tuple.
 
     Args:
-      var_list: the variables, or None for every trainable variable.
+      var_list: the variables, one variable (as ``Optimizer.minimize``
+        takes it), or None for every trainable variable.
       name: the group's name, for messages.
       other_groups: the groups recorded before.
 
@@ -247,13 +248,15 @@ def check_var_list(var_list, name, other_groups):
       A tuple of variables.
 
     Raises:
-      TypeError: for a single variable, a string or a non-variable entry.
+      TypeError: for a tensor, a string or a non-variable entry.
       ValueError: for an empty list, a variable of another graph, a repeated
         variable, or one already in another group.
     """
     if var_list is None:
         var_list = default_var_list()
-    elif is_variable(var_list) or isinstance(var_list, (tf.Tensor, str, bytes)):
+    elif is_variable(var_list):
+        var_list = [var_list]
+    elif isinstance(var_list, (tf.Tensor, str, bytes)):
         raise TypeError("var_list must be a list of variables, got the single %r. Pass "
                         "var_list=[v]." % (var_list,))
     var_list = tuple(var_list)
