@@ -314,6 +314,24 @@ def test_refuses_to_write_into_its_input(tmp_path, capsys):
     assert script.read_text() == "x = 1\n"
 
 
+def test_a_folder_into_a_file_is_a_usage_error_and_a_named_script_is_ported(tmp_path, capsys):
+    """A folder's OUTPUT that is a file: exit 2 with the fix, no traceback.
+    A script named as INPUT is read as Python whatever its name ends with."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.py").write_text("x = 1\n")
+    taken = tmp_path / "taken.txt"
+    taken.write_text("")
+    assert main([str(folder), "-o", str(taken)]) == 2
+    assert "is a file, and the input" in capsys.readouterr().err
+    script = tmp_path / "train"  # no .py
+    with open(os.path.join(SCRIPTS, "npu_three_joint.py")) as handle:
+        script.write_text(handle.read())
+    assert main([str(script), "-o", str(tmp_path / "ported")]) == 0
+    assert "1 file read" in capsys.readouterr().out
+    assert "nl.MultiOptimizerLossScale" in (tmp_path / "ported").read_text()
+
+
 def test_without_libcst_it_names_the_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "libcst", None)
     assert main([os.path.join(SCRIPTS, "npu_single.py"), "-o", str(tmp_path)]) == 2

@@ -91,6 +91,37 @@ REFUSALS = [
      [("loss-scale-argument", 3)]),
     ("optimizer-used-elsewhere", HEAD + D_OPT + G_OPT + D_MIN + G_MIN + JOINT
      + "slot = d_opt.get_slot(w, 'm')\n", [("optimizer-used-elsewhere", 9)]),
+    ("var-list-missing: None spelled out", HEAD + D_OPT + G_OPT + D_MIN
+     + "g_train = g_opt.minimize(g_loss, var_list=None)\n" + JOINT, [("var-list-missing", 7)]),
+    ("train-op-unfetched: no session.run", HEAD + D_OPT + G_OPT + D_MIN + G_MIN,
+     [("train-op-unfetched", 6), ("train-op-unfetched", 7)]),
+    ("optimizer-unfollowed: a one-line if", HEAD
+     + "d_opt = tf.train.AdamOptimizer()\n"
+     + "if fp16: d_opt = NPULossScaleOptimizer(d_opt, FixedLossScaleManager(8))\n"
+     + "g_opt = tf.train.AdamOptimizer()\n"
+     + "if fp16: g_opt = NPULossScaleOptimizer(g_opt, FixedLossScaleManager(8))\n"
+     + D_MIN + G_MIN + JOINT,
+     [("wrapper-unfollowed", 5), ("wrapper-unfollowed", 7), ("optimizer-unfollowed", 8),
+      ("optimizer-unfollowed", 9)]),
+    ("built-in-loop: a function called from a loop", HEAD
+     + "def train(loss, var_list):\n"
+     + "    opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), FixedLossScaleManager(8))\n"
+     + "    return opt.minimize(loss, var_list=var_list)\n"
+     + "ops = []\nfor loss, var_list in pairs:\n    ops.append(train(loss, var_list))\n"
+     + "sess.run(ops)\n", [("built-in-loop", 5), ("train-op-unfollowed", 6)]),
+    ("optimizer-through-function: the drop-in's wrapper minimized in a helper", HEAD
+     + "opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), FixedLossScaleManager(8))\n"
+     + "def make(o, loss, v):\n    return o.minimize(loss, var_list=v)\n"
+     + "d_train = make(opt, d_loss, d_vars)\ng_train = make(opt, g_loss, g_vars)\n" + JOINT,
+     [("optimizer-through-function", 7), ("optimizer-through-function", 8)]),
+    ("unmovable: a list changed between the blocks", HEAD + "ops = []\n" + D_OPT + G_OPT
+     + "with tf.control_dependencies(ops):\n    " + D_MIN + "ops.extend(more)\n"
+     + "with tf.control_dependencies(ops):\n    " + G_MIN + "sess.run(d_train)\n"
+     + "sess.run(g_train)\n", [("unmovable", 7)]),
+    ("optimizer-reused: one optimizer in two wrappers", HEAD + "adam = tf.train.AdamOptimizer()\n"
+     + "d_opt = NPULossScaleOptimizer(adam, FixedLossScaleManager(8))\n"
+     + "g_opt = NPULossScaleOptimizer(adam, FixedLossScaleManager(8))\n" + D_MIN + G_MIN + JOINT,
+     [("optimizer-reused", 5), ("optimizer-reused", 6)]),
     ("already-ported-mixed", HEAD + "import npu_lossscale as nl\n" + D_OPT + D_MIN
      + "sess.run(d_train)\n", [("already-ported-mixed", 5)]),
     ("wrapper-unfollowed: result dropped", "import tensorflow.compat.v1 as tf\n\n"
@@ -148,6 +179,11 @@ def test_one_shared_manager_stays_one():
         "sess.run([d_train, g_train])\n")
     assert "manager-per-group" not in [e.rule for e in entries]
     assert [e.rule for e in entries if e.rule == "manager-mapped"] == ["manager-mapped"]
+    # Fetched together, each wrapper updated it once a run; the builder once a step.
+    message = [e.message for e in entries if e.rule == "manager-once-per-step"]
+    assert message and "(2 updates a run)" in message[0]
+    alternating = source.replace(JOINT, "sess.run(d_train)\nsess.run(g_train)\n")
+    assert "manager-once-per-step" not in [e.rule for e in _port(alternating)[1]]
 
 
 def test_taken_names_are_not_reused():
@@ -237,3 +273,58 @@ def test_the_modelzoo_dcgan_is_left_by_hand():
     assert _rules(entries, BY_HAND) == [("optimizer-through-function", 72),
                                         ("optimizer-unfollowed", 95),
                                         ("optimizer-unfollowed", 96)]
+
+
+def test_a_call_between_the_minimize_calls_is_a_point_to_decide():
+    """A Saver made between the minimize calls saw D's Adam slots; after the
+    port build() makes them after it: ported, and listed BY HAND. A list of
+    trainable variables there reads nothing a minimize makes: no entry."""
+    saver = HEAD + D_OPT + G_OPT + D_MIN + "saver = tf.train.Saver()\n" + G_MIN + JOINT
+    new, entries = _port(saver)
+    assert new != saver and "scaler.build()" in new
+    assert _rules(entries, BY_HAND) == [("between-minimizes", 7)]
+    message = [e.message for e in entries if e.rule == "between-minimizes"][0]
+    assert "(lines 6 and 8)" in message and "move it after line 8" in message
+    listed = (HEAD + D_OPT + G_OPT + D_MIN + "g_vars = tf.trainable_variables('g')\n" + G_MIN
+              + JOINT)
+    assert _rules(_port(listed)[1], BY_HAND) == []
+
+
+def test_global_step_none_on_each_minimize_is_no_global_step():
+    source = (HEAD + D_OPT + G_OPT
+              + "d_train = d_opt.minimize(d_loss, global_step=None, var_list=d_vars)\n"
+              + "g_train = g_opt.minimize(g_loss, None, g_vars)\n" + JOINT)
+    new, entries = _port(source)
+    assert _rules(entries, BY_HAND) == []
+    assert "train = scaler.build()\n" in new
+
+
+def test_a_train_op_named_with_a_leading_underscore_names_its_group_without_it():
+    """A group's name is a TF name scope, which cannot start with "_"."""
+    source = (HEAD + D_OPT + G_OPT + "_d_train = d_opt.minimize(d_loss, var_list=d_vars)\n"
+              + "_g_train = g_opt.minimize(g_loss, var_list=g_vars)\n"
+              + "sess.run(_d_train)\nsess.run(_g_train)\n")
+    new, _ = _port(source)
+    assert 'name="d_train")' in new and '_d_train = train.per_group["d_train"]' in new
+
+
+def test_tfs_fixed_scale_says_the_builder_skips_what_tf_applied():
+    """TF's FixedLossScale applies non-finite gradients; the builder's fixed
+    manager skips those steps: the report says so, and how to keep TF's way."""
+    wrap = "tf.train.experimental.MixedPrecisionLossScaleOptimizer(tf.train.AdamOptimizer(), 128)"
+    source = ("import tensorflow.compat.v1 as tf\n\nd_opt = %s\ng_opt = %s\n" % (wrap, wrap)
+              + D_MIN + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert "nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(128))" in new
+    messages = [e.message for e in entries if e.rule == "loss-scale-mapped"]
+    assert len(messages) == 2
+    assert all("applies every step, non-finite gradients included" in m
+               and "enable_overflow_check=False" in m for m in messages)
+
+
+def test_an_unparsable_file_is_named_at_the_line_pythons_parser_names():
+    source = "import tensorflow as tf\ndef f(:\n    pass\n"
+    new, entries = port_source(source, "t.py")
+    assert new == source
+    assert [(e.rule, e.line) for e in entries] == [("unparsable", 2)]
+    assert "invalid syntax at line 2" in entries[0].message

@@ -64,7 +64,9 @@ def port(source, destination, check=None, check_timeout=600):
     """Ports a TF1 script, or every ``.py`` file of a folder.
 
     Args:
-      source: INPUT, a ``.py`` file or a folder. It is only read.
+      source: INPUT, a script (read as Python whatever its name ends with)
+        or a folder (its ``.py`` files ported, the others copied). It is
+        only read.
       destination: OUTPUT. For a folder, the folder to write (made if
         missing). For a file, the file to write, or an existing folder to
         write it into under its own name.
@@ -78,8 +80,9 @@ def port(source, destination, check=None, check_timeout=600):
       ``REPORT_SUFFIX``.
 
     Raises:
-      ValueError: if ``source`` does not exist, or the output would write
-        into ``source``; or ``check`` is not a script command or names no
+      ValueError: if ``source`` does not exist, the output would write
+        into ``source``, or ``source`` is a folder and ``destination`` a
+        file; or ``check`` is not a script command or names no
         script of ``source``.
       ImportError: if libcst is not installed.
     """
@@ -90,6 +93,9 @@ def port(source, destination, check=None, check_timeout=600):
     if check is not None:
         _check.parse_command(check)
     folder = os.path.isdir(source)
+    if folder and os.path.exists(destination) and not os.path.isdir(destination):
+        raise ValueError("output %r is a file, and the input %r is a folder. Pass a folder "
+                         "(made if missing) as the output." % (destination, source))
     output = destination
     if not folder and (os.path.isdir(destination) or destination.endswith(os.sep)):
         output = os.path.join(destination, os.path.basename(source))
@@ -100,7 +106,7 @@ def port(source, destination, check=None, check_timeout=600):
         parent = os.path.dirname(target)
         if parent and not os.path.isdir(parent):
             os.makedirs(parent)
-        if not path.endswith(".py"):
+        if folder and not path.endswith(".py"):  # a file named as INPUT is a script
             shutil.copyfile(path, target)
             continue
         with open(path, "rb") as handle:

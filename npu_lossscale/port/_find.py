@@ -88,8 +88,12 @@ def bind_args(call, params):
 
 
 def _value(bound, name):
+    """The value of argument ``name``, or None when it is not passed or is
+    the literal ``None`` (a default spelled out)."""
     arg = bound.get(name)
-    return None if arg is None else arg.value
+    if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
+        return None
+    return arg.value
 
 
 class Scanner(cst.CSTVisitor):
@@ -110,8 +114,10 @@ class Scanner(cst.CSTVisitor):
       library_import: the first statement importing npu_lossscale, or None.
       names: every identifier the module uses (for picking fresh names).
       strings: how often each string literal's value occurs.
-      called: how often each function or method name is called (by its
-        last name: ``f()`` and ``self.f()`` both count for ``f``).
+      functions: the names of the functions the module defines.
+      call_sites: dict from each function or method name to its calls
+        (``cst.Call``s, by the last name: ``f()`` and ``self.f()`` both count
+        for ``f``).
       module: the ``cst.Module``.
     """
 
@@ -125,7 +131,8 @@ class Scanner(cst.CSTVisitor):
         self.star_npu = self.library_import = self.module = None
         self.names = set()
         self.strings = collections.Counter()
-        self.called = collections.Counter()
+        self.call_sites = collections.defaultdict(list)
+        self.functions = set()
         self.resolver = None
 
     # -- the walk ---------------------------------------------------------------
@@ -162,6 +169,9 @@ class Scanner(cst.CSTVisitor):
             return
         self.names.add(node.value)
 
+    def visit_FunctionDef(self, node):
+        self.functions.add(node.name.value)
+
     def visit_SimpleString(self, node):
         try:
             self.strings[node.evaluated_value] += 1
@@ -170,9 +180,9 @@ class Scanner(cst.CSTVisitor):
 
     def visit_Call(self, node):
         if isinstance(node.func, cst.Name):
-            self.called[node.func.value] += 1
+            self.call_sites[node.func.value].append(node)
         elif isinstance(node.func, cst.Attribute):
-            self.called[node.func.attr.value] += 1
+            self.call_sites[node.func.attr.value].append(node)
         name = self.qualified(node.func)
         if name in _names.WRAPPERS:
             kind = _names.WRAPPERS[name]

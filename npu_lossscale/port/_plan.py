@@ -172,16 +172,26 @@ class _Planner(object):
                                 "This %s's manager feeds no wrapper the tool rewrote, so it "
                                 "stays as it is." % s.managers[call].origin, SECTION_MANAGERS)
 
-    def runs_once(self, node):
+    def runs_once(self, node, outer=()):
         """True when ``node`` is built once per graph: in no loop, and in no
-        function called from more than one place."""
+        function called from more than one place or from a call that may
+        run more than once.
+
+        Args:
+          node: a ``cst`` node.
+          outer: the functions whose calls are being followed (a recursion
+            is not once).
+        """
         if self.s.loop_around(node) is not None:
             return False
         function = self.s.function_of(node)
         while function is not None:
-            if self.s.called[function.name.value] > 1:
+            sites = self.s.call_sites.get(function.name.value, ())
+            if len(sites) > 1 or function in outer:
                 return False
             if self.s.loop_around(function) is not None:
+                return False
+            if any(not self.runs_once(site, tuple(outer) + (function,)) for site in sites):
                 return False
             function = self.s.function_of(function)
         return True
@@ -211,6 +221,15 @@ class _Planner(object):
         minimizes = self.wrapper_minimizes(wrapper)
         if len(minimizes) > 1:
             self.refuse_reused(minimizes)
+            return
+        for call in self.handed_to_functions(wrapper):
+            self.refuse(call, "optimizer-through-function",
+                        "This %s is handed to %s(), a function of this script, where the tool "
+                        "cannot count its minimize calls: port it by hand (one "
+                        "nl.LossScaleOptimizer minimized once per step)."
+                        % (_names.WRAPPER_TITLES[wrapper.kind], self.code(call.func)),
+                        SECTION_PORT)
+        if self.reasons:
             return
         if wrapper.optimizer is None or wrapper.others:
             self.refuse(wrapper.call, "wrapper-arguments",
@@ -262,6 +281,26 @@ class _Planner(object):
                           if a.node is parent.targets[0].target]
             receivers.extend(s.references(assignment))
         return [m for m in s.minimizes if any(m.receiver is r for r in receivers)]
+
+    def handed_to_functions(self, wrapper):
+        """The calls of the script's own functions that take the name
+        ``wrapper`` is assigned to as an argument."""
+        s = self.s
+        parent = s.parent(wrapper.call)
+        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
+                and isinstance(parent.targets[0].target, cst.Name)):
+            return []
+        assignment = [a for a in (s.assignments(parent.targets[0].target) or ())
+                      if a.node is parent.targets[0].target]
+        calls = []
+        for reference in s.references(assignment):
+            arg = s.parent(reference)
+            call = s.parent(arg) if isinstance(arg, cst.Arg) else None
+            if (isinstance(call, cst.Call) and isinstance(call.func, (cst.Name, cst.Attribute))
+                    and (call.func.value if isinstance(call.func, cst.Name)
+                         else call.func.attr.value) in s.functions):
+                calls.append(call)
+        return calls
 
     def refuse_reused(self, minimizes):
         lines = ", ".join(str(self.s.line(m.call)) for m in minimizes)
@@ -350,6 +389,11 @@ class _Planner(object):
                         "FixedLossScale call the tool can map: pass our manager by hand."
                         % self.code(expr), SECTION_MANAGERS)
             return None
+        if "FixedLossScaleManager" in rule:
+            rule += (". This changes one thing: TF's FixedLossScale applies every step, "
+                     "non-finite gradients included, and the builder skips a step whose "
+                     "gradients overflow (add enable_overflow_check=False to apply them as TF "
+                     "did)")
         self.changed(expr if expr is not None else wrapper.call, "loss-scale-mapped",
                      "%s's loss_scale is %s." % (_names.WRAPPER_TITLES[wrapper.kind], rule),
                      SECTION_MANAGERS)
@@ -443,6 +487,7 @@ class _Planner(object):
         self.check_moves(groups, body, index, tops)
         if self.reasons:
             return
+        self.note_between(groups, body[index[id(tops[0])] + 1:index[id(tops[-1])]], tops)
         self.write_builder(groups, mode, tops)
         self.add_import()
 
@@ -524,7 +569,9 @@ class _Planner(object):
         for assignment in assignments or ():
             statement = s.statement(assignment.node)
             places.append((_position(body, statement), assignment, statement))
-        if not places or any(p is None or p >= position for p, _, _ in places):
+        if not places or any(p is None or p >= position
+                             or not isinstance(statement, cst.SimpleStatementLine)
+                             for p, _, statement in places):
             return self.refuse_unfollowed(minimize)
         _, source, statement = max(places, key=lambda p: p[0])
         value = s.assigned_value(source)
@@ -605,6 +652,12 @@ class _Planner(object):
                         "This %s is made in function %s() and handed on: the tool cannot "
                         "follow it. Write one scaler.add() per optimizer."
                         % (title, s.function_of(wrapper.call).name.value), SECTION_PORT)
+        elif not self.runs_once(wrapper.call):
+            self.refuse(wrapper.call, "built-in-loop",
+                        "This %s is built in a function that may run more than once (called "
+                        "from several places or from a loop): the tool cannot tell the "
+                        "optimizers apart. Write one scaler.add() per optimizer." % title,
+                        SECTION_PORT)
         else:
             self.refuse(wrapper.call, "wrapper-unfollowed",
                         "The tool cannot find the minimize of this %s. Write one scaler.add() "
@@ -659,6 +712,19 @@ class _Planner(object):
                             "global_step is passed to %d minimize calls: it advanced once per "
                             "optimizer. The builder advances it once per step: decide by "
                             "hand." % len(steps), SECTION_GLOBAL_STEP)
+        inner = collections.defaultdict(list)  # a wrapped optimizer's name -> its groups
+        for group in groups:
+            if group.wrapper is not None and isinstance(group.wrapper.optimizer, cst.Name):
+                inner[group.wrapper.optimizer.value].append(group)
+        for name, sharing in inner.items():
+            if len(sharing) > 1:
+                for group in sharing:
+                    self.refuse(group.wrapper.call, "optimizer-reused",
+                                "%s is wrapped for %d minimize calls (%s): one optimizer object "
+                                "whose Adam beta powers advance once per call (ModelZoo "
+                                "BicycleGAN). Give each minimize its own optimizer."
+                                % (name, len(sharing), ", ".join(g.name for g in sharing)),
+                                SECTION_PORT)
         for group in groups:
             minimize = group.minimize
             if minimize.loss is None:
@@ -709,6 +775,14 @@ class _Planner(object):
                     sites.setdefault(site, set()).add(group.name)
         if self.reasons:
             return None
+        if not sites:
+            for group in groups:
+                self.refuse(group.minimize.call, "train-op-unfetched",
+                            "No session.run of this file fetches %s: the tool cannot tell one "
+                            "step for all groups (update_op) from one per group (per_group). "
+                            "Port it by hand where the train ops are run." % group.name,
+                            SECTION_PORT)
+            return None
         names = set(g.name for g in groups)
         joint = [site for site, fetched in sites.items() if fetched == names]
         single = [site for site, fetched in sites.items() if len(fetched) == 1]
@@ -732,7 +806,9 @@ class _Planner(object):
         """Refuses expressions that would not mean the same at ``build()``
         (or at the scaler) as where the script evaluates them."""
         end = index[id(tops[-1])] + 1
-        top_ids = set(id(t) for t in tops)
+        # The port's own statements: the minimize calls' and the wrappers'.
+        top_ids = set(id(t) for t in tops) | set(
+            id(g.wrapper_statement) for g in groups if g.wrapper_statement is not None)
         for group in groups:
             here = index[id(group.top)]
             moving = [(group.minimize.global_step, "global_step", SECTION_GLOBAL_STEP),
@@ -741,8 +817,9 @@ class _Planner(object):
                 if expr is not None and not self.stable(expr, body, here, end, top_ids):
                     self.refuse(expr, "unmovable",
                                 "This %s argument moves to build(), after lines the script "
-                                "runs in between that may change it: bind it to a name before "
-                                "the first minimize." % what, section)
+                                "runs in between that may change it (a new value, or a call "
+                                "that reads it): bind it to a name before the first minimize, "
+                                "and leave it as it is until the last." % what, section)
             origin = group.manager.origin
             if origin is not None:
                 start = index.get(id(origin))
@@ -754,18 +831,43 @@ class _Planner(object):
                                 "may change its arguments: bind the manager to a name first.",
                                 SECTION_MANAGERS)
 
+    def note_between(self, groups, between, tops):
+        """Lists the statements between the first and the last ``minimize``
+        that call what may read the graph: they ran after the first groups'
+        train ops and optimizer variables were made, and now run before
+        ``build()`` makes them all."""
+        s = self.s
+        first, last = s.line(groups[0].minimize.call), s.line(groups[-1].minimize.call)
+        ours = set(id(t) for t in tops) | set(
+            id(g.wrapper_statement) for g in groups if g.wrapper_statement is not None)
+        for statement in between:
+            if id(statement) in ours:
+                continue
+            called = [s.call_name(call) or "" for call in _call_nodes(statement)]
+            if all(name in _NOT_READING_THE_GRAPH or _names.is_tf_optimizer(name)
+                   or name in _names.WRAPPERS or name in _names.MANAGERS for name in called):
+                continue
+            self.by_hand(statement, "between-minimizes",
+                         "This statement runs between the minimize calls (lines %d and %d). "
+                         "The builder makes every group's gradients, optimizer slots and train "
+                         "ops in build(), after line %d, so a Saver, an initializer or a list "
+                         "of global variables made here no longer holds them: move it after "
+                         "line %d if it needs them." % (first, last, last, last), SECTION_PORT)
+
     def stable(self, expr, body, start, end, tops):
         """True when ``expr`` means the same at ``body[end]`` as at
-        ``body[start]``: no statement in between rebinds a name it reads, and
-        if it calls anything, only the port's own statements are in
-        between."""
+        ``body[start]``: no statement in between rebinds a name it reads or
+        makes a call that reads one (``ops.extend(...)``, ``f(ops)`` may
+        change it), and if it calls anything, only the port's own statements
+        are in between."""
         between = [st for st in body[start + 1:end] if id(st) not in tops]
         if not between:
             return True
         if _calls(expr):
             return False
         read = _read_names(expr)
-        return not any(read & _assigned(st) for st in between)
+        return not any(read & (_assigned(st) | (_read_names(st) if _calls(st) else set()))
+                       for st in between)
 
     def write_builder(self, groups, mode, tops):
         """The builder's statements, and the report of each change."""
@@ -778,7 +880,7 @@ class _Planner(object):
         for group in groups:
             args = [self.code(group.minimize.loss), group.optimizer,
                     "var_list=" + self.code(group.minimize.var_list),
-                    "name=" + _quote(group.name)]
+                    "name=" + _quote(_group_name(group))]
             if group is not first and not _shares(first, group):
                 args.append("loss_scale_manager=" + group.manager.code)
             adds[id(group.statement)] = _call_text("%s.add" % scaler, args, column)
@@ -794,7 +896,7 @@ class _Planner(object):
         if update_ops:
             build_args.append("update_ops=" + update_ops)
         build_text = _call_text("%s = %s.build" % (train, scaler), build_args, column)
-        bindings = ["%s = %s.%s" % (g.name, train, "per_group[%s]" % _quote(g.name)
+        bindings = ["%s = %s.%s" % (g.name, train, "per_group[%s]" % _quote(_group_name(g))
                                      if per_group else "update_op") for g in groups]
         for top in tops:
             inner = [top] if isinstance(top, cst.SimpleStatementLine) else list(top.body.body)
@@ -809,7 +911,7 @@ class _Planner(object):
 
     def update_ops_text(self, groups, per_group):
         if per_group:
-            items = ["%s: %s" % (_quote(g.name), self.code(g.update_ops))
+            items = ["%s: %s" % (_quote(_group_name(g)), self.code(g.update_ops))
                      for g in groups if g.update_ops is not None]
             return "{%s}" % ", ".join(items) if items else ""
         texts = _unique_texts([self.code(g.update_ops) for g in groups
@@ -828,7 +930,7 @@ class _Planner(object):
             if statement is None:
                 self.changed(wrapper.call, "wrapper-removed",
                              "%s is gone: group %s gets the optimizer it wrapped."
-                             % (title, _quote(group.name)), SECTION_PORTING)
+                             % (title, _quote(_group_name(group))), SECTION_PORTING)
                 continue
             target = _assign_target(statement, wrapper.call)
             if isinstance(wrapper.optimizer, cst.Name) and target is not None and (
@@ -837,13 +939,14 @@ class _Planner(object):
                 self.changed(wrapper.call, "wrapper-removed",
                              "This line (%s) is gone: %s stays the optimizer it was, and the "
                              "builder scales group %s." % (title, target.value,
-                                                            _quote(group.name)), SECTION_PORTING)
+                                                            _quote(_group_name(group))),
+                             SECTION_PORTING)
             else:
                 self.replace[wrapper.call] = wrapper.optimizer
                 self.changed(wrapper.call, "wrapper-removed",
                              "%s is gone: %s is the optimizer it wrapped, and the builder "
-                             "scales group %s." % (title, group.optimizer, _quote(group.name)),
-                             SECTION_PORTING)
+                             "scales group %s." % (title, group.optimizer,
+                                                    _quote(_group_name(group))), SECTION_PORTING)
             if wrapper.kind == _names.GRAPH_REWRITE:
                 self.graph_rewrite_note(wrapper)
 
@@ -852,7 +955,7 @@ class _Planner(object):
         self.changed(minimize.call, "minimize-to-add",
                      "%s = %s.minimize(...) is %s.add(..., name=%s): the same loss, optimizer "
                      "and var_list." % (group.name, self.code(minimize.receiver), scaler,
-                                        _quote(group.name)), SECTION_PORTING)
+                                        _quote(_group_name(group))), SECTION_PORTING)
         if minimize.name is not None:
             self.changed(minimize.name, "op-name-dropped",
                          "The op name %s is gone: the builder names its ops under "
@@ -888,6 +991,14 @@ class _Planner(object):
                          "(add(..., loss_scale_manager=...)); the skip decision is shared. "
                          "Pass one manager to share one scale." % ", ".join(
                              g.name for g in [first] + own), SECTION_PER_GROUP_SCALES)
+        sharing = [g for g in groups if g is first or _shares(first, g)]
+        if not per_group and len(sharing) > 1 and first.wrapper is not None:
+            self.changed(first.top, "manager-once-per-step",
+                         "%s shared one manager, and each wrapper updated it in the runs that "
+                         "fetched them together (%d updates a run); the builder updates it once "
+                         "a step, so its growth and decrease periods count steps now, not "
+                         "minimize calls." % (", ".join(g.name for g in sharing), len(sharing)),
+                         SECTION_PER_GROUP_SCALES)
         if per_group:
             message = ("%s: each is now %s.per_group[name], its group's step: the script's "
                        "session.run calls fetch one train op each, so they run unchanged."
@@ -931,6 +1042,12 @@ class _Planner(object):
 
 
 # -- helpers ----------------------------------------------------------------------
+
+def _group_name(group):
+    """The builder's name for a group: its train op's name, less a leading
+    "_" (a group's name is a TF name scope, which cannot start with one)."""
+    return group.name.lstrip("_") or "group"
+
 
 def _target(group):
     """The ``cst.Name`` a group's train op is assigned to."""
@@ -1098,6 +1215,28 @@ def _collect(node):
     collector = _Collect()
     node.visit(collector)
     return collector
+
+
+#: Calls between two ``minimize`` calls that read nothing a ``minimize``
+#: makes (its variables are not trainable).
+_NOT_READING_THE_GRAPH = frozenset(["tensorflow.trainable_variables", "print", "len"])
+
+
+class _Calls(cst.CSTVisitor):
+    """Every ``cst.Call`` under a node, outermost first."""
+
+    def __init__(self):
+        super(_Calls, self).__init__()
+        self.found = []
+
+    def visit_Call(self, node):
+        self.found.append(node)
+
+
+def _call_nodes(node):
+    visitor = _Calls()
+    node.visit(visitor)
+    return visitor.found
 
 
 def _calls(expr):

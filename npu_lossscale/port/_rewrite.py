@@ -10,6 +10,8 @@ to the statement after it.
 
 from __future__ import absolute_import, division, print_function
 
+import ast
+
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
@@ -80,9 +82,15 @@ def port_source(source, path):
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
-        return source, [Entry(BY_HAND, path, getattr(error, "raw_line", 0), "unparsable",
+        line, reason = getattr(error, "raw_line", 0), str(error).splitlines()[0]
+        try:  # Python's own parser places most errors better than libcst's
+            ast.parse(source)
+        except SyntaxError as python_error:
+            line, reason = python_error.lineno or line, "%s at line %s" % (
+                python_error.msg, python_error.lineno)
+        return source, [Entry(BY_HAND, path, line, "unparsable",
                               "The tool cannot parse this file (%s); it is copied as it is."
-                              % str(error).splitlines()[0], "")]
+                              % reason, "")]
     wrapper = MetadataWrapper(module)
     found = []
     wrapper.visit(_find.Scanner(lambda scanner: found.append(_plan.plan(scanner, path))))
