@@ -328,3 +328,21 @@ def test_an_unparsable_file_is_named_at_the_line_pythons_parser_names():
     assert new == source
     assert [(e.rule, e.line) for e in entries] == [("unparsable", 2)]
     assert "invalid syntax at line 2" in entries[0].message
+
+
+def test_no_comment_of_a_rewritten_call_is_dropped():
+    """Comments after a wrapper's or a minimize's arguments go above the
+    statement that replaces them; a byte-order mark stays at the start."""
+    source = ("\ufeff" + HEAD
+              + "d_opt = NPULossScaleOptimizer(  # discriminator\n"
+              + "    tf.train.AdamOptimizer(),  # inner optimizer\n"
+              + "    FixedLossScaleManager(8))  # fixed scale\n" + G_OPT
+              + "d_train = d_opt.minimize(\n    d_loss,  # the D loss\n    var_list=d_vars)\n"
+              + G_MIN + JOINT)
+    new, _ = port_source(source, "t.py")
+    assert new.startswith("\ufeffimport tensorflow.compat.v1 as tf\n")
+    compile(new[1:], "t.py", "exec")  # as Python reads the file: the mark is no character
+    for comment in ("# discriminator", "# inner optimizer", "# fixed scale", "# the D loss"):
+        assert new.count(comment) == 1, comment
+    assert ("# discriminator\n# inner optimizer\n"
+            "d_opt = tf.train.AdamOptimizer()  # fixed scale\n") in new

@@ -11,12 +11,17 @@ to the statement after it.
 from __future__ import absolute_import, division, print_function
 
 import ast
+import collections
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from npu_lossscale.port import _find, _plan
 from npu_lossscale.port._report import BY_HAND, Entry
+
+
+#: A UTF-8 byte-order mark, as the decoded text starts with it.
+_BOM = u"\ufeff"
 
 
 class _Rewriter(cst.CSTTransformer):
@@ -46,11 +51,19 @@ class _Rewriter(cst.CSTTransformer):
         if original_node in plan.statements:
             new = list(plan.statements[original_node])
             if not new:
-                self._pending.extend(_comments(updated_node))
+                self._pending.extend(_lost_comments(original_node, []))
                 return cst.RemovalSentinel.REMOVE
-            if carried:
-                new[0] = new[0].with_changes(leading_lines=carried + list(new[0].leading_lines))
+            lost = _lost_comments(original_node, new)
+            if carried or lost:
+                new[0] = new[0].with_changes(
+                    leading_lines=carried + lost + list(new[0].leading_lines))
             return cst.FlattenSentinel(new)
+        if isinstance(original_node, cst.SimpleStatementLine) and not original_node.deep_equals(
+                updated_node):
+            lost = _lost_comments(original_node, [updated_node])
+            if lost:  # a rewritten call's comments: above its statement
+                updated_node = updated_node.with_changes(
+                    leading_lines=list(updated_node.leading_lines) + lost)
         before = plan.before.get(original_node, [])
         after = plan.after.get(original_node, [])
         if before or after:
@@ -58,14 +71,36 @@ class _Rewriter(cst.CSTTransformer):
         return updated_node
 
 
-def _comments(statement):
-    """The comment lines of a statement about to be removed: those above it
-    and the one at its end."""
-    lines = [line for line in statement.leading_lines if line.comment is not None]
-    trailing = getattr(statement, "trailing_whitespace", None)
-    if trailing is not None and trailing.comment is not None:
-        lines.append(cst.EmptyLine(comment=trailing.comment))
-    return lines
+class _Comments(cst.CSTVisitor):
+    """The comments under a node, in source order."""
+
+    def __init__(self):
+        super(_Comments, self).__init__()
+        self.found = []
+
+    def visit_Comment(self, node):
+        self.found.append(node)
+
+
+def _comments_of(node):
+    visitor = _Comments()
+    node.visit(visitor)
+    return visitor.found
+
+
+def _lost_comments(original, replacements):
+    """The comments of ``original`` that none of ``replacements`` holds, as
+    comment lines to put above them: a removed statement's, and those inside
+    a call the port rewrote (after an argument, inside its parentheses), so
+    that no comment of the script is dropped."""
+    kept = collections.Counter(c.value for node in replacements for c in _comments_of(node))
+    lost = []
+    for comment in _comments_of(original):
+        if kept[comment.value] > 0:
+            kept[comment.value] -= 1
+        else:
+            lost.append(cst.EmptyLine(comment=cst.Comment(comment.value)))
+    return lost
 
 
 def port_source(source, path):
@@ -97,4 +132,7 @@ def port_source(source, path):
     plan = found[0]
     if not (plan.replace or plan.statements or plan.before or plan.after):
         return source, plan.entries
-    return wrapper.module.visit(_Rewriter(plan)).code, plan.entries
+    new = wrapper.module.visit(_Rewriter(plan)).code
+    if source.startswith(_BOM) and not new.startswith(_BOM):  # libcst drops it
+        new = _BOM + new
+    return new, plan.entries
