@@ -346,3 +346,19 @@ def test_no_comment_of_a_rewritten_call_is_dropped():
         assert new.count(comment) == 1, comment
     assert ("# discriminator\n# inner optimizer\n"
             "d_opt = tf.train.AdamOptimizer()  # fixed scale\n") in new
+
+
+@pytest.mark.parametrize("indent", ["", "    "])
+def test_a_wrapped_drop_in_lines_up_under_its_parenthesis(indent):
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              + ("def main():\n" if indent else "")
+              + indent + "opt = NPULossScaleOptimizer("
+              + "NPUDistributedOptimizer(tf.train.AdamOptimizer(1e-3)),\n"
+              + indent + " " * 28 + "FixedLossScaleManager(1024), is_distributed=True)\n"
+              + indent + "train = opt.minimize(loss)\n" + indent + "sess.run(train)\n")
+    new, entries = _port(source)
+    assert [e.rule for e in entries if e.rule == "drop-in"] == ["drop-in"]
+    lines = new.splitlines()
+    first = [i for i, line in enumerate(lines) if "nl.LossScaleOptimizer(" in line][0]
+    column = lines[first].index("nl.LossScaleOptimizer(") + len("nl.LossScaleOptimizer(")
+    assert lines[first + 1].index("nl.FixedLossScaleManager") == column

@@ -245,7 +245,8 @@ class _Planner(object):
             args.append("is_distributed=" + self.code(wrapper.distributed))
         column = s.column(wrapper.call)
         text = _call_text("%s.LossScaleOptimizer" % self.alias, args, column)
-        self.replace[wrapper.call] = _parse_expression_at(text, column)
+        self.replace[wrapper.call] = _parse_expression_at(text,
+                                                          s.column(s.statement(wrapper.call)))
         self.changed(wrapper.call, "drop-in",
                      "%s is now %s.LossScaleOptimizer(...), the drop-in for one optimizer "
                      "(same optimizer, same manager arguments)."
@@ -1310,7 +1311,8 @@ def _parse_at(text, column):
 
 
 def _parse_expression_at(text, column):
-    """An expression whose continuation lines are indented for ``column``."""
+    """An expression written with its continuation lines' full indentation,
+    for a statement of a block indented ``column``."""
     statement = _parse_at("_ = " + text, column)
     return statement.body[0].value
 
