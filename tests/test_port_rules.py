@@ -59,6 +59,10 @@ REFUSALS = [
     ("control-dependencies-mixed", HEAD + D_OPT + G_OPT + D_MIN
      + "with tf.control_dependencies(updates):\n    " + G_MIN + "    x = 1\n" + JOINT,
      [("control-dependencies-mixed", 9)]),
+    ("control-dependencies-mixed: the optimizers made in the block", HEAD
+     + "with tf.control_dependencies(updates):\n    " + D_OPT + "    " + G_OPT + "    " + D_MIN
+     + "    " + G_MIN + JOINT,
+     [("control-dependencies-mixed", 5), ("control-dependencies-mixed", 6)]),
     ("blocks-differ", HEAD + D_OPT + D_MIN + "if FLAGS.train_g:\n    " + G_OPT + "    "
      + G_MIN + JOINT, [("blocks-differ", 5), ("blocks-differ", 8)]),
     ("unmovable", HEAD + D_OPT + G_OPT

@@ -570,6 +570,15 @@ class _Planner(object):
         for assignment in assignments or ():
             statement = s.statement(assignment.node)
             places.append((_position(body, statement), assignment, statement))
+        inner = s.block(s.statement(minimize.call))
+        beside = [(assignment, statement) for _, assignment, statement in places
+                  if top is not s.statement(minimize.call) and s.block(statement) is inner]
+        if beside:  # made inside the minimize's tf.control_dependencies block
+            for assignment, statement in beside:
+                if s.assigned_value(assignment) in wrappers:
+                    self.seen.add(s.assigned_value(assignment))
+                self.refuse_mixed_block(statement)
+            return None
         if not places or any(p is None or p >= position
                              or not isinstance(statement, cst.SimpleStatementLine)
                              for p, _, statement in places):
@@ -591,6 +600,16 @@ class _Planner(object):
                 self.refuse_other_use(receiver.value, reference)
                 return None
         return wrapper, (statement if wrapper is not None else None), receiver.value
+
+    def refuse_mixed_block(self, statement):
+        """Once per statement: it shares a ``tf.control_dependencies`` block
+        with a ``minimize``."""
+        if any(e.rule == "control-dependencies-mixed" and e.line == self.s.line(statement)
+               for e in self.reasons):
+            return
+        self.refuse(statement, "control-dependencies-mixed",
+                    "This statement shares a tf.control_dependencies block with a minimize: "
+                    "the tool cannot lift the minimize out of it.", SECTION_UPDATE_OPS)
 
     def refuse_unfollowed(self, minimize):
         self.refuse(minimize.call, "optimizer-unfollowed",
@@ -753,10 +772,7 @@ class _Planner(object):
             if group.top is not group.statement:
                 for statement in group.top.body.body:
                     if not any(statement is g.statement for g in groups):
-                        self.refuse(statement, "control-dependencies-mixed",
-                                    "This statement shares a tf.control_dependencies block with "
-                                    "a minimize: the tool cannot lift the minimize out of it.",
-                                    SECTION_UPDATE_OPS)
+                        self.refuse_mixed_block(statement)
 
     def fetch_mode(self, groups):
         """"joint" or "per_group", from how the script's ``session.run``
