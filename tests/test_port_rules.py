@@ -366,3 +366,18 @@ def test_a_wrapped_drop_in_lines_up_under_its_parenthesis(indent):
     first = [i for i, line in enumerate(lines) if "nl.LossScaleOptimizer(" in line][0]
     column = lines[first].index("nl.LossScaleOptimizer(") + len("nl.LossScaleOptimizer(")
     assert lines[first + 1].index("nl.FixedLossScaleManager") == column
+
+
+def test_a_call_too_long_under_its_parenthesis_takes_a_hanging_indent():
+    """An argument that passes 99 columns under the open parenthesis goes on
+    the next line, four columns in."""
+    manager = "ExponentialUpdateLossScaleManager(init_loss_scale=2 ** 15, incr_every_n_steps=100)"
+    source = (HEAD + "def main():\n    m = %s\n" % manager
+              + "    d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), m)\n"
+              + "    g_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), m)\n"
+              + "    " + D_MIN + "    " + G_MIN + "    sess.run(d_train)\n    sess.run(g_train)\n")
+    source = source.replace("    m = %s\n" % manager, "")
+    source = source.replace(", m)", ", %s)" % manager)
+    new, _ = _port(source)
+    assert ("    scaler = nl.MultiOptimizerLossScale(\n        nl.%s)\n" % manager) in new
+    assert all(len(line) <= 99 for line in new.splitlines() if "scaler = " in line)

@@ -1270,12 +1270,22 @@ def _assigned(statement):
 
 def _call_text(head, args, column):
     """``head(arg, arg, ...)``, wrapped under the open parenthesis when the
-    line would pass ``LINE_LENGTH`` at indentation ``column``."""
+    line would pass ``LINE_LENGTH`` at indentation ``column``, or after it
+    (a hanging indent of four) when that is still too long."""
     one_line = "%s(%s)" % (head, ", ".join(args))
     if column + len(one_line) <= LINE_LENGTH or not args:
         return one_line
-    indent = " " * (column + len(head) + 1)
-    lines, current = [], head + "(" + args[0]
+    under = _wrapped(head + "(", " " * (column + len(head) + 1), args, column)
+    if all(len(line) <= LINE_LENGTH for line in [" " * column + under.split("\n")[0]]
+           + under.split("\n")[1:]):
+        return under
+    return head + "(\n" + _wrapped(" " * (column + 4), " " * (column + 4), args, 0)
+
+
+def _wrapped(start, indent, args, column):
+    """``args`` after ``start``, a line broken before an argument that would
+    pass ``LINE_LENGTH``, continuation lines at ``indent``, closed by ")"."""
+    lines, current = [], start + args[0]
     for arg in args[1:]:
         if column + len(current) + len(arg) + 3 > LINE_LENGTH:
             lines.append(current + ",")
