@@ -22,6 +22,7 @@ from __future__ import absolute_import, division, print_function
 import collections
 
 import libcst as cst
+import libcst.matchers as _matchers
 
 from npu_lossscale.port import _names
 from npu_lossscale.port._find import bind_args as _bind
@@ -860,7 +861,8 @@ class _Planner(object):
         for statement in between:
             if id(statement) in ours:
                 continue
-            called = [s.call_name(call) or "" for call in _call_nodes(statement)]
+            called = [s.call_name(call) or ""
+                      for call in _matchers.findall(statement, _matchers.Call())]
             if all(name in _NOT_READING_THE_GRAPH or _names.is_tf_optimizer(name)
                    or name in _names.WRAPPERS or name in _names.MANAGERS for name in called):
                 continue
@@ -1237,23 +1239,6 @@ def _collect(node):
 #: Calls between two ``minimize`` calls that read nothing a ``minimize``
 #: makes (its variables are not trainable).
 _NOT_READING_THE_GRAPH = frozenset(["tensorflow.trainable_variables", "print", "len"])
-
-
-class _Calls(cst.CSTVisitor):
-    """Every ``cst.Call`` under a node, outermost first."""
-
-    def __init__(self):
-        super(_Calls, self).__init__()
-        self.found = []
-
-    def visit_Call(self, node):
-        self.found.append(node)
-
-
-def _call_nodes(node):
-    visitor = _Calls()
-    node.visit(visitor)
-    return visitor.found
 
 
 def _calls(expr):

@@ -14,6 +14,7 @@ import ast
 import collections
 
 import libcst as cst
+import libcst.matchers as _matchers
 from libcst.metadata import MetadataWrapper
 
 from npu_lossscale.port import _find, _plan
@@ -71,31 +72,15 @@ class _Rewriter(cst.CSTTransformer):
         return updated_node
 
 
-class _Comments(cst.CSTVisitor):
-    """The comments under a node, in source order."""
-
-    def __init__(self):
-        super(_Comments, self).__init__()
-        self.found = []
-
-    def visit_Comment(self, node):
-        self.found.append(node)
-
-
-def _comments_of(node):
-    visitor = _Comments()
-    node.visit(visitor)
-    return visitor.found
-
-
 def _lost_comments(original, replacements):
     """The comments of ``original`` that none of ``replacements`` holds, as
     comment lines to put above them: a removed statement's, and those inside
     a call the port rewrote (after an argument, inside its parentheses), so
     that no comment of the script is dropped."""
-    kept = collections.Counter(c.value for node in replacements for c in _comments_of(node))
+    kept = collections.Counter(comment.value for node in replacements
+                               for comment in _matchers.findall(node, _matchers.Comment()))
     lost = []
-    for comment in _comments_of(original):
+    for comment in _matchers.findall(original, _matchers.Comment()):
         if kept[comment.value] > 0:
             kept[comment.value] -= 1
         else:
