@@ -10,6 +10,8 @@ time one is used (PEP 562, Python 3.7): ``python -m npu_lossscale.port``
 rewrites source without waiting for TensorFlow to load.
 """
 
+import importlib
+import importlib.util
 import sys
 import types
 
@@ -66,16 +68,19 @@ def _public_names():
 
 
 def __getattr__(name):
-    """Binds every public name on the first use of one (PEP 562).
+    """Binds every public name on the first use of one, and imports a
+    subpackage or module on the first use of its name (PEP 562).
 
     Raises:
-      AttributeError: if ``name`` is not a public name.
+      AttributeError: if ``name`` is neither.
     """
-    if name not in __all__:
-        raise AttributeError("module %r has no attribute %r" % (__name__, name))
-    for public, value in _public_names().items():
-        setattr(sys.modules[__name__], public, value)
-    return globals()[name]
+    if name in __all__:
+        for public, value in _public_names().items():
+            setattr(sys.modules[__name__], public, value)
+        return globals()[name]
+    if not name.startswith("_") and importlib.util.find_spec(__name__ + "." + name):
+        return importlib.import_module(__name__ + "." + name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 def __dir__():

@@ -51,9 +51,10 @@ def test_train_ops_fields():
 
 def test_the_public_names_bind_on_first_use():
     """``import npu_lossscale`` imports none of the library's TensorFlow
-    modules; the first public name used binds them all. ``npu_lossscale.audit``
-    is the function even when the subpackage of that name is imported first;
-    an unknown name is an AttributeError."""
+    modules; the first public name used binds them all, and the subpackages
+    they import (``nl.managers``, ``nl.seams``, as an eager import bound
+    them). ``npu_lossscale.audit`` is the function even when the subpackage
+    of that name is imported first; an unknown name is an AttributeError."""
     code = "\n".join([
         "import sys",
         "import npu_lossscale as nl",
@@ -62,6 +63,8 @@ def test_the_public_names_bind_on_first_use():
         "import npu_lossscale.audit",
         "assert callable(nl.audit) and nl.audit.__module__ == 'npu_lossscale.audit'",
         "assert nl.MultiOptimizerLossScale.__module__ == 'npu_lossscale.builder'",
+        "assert nl.managers.LossScaleManager is nl.LossScaleManager",
+        "assert nl.seams.StepObserver is nl.StepObserver",
         "from npu_lossscale import *",
         "assert underflow_summaries is sys.modules['npu_lossscale.underflow'].summaries",
         "try:",
@@ -73,3 +76,16 @@ def test_the_public_names_bind_on_first_use():
                           stderr=warm_python.PIPE, universal_newlines=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "module 'npu_lossscale' has no attribute 'LossScaleManagr'"
+
+
+def test_a_subpackage_is_there_before_any_public_name():
+    """``nl.managers.LossScaleManager`` as the first use (docs/managers.md's
+    own manager subclasses it so)."""
+    code = ("import npu_lossscale as nl\n"
+            "from npu_lossscale import seams\n"
+            "print(nl.managers.LossScaleManager.__name__, seams.SkipCondition.__name__)\n"
+            "print(hasattr(nl, 'no_such_module'))\n")
+    run = warm_python.run([sys.executable, "-c", code], stdout=warm_python.PIPE,
+                          stderr=warm_python.PIPE, universal_newlines=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["LossScaleManager", "SkipCondition", "False"]
