@@ -314,6 +314,10 @@ class MultiOptimizerLossScale(object):
             loss = _checks.check_loss(loss)
         _checks.check_optimizer(optimizer)
         transforms = _transform_fn.transforms_of(transform_grads_fn)
+        for transform in transforms:
+            _checks.check_bool("%s.keeps_finite" % transform.name, transform.keeps_finite,
+                               "Set it True only when finite gradients in always give finite "
+                               "gradients out (a clip by a finite norm).")
         if name is None:
             name = "group_%d" % len(self._groups)
         name = _checks.check_group_name(name, [group.name for group in self._groups])
@@ -423,7 +427,7 @@ class MultiOptimizerLossScale(object):
             Needs managers with ``assign_loss_scale`` (the dynamic ones)
             and float32 master weights.
           first_scale_margin: powers of two of headroom for
-            ``measure_first_scale``, an int in 0..15.
+            ``measure_first_scale``, an int in 0..15; only with it.
           skip_conditions: further ``seams.SkipCondition``s, after these.
           observers: further ``seams.StepObserver``s; what each one's
             ``report`` returns is ``TrainOps.observed[observer.name]``.
@@ -480,6 +484,10 @@ class MultiOptimizerLossScale(object):
             _loss_spikes.loss_spikes(skip_loss_spikes)) if condition is not None]
         conditions += _checks.check_instances("skip_conditions", skip_conditions,
                                               _seams.SkipCondition)
+        for condition in conditions:
+            _checks.check_bool("%s.moves_scale" % condition.name, condition.moves_scale,
+                               "Set it True when a skip for this reason should count as an "
+                               "overflow for the loss-scale managers.")
         observers = _checks.check_instances("observers", observers, _seams.StepObserver)
         _checks.check_unique_names("observers", observers)
         for condition in conditions:

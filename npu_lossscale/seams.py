@@ -95,9 +95,9 @@ class GradientTransform(object):
 
     Attributes:
       name: names the transform in messages; the class name by default.
-      keeps_finite: True when finite gradients in always give finite
-        gradients out (a clip by a finite norm), so no check of the output
-        is needed. Default False.
+      keeps_finite: a bool, True when finite gradients in always give
+        finite gradients out (a clip by a finite norm), so no check of the
+        output is needed. Default False.
     """
 
     name = _ClassName()
@@ -111,7 +111,9 @@ class GradientTransform(object):
           grads_and_vars: list of (gradient, variable) pairs, unscaled.
 
         Returns:
-          A list of (gradient, variable) pairs over the same variables.
+          A list of (gradient, variable) pairs: one for each variable it was
+          given, in any order, each gradient of its variable's dtype and
+          shape.
         """
         raise NotImplementedError("%s must implement transform(group, grads_and_vars)."
                                   % type(self).__name__)
@@ -132,7 +134,8 @@ class GradientTransform(object):
           inverse: float32 scalar, one over the loss scale.
 
         Returns:
-          A float32 scalar: ``inverse`` times the transform's factor.
+          A float32 scalar tensor computed from ``inverse``: ``inverse``
+          times the transform's factor.
         """
         raise NotImplementedError("%s does not fuse with the unscale."
                                   % type(self).__name__)
@@ -164,11 +167,13 @@ class SkipCondition(object):
 
     Attributes:
       name: names its flag (a name scope); the class name by default.
-      reason: the reason code's name, a str: one of
-        ``diagnostics.REASONS`` or a new one.
+      reason: the reason code's name, a str: a new one, or one a condition
+        registered before with the same ``fix`` and ``moves_scale``
+        (``diagnostics.register_reason``; the checks' own reasons, such as
+        "applied" or "gradients_overflowed", are not a condition's).
       fix: what to do about a skip for this reason, one sentence.
       moves_scale: whether a skip for this reason counts as an overflow
-        for the loss-scale managers. Default False.
+        for the loss-scale managers, a bool. Default False.
     """
 
     name = _ClassName()
@@ -177,7 +182,8 @@ class SkipCondition(object):
     moves_scale = False
 
     def flag(self, state):
-        """This run's flag: a float32 scalar, 0.0 to apply, > 0 to skip.
+        """This run's flag: a float32 scalar, 0.0 to apply; any other value
+        (1.0, a negative one, NaN) skips, and counts as 1.0.
 
         Built at the top level of the graph, after the gradients.
 

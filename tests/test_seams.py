@@ -21,6 +21,7 @@ import tensorflow.compat.v1 as tf
 
 import npu_lossscale as nl
 from npu_lossscale import diagnostics, seams
+from conftest import GRAPH_MODE
 from readme_blocks import block
 
 
@@ -378,6 +379,230 @@ def test_each_hook_refuses_a_class(graph):
     # None of the refusals left anything behind; named apart, both report.
     assert sorted(scaler.build(observers=[CountSkips(), renamed]).observed) == [
         "CountSkips", "second"]
+
+
+# -- what a hook returns, checked where the step takes it --
+
+class _FedFlag(seams.SkipCondition):
+    """Skips by a fed flag (0.0 by default)."""
+
+    reason = "fed_flag"
+    fix = "the test fed a flag."
+
+    def __init__(self):
+        self.value = tf.placeholder_with_default(0.0, [], name="fed_flag")
+
+    def flag(self, state):
+        return self.value
+
+
+@pytest.mark.parametrize("value", [-1.0, np.nan, 0.25])
+def test_any_flag_but_zero_skips_and_names_its_reason(graph, value):
+    """The gate skips on a flag other than 0.0; the diagnosis says why, for
+    a negative or a NaN flag too."""
+    condition = _FedFlag()
+    _, w, _, _, train = _step(skip_conditions=[condition])
+    with _session() as sess:
+        before = sess.run(w)
+        assert sess.run([train.update_op, train.applied, train.diagnosis.skip_reason],
+                        {condition.value: value})[1:] == [False,
+                                                          diagnostics.REASONS.index("fed_flag")]
+        assert sess.run(w).tolist() == before.tolist()
+        assert diagnostics.read_last_skip(sess, train).reason == "fed_flag"
+
+
+def test_flags_of_a_window_cannot_cancel(graph):
+    """+1 on the first micro-batch and -1 on the second skip the window."""
+    condition = _FedFlag()
+    _, w, _, _, train = _step(skip_conditions=[condition], accumulation_steps=2)
+    with _session() as sess:
+        before = sess.run(w)
+        sess.run(train.update_op, {condition.value: 1.0})
+        sess.run(train.update_op, {condition.value: -1.0})
+        assert sess.run(w).tolist() == before.tolist()
+        assert diagnostics.read_last_skip(sess, train).reason == "fed_flag"
+
+
+def test_a_flag_of_another_graph_is_refused(graph):
+    with tf.Graph().as_default():
+        other = tf.constant(0.0)
+    with pytest.raises(ValueError, match=r"skip condition '_Returning' returned .* a tensor of "
+                                         r"another graph"):
+        _step(skip_conditions=[_Returning(other)])
+
+
+@pytest.mark.parametrize("reason", ["applied", "gradients_overflowed"])
+def test_a_condition_cannot_take_a_checks_reason(graph, reason):
+    class Shadowing(SkipNegativeLoss):
+        pass
+
+    Shadowing.reason = reason
+    with pytest.raises(ValueError, match=r"reason %r is one of the step's own" % reason):
+        _step(skip_conditions=[Shadowing()])
+
+
+def test_one_reason_has_one_fix(graph):
+    class Other(SkipNegativeLoss):
+        fix = "another fix."
+
+    with pytest.raises(ValueError, match=r"reason 'negative_loss' is registered already with "
+                                         r"fix 'the loss went negative: check the data\.'"):
+        _step(skip_conditions=[SkipNegativeLoss(), Other()])
+    class Requested(SkipNegativeLoss):
+        reason = "requested"
+
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"reason 'requested' is registered already"):
+            _step(skip_conditions=[Requested()])
+
+
+class _Returns(seams.GradientTransform):
+    """Returns what ``edit`` makes of the pairs."""
+
+    def __init__(self, edit):
+        self.edit = edit
+
+    def transform(self, group, grads_and_vars):
+        return self.edit(grads_and_vars)
+
+
+def _two_variables(transform):
+    w = tf.get_variable("w", initializer=np.array([1.0, 2.0], np.float32))
+    v = tf.get_variable("v", initializer=np.array([3.0], np.float32))
+    loss = tf.reduce_sum(w) + tf.reduce_sum(v)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0))
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.5), var_list=[w, v], name="net",
+               transform_grads_fn=transform)
+    return scaler.build()
+
+
+@pytest.mark.parametrize("edit,error,pattern", [
+    (lambda pairs: pairs[:1], ValueError, r"returned pairs for \['w'\], given \['w', 'v'\]"),
+    (lambda pairs: pairs + pairs, ValueError, r"returned pairs for \['w', 'v', 'w', 'v'\]"),
+    (lambda pairs: [(tf.cast(g, tf.float16), v) for g, v in pairs], TypeError,
+     r"returned a float16 gradient for w, a float32 variable\. Cast it back"),
+    (lambda pairs: [(tf.reshape(g, [-1, 1]), v) for g, v in pairs], ValueError,
+     r"returned a gradient of shape \(2, 1\) for w, of shape \(2,\)")],
+    ids=["left_out", "twice", "float16", "shape"])
+def test_a_transform_returns_each_variable_once_in_its_dtype_and_shape(graph, edit, error,
+                                                                       pattern):
+    with pytest.raises(error, match=r"group 'net': _Returns " + pattern):
+        _two_variables(_Returns(edit))
+
+
+class _Factor(Halve):
+    """Fuses with the unscale through ``factor(inverse)``."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def unscale_factor(self, group, scaled_pairs, inverse):
+        return self.factor(inverse)
+
+
+@pytest.mark.parametrize("factor,error,pattern", [
+    (lambda inverse: 0.5, TypeError, r"returned 0\.5; return a float32 scalar tensor"),
+    (lambda inverse: tf.constant(0.5), ValueError, r"returned .*, which is not computed from "
+                                                   r"inverse")])
+def test_an_unscale_factor_is_a_scalar_computed_from_inverse(graph, factor, error, pattern):
+    with pytest.raises(error, match=r"group 'net': _Factor\.unscale_factor " + pattern):
+        _step(_Factor(factor))
+
+
+def test_seam_flags_are_bools(graph):
+    class Vague(Halve):
+        keeps_finite = "no"
+
+    with pytest.raises(TypeError, match=r"Vague\.keeps_finite must be a bool, got 'no'"):
+        _step(Vague())
+
+    class Moving(SkipNegativeLoss):
+        moves_scale = "False"
+
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match=r"Moving\.moves_scale must be a bool, got "
+                                            r"'False'"):
+            _step(skip_conditions=[Moving()])
+
+
+class _Hooks(seams.StepObserver):
+    """Returns ``on_skip``'s and ``before_update``'s values as given."""
+
+    def __init__(self, on_skip=None, before_update=None):
+        self.skips = tf.Variable(0.0, trainable=False, use_resource=True, name="hook_skips")
+        self._on_skip, self._before_update = on_skip, before_update
+
+    def on_skip(self, state):
+        return self._on_skip(self) if callable(self._on_skip) else self._on_skip
+
+    def before_update(self, state):
+        return self._before_update
+
+
+def test_an_observer_hook_may_return_nothing(graph):
+    c, w, _, _, train = _step(observers=[_Hooks()])
+    with _session() as sess:
+        sess.run(train.update_op, {c: [np.inf, 1.0]})
+        assert sess.run(train.skipped_steps) == 1
+
+
+def test_an_observer_hook_that_returns_the_wrong_thing_is_named(graph):
+    with pytest.raises(TypeError, match=r"_Hooks\.before_update returned \[\]; return a "
+                                        r"seams\.Hooked"):
+        _step(observers=[_Hooks(before_update=[])])
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match=r"_Hooks\.on_skip returned 'count'; return a list "
+                                            r"of ops"):
+            _step(observers=[_Hooks(on_skip="count")])
+
+
+def test_an_op_made_before_on_skip_is_refused(graph):
+    """It would run on every step, not only in the skip branch."""
+    early = _Hooks()
+    made = tf.assign_add(early.skips, 1.0).op
+    early._on_skip = [made]
+    with pytest.raises(ValueError, match=r"_Hooks\.on_skip returned '%s', an op made before "
+                                         r"the hook was called" % made.name):
+        _step(observers=[early])
+
+
+def test_a_transform_of_the_wrong_signature_is_named_at_add(graph):
+    class OneArgument(seams.GradientTransform):
+        def transform(self, grads_and_vars):
+            return grads_and_vars
+
+    with pytest.raises(TypeError, match=r"OneArgument\.transform cannot be called with 2 "
+                                        r"arguments .* Write def transform\(self, group, "
+                                        r"grads_and_vars\)"):
+        _step(OneArgument())
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match=r"transform_grads_fn=.* cannot be called with 1 "
+                                            r"argument .* takes two\)"):
+            _step(lambda group, pairs: pairs)
+
+
+@pytest.mark.skipif(GRAPH_MODE == "v1", reason="control flow v2's functional If")
+def test_a_ref_variable_written_in_on_skip_under_a_functional_if_names_the_fix(graph):
+    class RefCount(seams.StepObserver):
+        def __init__(self):
+            self.count = tf.Variable(0.0, trainable=False, use_resource=False, name="ref")
+
+        def on_skip(self, state):
+            return [tf.assign_add(self.count, 1.0).op]
+
+    with pytest.raises(TypeError, match=r"RefCount\.on_skip: .* must be a resource variable: "
+                                        r"make it with tf\.Variable\(\.\.\., "
+                                        r"use_resource=True\)"):
+        _, w, loss = _linear()
+        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), gate="cond")
+        scaler.add(loss, tf.train.GradientDescentOptimizer(0.5), var_list=[w], name="net")
+        scaler.build(observers=[RefCount()])
+
+
+def test_a_margin_without_measure_first_scale_is_refused(graph):
+    with pytest.raises(ValueError, match=r"first_scale_margin=3 has no effect without "
+                                         r"measure_first_scale=True"):
+        _step(first_scale_margin=3)
 
 
 # -- docs/extending.md: its examples run, and define the classes above --

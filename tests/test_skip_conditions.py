@@ -171,6 +171,32 @@ def test_requested_steps_need_count_skipped_steps(graph):
              skip_global_steps=range(3, 5), count_skipped_steps=False)
 
 
+def test_a_tensor_computed_from_the_global_step_needs_count_skipped_steps(graph):
+    """Without it a skipped step leaves global_step where it is: the same
+    step would be skipped forever (as for a collection of steps)."""
+    gs = tf.train.get_or_create_global_step()
+    every_other = tf.equal(gs % 2, 1)
+    _refusal(graph, ValueError, r"^skip_global_steps=.* is computed from global_step, with "
+                                r"count_skipped_steps=False: .* Pass count_skipped_steps=True\.$",
+             skip_global_steps=every_other, count_skipped_steps=False)
+
+
+def test_refuses_steps_the_global_steps_dtype_cannot_hold(graph):
+    """An int64 step (the default) holds 2**40; an int32 one does not."""
+    net = Net()
+    gs32 = tf.Variable(0, dtype=tf.int32, trainable=False, name="step32")
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0))
+    scaler.add(net.loss, tf.train.GradientDescentOptimizer(0.5), var_list=[net.w])
+    with pytest.raises(ValueError, match=r"^skip_global_steps=\[1, 1099511627776\] holds a "
+                                         r"step above 2147483647, the largest int32 global_step"):
+        scaler.build(global_step=gs32, skip_global_steps=[1, 2 ** 40], count_skipped_steps=True)
+
+
+def test_refuses_a_step_above_int64(graph):
+    _refusal(graph, ValueError, r"holds a step above 9223372036854775807, the largest int64",
+             skip_global_steps=[2 ** 70])
+
+
 @pytest.mark.parametrize("steps", [True, "12", 3, 3.0, b"12"])
 def test_refuses_what_is_no_collection(graph, steps):
     _refusal(graph, TypeError, r"^skip_global_steps must be a collection of global steps or a "

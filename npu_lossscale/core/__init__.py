@@ -2,7 +2,7 @@
 
 ``plan`` (phase 0, plain Python), ``gradients`` (1), ``overflow`` (2),
 ``window`` (3), ``close`` and ``commit`` (4), assembled by ``step``; beside
-them the boundary checks (``checks``, ``context``), the run-time claims
+them the boundary checks (``checks``, ``context``, and ``hooks`` for what the seams' hooks return), the run-time claims
 (``claims``), the graph's record (``graph_state``) and graph walks
 (``graph_walk``, ``graph_copy``, ``update_ops``).
 """

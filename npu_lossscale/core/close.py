@@ -18,6 +18,7 @@ from npu_lossscale import seams as _seams
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import hooks as _hooks
 from npu_lossscale.core import overflow as _overflow
 
 
@@ -86,10 +87,12 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
         closing=closing, reduced_flags=flags)
     def skip_branch(scope):
         del scope
-        return [op for observer in observers for op in observer.on_skip(state)]
+        return [op for observer in observers
+                for op in _hooks.branch_ops(observer, "on_skip", state)]
 
     def on_apply():
-        return [op for item in plan.conditions for op in item.condition.on_apply(state)]
+        return [op for item in plan.conditions
+                for op in _hooks.branch_ops(item.condition, "on_apply", state)]
 
     on_skip = skip_branch if flags and observers else None  # no flag: nothing skips
 
@@ -133,8 +136,16 @@ def transformed(plan, grads):
 
 
 def _checked_pairs(transform, group, given, returned):
-    """``returned``, refused unless pairs of gradients over ``given``'s
-    variables."""
+    """``returned``, refused unless one (gradient, variable) pair for each
+    of ``given``'s variables, each gradient of its variable's dtype and
+    shape.
+
+    Raises:
+      TypeError: for anything but pairs of gradients and the variables
+        given, or a gradient of another dtype.
+      ValueError: for a variable left out or listed twice, or a gradient of
+        another shape.
+    """
     try:
         pairs = [(grad, var) for grad, var in returned]
     except (TypeError, ValueError):
@@ -146,6 +157,24 @@ def _checked_pairs(transform, group, given, returned):
             "group %r: %s returned %r, not a list of (gradient, variable) pairs over the "
             "variables it was given. Return e.g. [(tf.clip_by_norm(g, 1.0), v) for g, v "
             "in grads_and_vars]." % (group.name, transform.name, returned))
+    if sorted(id(var) for _, var in pairs) != sorted(id(var) for _, var in given):
+        raise ValueError(
+            "group %r: %s returned pairs for %s, given %s: return one pair for each variable "
+            "it was given (a variable left out would never train, one listed twice would "
+            "apply twice)." % (group.name, transform.name, [var.op.name for _, var in pairs],
+                               [var.op.name for _, var in given]))
+    for grad, var in pairs:
+        if grad.dtype.base_dtype != var.dtype.base_dtype:
+            raise TypeError(
+                "group %r: %s returned a %s gradient for %s, a %s variable. Cast it back: "
+                "tf.cast(g, v.dtype.base_dtype)." % (group.name, transform.name,
+                                                      grad.dtype.base_dtype.name, var.op.name,
+                                                      var.dtype.base_dtype.name))
+        if isinstance(grad, tf.Tensor) and not grad.shape.is_compatible_with(var.shape):
+            raise ValueError(
+                "group %r: %s returned a gradient of shape %s for %s, of shape %s. Return "
+                "gradients of their variables' shapes." % (group.name, transform.name,
+                                                           grad.shape, var.op.name, var.shape))
     return pairs
 
 

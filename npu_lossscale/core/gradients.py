@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import managers as _managers
+from npu_lossscale.core import graph_walk as _graph_walk
 
 #: Dense gradients with fewer elements than this count as small: those of one
 #: shape and dtype are unscaled as one stacked tensor (``Packing``) and read by
@@ -486,11 +487,33 @@ def unscale_all(plan, scales, scaled, packing):
         if fused is not None:
             with tf.name_scope("%s/%s" % (name, fused.name)):
                 inverse = tf.ones([]) if scale.is_unit else scale.inverse
-                scale = scale._replace(inverse=fused.unscale_factor(plan.group(name), pairs,
-                                                                   inverse),
+                scale = scale._replace(inverse=_checked_factor(
+                    fused, name, inverse, fused.unscale_factor(plan.group(name), pairs, inverse)),
                                        is_unit=False)
         result[name] = packing.unscale(pairs, scale)
     return result
+
+
+def _checked_factor(transform, group_name, inverse, factor):
+    """``factor``, refused unless a float32 scalar tensor computed from
+    ``inverse`` (a factor that left it out would apply scaled gradients).
+
+    Raises:
+      TypeError: for anything but a float32 scalar tensor.
+      ValueError: for one that does not derive from ``inverse``.
+    """
+    if not (isinstance(factor, tf.Tensor) and factor.dtype == tf.float32
+            and factor.shape.ndims == 0):
+        raise TypeError("group %r: %s.unscale_factor returned %r; return a float32 scalar "
+                        "tensor, inverse times the transform's factor."
+                        % (group_name, transform.name, factor))
+    if _graph_walk.first_reached([factor.op], lambda op: [t.op for t in op.inputs],
+                                 [inverse.op]) is None:
+        raise ValueError("group %r: %s.unscale_factor returned %r, which is not computed from "
+                         "inverse (one over the loss scale): the step would apply scaled "
+                         "gradients. Return inverse * factor." % (group_name, transform.name,
+                                                                   factor))
+    return factor
 
 
 def fused_transform(plan, name):

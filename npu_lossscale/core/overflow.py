@@ -80,22 +80,30 @@ def condition_flags(plan, state):
       state: the ``seams.StepState`` the conditions read.
 
     Returns:
-      Ordered dict from the condition's flag name to a float32 scalar, 0.0
-      to apply.
+      Ordered dict from the condition's flag name to a float32 scalar: 0.0
+      to apply, 1.0 to skip. Any flag but 0.0 skips (a negative one, NaN),
+      and counts as 1.0, so that the flags of an accumulation window's
+      micro-batches cannot cancel in their sum.
 
     Raises:
       TypeError: when a condition's flag is not a float32 scalar tensor.
+      ValueError: when it is a tensor of another graph.
     """
     result = collections.OrderedDict()
     for item in plan.conditions:
         with tf.name_scope(item.name):
             flag = item.condition.flag(state)
-        if not (isinstance(flag, tf.Tensor) and flag.dtype == tf.float32
-                and flag.shape.ndims == 0):
-            raise TypeError(
-                "skip condition %r returned %r from flag(state); return a float32 scalar "
-                "tensor (0.0 to apply)." % (item.condition.name, flag))
-        result[item.name] = flag
+            if not (isinstance(flag, tf.Tensor) and flag.dtype == tf.float32
+                    and flag.shape.ndims == 0):
+                raise TypeError(
+                    "skip condition %r returned %r from flag(state); return a float32 scalar "
+                    "tensor (0.0 to apply)." % (item.condition.name, flag))
+            if flag.graph is not tf.get_default_graph():
+                raise ValueError(
+                    "skip condition %r returned %r from flag(state), a tensor of another "
+                    "graph. Build the flag from the step's own tensors (state.plan, "
+                    "state.global_step)." % (item.condition.name, flag))
+            result[item.name] = tf.cast(tf.not_equal(flag, 0.0), tf.float32, name="skips")
     return result
 
 

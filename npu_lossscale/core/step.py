@@ -45,6 +45,7 @@ from npu_lossscale.core import context as _context
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import graph_walk as _graph_walk
+from npu_lossscale.core import hooks as _hooks
 from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.core import plan as _plan
 from npu_lossscale.core import window as _window
@@ -164,7 +165,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                 observers):
     """``build_step``, inside ``graph_state.building``."""
     state = _seams.StepState(plan, global_step)
-    before_read = [observer.before_scale_read(state) for observer in observers]
+    before_read = [_hooks.hooked(observer, "before_scale_read", state) for observer in observers]
     scales = collections.OrderedDict()
     if given is None:
         scales = _gradients.read_scales(plan, after=[op for hooked in before_read
@@ -174,7 +175,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     flags = collections.OrderedDict(computed.flags)
     flags.update(_overflow.condition_flags(plan, state))
     state = state._replace(flags=flags)
-    heard = [observer.before_update(state) for observer in observers]
+    heard = [_hooks.hooked(observer, "before_update", state) for observer in observers]
     after = [scale.value for scale in scales.values()] + [op for hooked in heard
                                                           for op in hooked.ops]
     grads = computed.grads

@@ -24,6 +24,10 @@ REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
 APPLIED, LOSS_NOT_FINITE, GRADIENTS_OVERFLOWED, OTHER_WORKER_OVERFLOWED, \
     REGISTER_OUTSIDE_GRADIENTS, REQUESTED, LOSS_SPIKE, BACKEND_FLAGGED = range(len(REASONS))
 
+#: The checks' own reasons: a skip condition cannot take one.
+CHECK_REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
+                 "other_worker_overflowed", "register_outside_gradients", "backend_flagged")
+
 #: What to do about each reason, as the collapse message says it.
 FIXES = (
     "nothing to fix.",
@@ -68,7 +72,9 @@ def register_reason(name, fix, holds_scale=False):
 
     Raises:
       TypeError: unless ``name`` and ``fix`` are str.
-      ValueError: for an empty name.
+      ValueError: for an empty name, one of the checks' own reasons
+        (``CHECK_REASONS``), or a name registered before with another fix
+        or another ``holds_scale``.
     """
     global REASONS, FIXES, HOLDING_REASONS  # pylint: disable=global-statement
     if not isinstance(name, str) or not isinstance(fix, str):
@@ -78,6 +84,19 @@ def register_reason(name, fix, holds_scale=False):
     if not name:
         raise ValueError("a skip condition's reason must be a non-empty name, got %r. Set "
                          "e.g. reason = 'negative_loss' on the class." % (name,))
+    if name in CHECK_REASONS:
+        raise ValueError("a skip condition's reason %r is one of the step's own (%s): a skip "
+                         "for it would be read as one of theirs. Name your condition's "
+                         "reason, e.g. reason = 'negative_loss'."
+                         % (name, ", ".join(CHECK_REASONS)))
+    if name in REASONS and (FIXES[REASONS.index(name)] != fix
+                            or (name in HOLDING_REASONS) != holds_scale):
+        raise ValueError(
+            "a skip condition's reason %r is registered already with fix %r and "
+            "moves_scale=%r; this one has fix %r and moves_scale=%r. Give it a reason of its "
+            "own, or the same fix and moves_scale." % (
+                name, FIXES[REASONS.index(name)], name not in HOLDING_REASONS, fix,
+                not holds_scale))
     if name not in REASONS:
         REASONS = REASONS + (name,)
         FIXES = FIXES + (fix,)

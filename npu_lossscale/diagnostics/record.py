@@ -412,7 +412,8 @@ class Record(object):
             # the first condition that fired names it.
             fired = tf.constant(GRADIENTS_OVERFLOWED, tf.int64)
             for item in reversed(plan.conditions):
-                code = _diagnostics.register_reason(item.condition.reason, item.condition.fix)
+                code = _diagnostics.register_reason(item.condition.reason, item.condition.fix,
+                                                    holds_scale=not item.condition.moves_scale)
                 fired = tf.where(tf.greater(reduced_flags[item.name], 0.0),
                                  tf.constant(code, tf.int64), fired)
             overflowed = (tf.reduce_any(tf.greater(

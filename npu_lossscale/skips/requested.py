@@ -18,6 +18,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import graph_walk as _graph_walk
 
 _FIX = ("the step was asked to be skipped (build(skip_global_steps=...)): nothing to "
         "fix.")
@@ -67,9 +68,10 @@ def requested_skips(steps, global_step, count_skipped_steps):
 
     Raises:
       TypeError: for anything else, or a tensor that is not a bool scalar.
-      ValueError: for a negative step, a collection without ``global_step``
-        or without ``count_skipped_steps=True``, or a tensor of another
-        graph.
+      ValueError: for a negative step or one above what ``global_step``'s
+        dtype holds, a collection without ``global_step`` or without
+        ``count_skipped_steps=True``, a tensor of another graph, or one
+        computed from ``global_step`` without ``count_skipped_steps=True``.
     """
     if steps is None:
         return None
@@ -84,6 +86,13 @@ def requested_skips(steps, global_step, count_skipped_steps):
             raise ValueError(
                 "skip_global_steps=%r belongs to another graph. Build it in the graph of "
                 "the losses." % (steps,))
+        if (global_step is not None and not count_skipped_steps and _graph_walk.first_reached(
+                [tensor.op], lambda op: [t.op for t in op.inputs], [global_step.op])):
+            raise ValueError(
+                "skip_global_steps=%r is computed from global_step, with "
+                "count_skipped_steps=False: a skipped step would leave global_step where it "
+                "is, so the same step would be skipped forever. Pass "
+                "count_skipped_steps=True." % (steps,))
         return RequestedSkips(tensor)
     if isinstance(steps, (str, bytes, bool, numbers.Number)) or not hasattr(steps, "__iter__"):
         raise TypeError(
@@ -110,6 +119,11 @@ def requested_skips(steps, global_step, count_skipped_steps):
         raise ValueError(
             "skip_global_steps=%r names global steps, but build() got no global_step. Pass "
             "global_step=tf.train.get_or_create_global_step()." % (steps,))
+    largest = global_step.dtype.base_dtype.max
+    if max(chosen) > largest:
+        raise ValueError(
+            "skip_global_steps=%r holds a step above %d, the largest %s global_step holds. "
+            "Drop it." % (steps, largest, global_step.dtype.base_dtype.name))
     if not count_skipped_steps:
         raise ValueError(
             "skip_global_steps=%r with count_skipped_steps=False: a skipped step would "

@@ -9,6 +9,8 @@ transformed gradients hold an inf or a NaN skips, as an overflow does.
 
 from __future__ import absolute_import, division, print_function
 
+import inspect
+
 from npu_lossscale import seams as _seams
 
 
@@ -40,6 +42,8 @@ def transforms_of(fn):
     if fn is None:
         return ()
     if isinstance(fn, _seams.GradientTransform):
+        _check_signature(fn.transform, 2, "%s.transform" % fn.name,
+                         "def transform(self, group, grads_and_vars)")
         return (fn,)
     if isinstance(fn, type):
         raise TypeError("transform_grads_fn=%r is a class; pass an instance or a function, "
@@ -49,4 +53,22 @@ def transforms_of(fn):
             "transform_grads_fn must be a function from a list of (gradient, variable) "
             "pairs to a list, got %r. Pass e.g. lambda pairs: [(tf.clip_by_norm(g, 1.0), v) "
             "for g, v in pairs], or a seams.GradientTransform instance." % (fn,))
+    _check_signature(fn, 1, "transform_grads_fn=%r" % (fn,),
+                     "a function of one argument, the list of (gradient, variable) pairs (a "
+                     "seams.GradientTransform's transform(group, grads_and_vars) takes two)")
     return (TransformGradsFn(fn),)
+
+
+def _check_signature(fn, count, what, want):
+    """Raises TypeError, saying ``want``, unless ``fn`` takes ``count``
+    positional arguments (a callable whose signature Python cannot read
+    passes)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*([None] * count))
+    except TypeError as error:
+        raise TypeError("%s cannot be called with %d argument%s (%s). Write %s."
+                        % (what, count, "" if count == 1 else "s", error, want))

@@ -170,6 +170,10 @@ def _dense(grad):
     return grad.values if isinstance(grad, tf.IndexedSlices) else grad
 
 
+#: ``build(first_scale_margin=...)``'s default: a factor of 2 below 65504.
+DEFAULT_MARGIN = 1
+
+
 def check_first_scale(plan, measure_first_scale, margin):
     """The observer of ``build(measure_first_scale=..., first_scale_margin=...)``,
     checked.
@@ -179,7 +183,8 @@ def check_first_scale(plan, measure_first_scale, margin):
 
     Raises:
       TypeError: for a non-bool ``measure_first_scale`` or a non-int margin.
-      ValueError: for a negative margin, a manager that cannot take a
+      ValueError: for a margin outside 0..15, a margin other than the
+        default without ``measure_first_scale``, a manager that cannot take a
         measured scale (``managers.base.assign_scale``), or a group whose
         float32 view cannot be built (``float32_view.check_float32_view``).
     """
@@ -193,6 +198,10 @@ def check_first_scale(plan, measure_first_scale, margin):
         raise ValueError("first_scale_margin must be in 0..15 powers of two, got %r. Pass "
                          "e.g. 1." % (margin,))
     if not measure_first_scale:
+        if margin != DEFAULT_MARGIN:
+            raise ValueError("first_scale_margin=%r has no effect without "
+                             "measure_first_scale=True. Pass measure_first_scale=True too, or "
+                             "leave the margin out." % (margin,))
         return None
     for use in plan.managers:
         if use.groups and not _manager_base.takes_measured_scale(use.manager):
