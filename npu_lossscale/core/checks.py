@@ -12,6 +12,7 @@ import re
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import tf_internals as _tf_internals
+from npu_lossscale.core import graph_walk as _graph_walk
 
 #: The skip policies ``build`` accepts.
 SKIP_POLICIES = ("all", "per_group")
@@ -150,6 +151,13 @@ def of_another_graph(value):
     graph = _graph_of(value)
     return graph is not None and not any(
         graph is other for other in _graph_and_outer_graphs(tf.get_default_graph()))
+
+
+def computed_from(tensor, source):
+    """True when ``tensor``'s value is computed, through data inputs, from
+    the op ``source`` (a variable's op, a tensor's op)."""
+    return _graph_walk.first_reached([tensor.op], lambda op: [t.op for t in op.inputs],
+                                     [source]) is not None
 
 
 def check_loss(loss):

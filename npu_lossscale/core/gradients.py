@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import managers as _managers
-from npu_lossscale.core import graph_walk as _graph_walk
+from npu_lossscale.core import checks as _checks
 
 #: Dense gradients with fewer elements than this count as small: those of one
 #: shape and dtype are unscaled as one stacked tensor (``Packing``) and read by
@@ -507,8 +507,7 @@ def _checked_factor(transform, group_name, inverse, factor):
         raise TypeError("group %r: %s.unscale_factor returned %r; return a float32 scalar "
                         "tensor, inverse times the transform's factor."
                         % (group_name, transform.name, factor))
-    if _graph_walk.first_reached([factor.op], lambda op: [t.op for t in op.inputs],
-                                 [inverse.op]) is None:
+    if not _checks.computed_from(factor, inverse.op):
         raise ValueError("group %r: %s.unscale_factor returned %r, which is not computed from "
                          "inverse (one over the loss scale): the step would apply scaled "
                          "gradients. Return inverse * factor." % (group_name, transform.name,

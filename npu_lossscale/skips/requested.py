@@ -18,7 +18,6 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale.core import checks as _checks
-from npu_lossscale.core import graph_walk as _graph_walk
 
 _FIX = ("the step was asked to be skipped (build(skip_global_steps=...)): nothing to "
         "fix.")
@@ -86,8 +85,8 @@ def requested_skips(steps, global_step, count_skipped_steps):
             raise ValueError(
                 "skip_global_steps=%r belongs to another graph. Build it in the graph of "
                 "the losses." % (steps,))
-        if (global_step is not None and not count_skipped_steps and _graph_walk.first_reached(
-                [tensor.op], lambda op: [t.op for t in op.inputs], [global_step.op])):
+        if (global_step is not None and not count_skipped_steps
+                and _checks.computed_from(tensor, global_step.op)):
             raise ValueError(
                 "skip_global_steps=%r is computed from global_step, with "
                 "count_skipped_steps=False: a skipped step would leave global_step where it "
