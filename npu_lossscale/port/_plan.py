@@ -271,31 +271,31 @@ class _Planner(object):
                                 "hand.", SECTION_PORTING)
         self.add_import()
 
+    def wrapper_name(self, wrapper):
+        """``(name, references)``: the ``cst.Name`` a wrapper call is
+        assigned to (``name = Wrapper(...)``) and the names that read that
+        assignment; ``(None, [])`` for a wrapper used otherwise."""
+        s = self.s
+        parent = s.parent(wrapper.call)
+        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
+                and isinstance(parent.targets[0].target, cst.Name)):
+            return None, []
+        target = parent.targets[0].target
+        assignment = [a for a in (s.assignments(target) or ()) if a.node is target]
+        return target, s.references(assignment)
+
     def wrapper_minimizes(self, wrapper):
         """The ``minimize`` calls made on ``wrapper``'s object (inline, or
         through the name it is assigned to)."""
-        s = self.s
-        receivers = [wrapper.call]
-        parent = s.parent(wrapper.call)
-        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(
-                parent.targets[0].target, cst.Name):
-            assignment = [a for a in (s.assignments(parent.targets[0].target) or ())
-                          if a.node is parent.targets[0].target]
-            receivers.extend(s.references(assignment))
-        return [m for m in s.minimizes if any(m.receiver is r for r in receivers)]
+        receivers = [wrapper.call] + self.wrapper_name(wrapper)[1]
+        return [m for m in self.s.minimizes if any(m.receiver is r for r in receivers)]
 
     def handed_to_functions(self, wrapper):
         """The calls of the script's own functions that take the name
         ``wrapper`` is assigned to as an argument."""
         s = self.s
-        parent = s.parent(wrapper.call)
-        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
-                and isinstance(parent.targets[0].target, cst.Name)):
-            return []
-        assignment = [a for a in (s.assignments(parent.targets[0].target) or ())
-                      if a.node is parent.targets[0].target]
         calls = []
-        for reference in s.references(assignment):
+        for reference in self.wrapper_name(wrapper)[1]:
             arg = s.parent(reference)
             call = s.parent(arg) if isinstance(arg, cst.Arg) else None
             if (isinstance(call, cst.Call) and isinstance(call.func, (cst.Name, cst.Attribute))
@@ -651,24 +651,21 @@ class _Planner(object):
         """A wrapper no group came through: say why, as well as we can tell."""
         s = self.s
         title = _names.WRAPPER_TITLES[wrapper.kind]
-        parent = s.parent(wrapper.call)
-        target = None
-        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
-            target = parent.targets[0].target
-        if isinstance(target, cst.Name):
-            assignment = [a for a in (s.assignments(target) or ()) if a.node is target]
-            for reference in s.references(assignment):
-                holder = s.parent(reference)
-                if isinstance(holder, cst.Attribute) and holder.attr.value in (
-                        "compute_gradients", "apply_gradients"):
-                    self.refuse_gradients(reference, target.value)
-                    return
+        target, references = self.wrapper_name(wrapper)
+        for reference in references:
+            holder = s.parent(reference)
+            if isinstance(holder, cst.Attribute) and holder.attr.value in (
+                    "compute_gradients", "apply_gradients"):
+                self.refuse_gradients(reference, target.value)
+                return
         if s.loop_around(wrapper.call) is not None:
             self.refuse(wrapper.call, "built-in-loop",
                         "This %s is built in a loop or comprehension: the tool cannot tell the "
                         "optimizers apart. Write one scaler.add() per optimizer." % title,
                         SECTION_PORT)
-        elif s.function_of(wrapper.call) is not None and target is None:
+        elif s.function_of(wrapper.call) is not None and not (
+                isinstance(s.parent(wrapper.call), cst.Assign)
+                and len(s.parent(wrapper.call).targets) == 1):
             self.refuse(wrapper.call, "optimizer-through-function",
                         "This %s is made in function %s() and handed on: the tool cannot "
                         "follow it. Write one scaler.add() per optimizer."
