@@ -162,8 +162,9 @@ class SkipCondition(object):
           fix = "the loss went negative: check the data."
 
           def flag(self, state):
-              loss = tf.cast(state.plan.groups[0].loss, tf.float32)
-              return tf.cast(loss < 0.0, tf.float32)
+              # Every group of the step: a per-group op's plan holds its own.
+              losses = [tf.cast(group.loss, tf.float32) for group in state.plan.groups]
+              return tf.cast(tf.reduce_any(tf.stack(losses) < 0.0), tf.float32)
 
     Attributes:
       name: names its flag (a name scope); the class name by default.
