@@ -372,7 +372,7 @@ class MultiOptimizerLossScale(object):
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,
               update_ops=None, per_group_ops=False, measure_underflow=False,
               skip_global_steps=None, skip_loss_spikes=None, measure_first_scale=False,
-              first_scale_margin=1, skip_conditions=(), observers=()):
+              first_scale_margin=_first_scale.DEFAULT_MARGIN, skip_conditions=(), observers=()):
         """Builds the single update op for every registered group.
 
         Args:

@@ -87,6 +87,16 @@ def bind_args(call, params):
     return bound, others
 
 
+def last_name(call):
+    """The name a call is made by, its last part (``f`` for ``f()`` and
+    ``self.f()``), or None (a call of a call, a subscript...)."""
+    if isinstance(call.func, cst.Name):
+        return call.func.value
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return None
+
+
 def _value(bound, name):
     """The value of argument ``name``, or None when it is not passed or is
     the literal ``None`` (a default spelled out)."""
@@ -179,10 +189,8 @@ class Scanner(cst.CSTVisitor):
             pass  # a string libcst cannot evaluate (an odd prefix): not a name
 
     def visit_Call(self, node):
-        if isinstance(node.func, cst.Name):
-            self.call_sites[node.func.value].append(node)
-        elif isinstance(node.func, cst.Attribute):
-            self.call_sites[node.func.attr.value].append(node)
+        if last_name(node) is not None:
+            self.call_sites[last_name(node)].append(node)
         name = self.qualified(node.func)
         if name in _names.WRAPPERS:
             kind = _names.WRAPPERS[name]

@@ -26,6 +26,7 @@ import libcst.matchers as _matchers
 
 from npu_lossscale.port import _names
 from npu_lossscale.port._find import bind_args as _bind
+from npu_lossscale.port._find import last_name as _last_name
 from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE, Entry
 
 SECTION_PORTING = 'README "Porting a TF1 script"'
@@ -298,9 +299,7 @@ class _Planner(object):
         for reference in self.wrapper_name(wrapper)[1]:
             arg = s.parent(reference)
             call = s.parent(arg) if isinstance(arg, cst.Arg) else None
-            if (isinstance(call, cst.Call) and isinstance(call.func, (cst.Name, cst.Attribute))
-                    and (call.func.value if isinstance(call.func, cst.Name)
-                         else call.func.attr.value) in s.functions):
+            if isinstance(call, cst.Call) and _last_name(call) in s.functions:
                 calls.append(call)
         return calls
 
