@@ -48,11 +48,10 @@ REAL_NAMES = frozenset("""
 # session patch (decorator_tf_session). shims/README.md must list each one.
 NOT_EMULATED = frozenset("""
     backend
-    NPURunConfig ProfilingConfig MemoryConfig DumpConfig DynamicInputConfig decorator_tf_session
-    NPUEstimator NPUEstimatorSpec
-    NPUCheckpointSaverHook NPUOutputTensorHook SetIterationsVarHook TellMeStepOrLossHook
+    MemoryConfig DynamicInputConfig decorator_tf_session
+    NPUOutputTensorHook TellMeStepOrLossHook
     KerasDistributeOptimizer NPUBroadcastGlobalVariablesCallback
-    npu_ops npu_rnn npu_scope keras_to_npu npu_strategy npu_unary_ops
+    npu_rnn npu_scope keras_to_npu npu_strategy npu_unary_ops
     create_group destroy_group get_rank_size get_local_rank_size get_rank_id get_local_rank_id
     get_world_rank_from_group_rank get_group_rank_from_world_rank
     set_split_strategy_by_idx set_split_strategy_by_size

@@ -22,8 +22,15 @@ shims/README.md names the tf_adapter source file of each):
   npu_bridge.estimator.npu.npu_optimizer.{NPUOptimizer, NPUDistributedOptimizer,
       npu_distributed_optimizer_wrapper, allreduce}
   npu_bridge.estimator.npu.npu_hook.{NPUBroadcastGlobalVariablesHook,
-      broadcast_global_variables}
-  npu_bridge.estimator.npu.util.get_ranksize()
+      broadcast_global_variables, SetIterationsVarHook, NPUCheckpointSaverHook}
+  npu_bridge.estimator.npu.util.{get_ranksize, set_iteration_per_loop,
+      IterationPerLoop, create_or_get_var, check_positive_integer, ...}
+  npu_bridge.estimator.npu.npu_config.{NPURunConfig, DumpConfig, ProfilingConfig}
+  npu_bridge.estimator.npu.npu_estimator.{NPUEstimator, NPUEstimatorSpec}
+  npu_bridge.estimator.npu_ops.{dropout, initialize_system, shutdown_system}
+
+The device loop of ``iterations_per_loop`` is emulated by
+``npu_bridge._device_loop`` (shim-only, called by the loop's own functions).
 """
 from npu_bridge import _emulation
 

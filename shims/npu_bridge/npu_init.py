@@ -11,11 +11,18 @@ defines.  The shim exports the ones that make sense on CPU:
   ``NPUDistributedOptimizer(opt)``), npu_allreduce (real home:
   estimator/npu/npu_optimizer.py; dense tensors only, see below);
 * hooks: NPUBroadcastGlobalVariablesHook, npu_hooks_append (appends
-  ``NPUBroadcastGlobalVariablesHook(0, int(RANK_ID or 0))``), NpuEmptyHook;
+  ``NPUBroadcastGlobalVariablesHook(0, int(RANK_ID or 0))``), NpuEmptyHook,
+  SetIterationsVarHook, NPUCheckpointSaverHook;
+* the Estimator: NPUEstimator, NPUEstimatorSpec, NPURunConfig, DumpConfig,
+  ProfilingConfig (tf.estimator, so TF <= 2.15; on a newer TF they import and
+  raise ImportError when used), and the device loop of
+  ``iterations_per_loop`` (``util.set_iteration_per_loop``, emulated by
+  ``npu_bridge._device_loop``);
+* npu_ops: initialize_system, shutdown_system, NPUInit, NPUShutdown, dropout;
 * config: npu_config_proto, npu_graph_options, npu_optimizer_options,
   experimental_options, RewriterConfig, config_pb2, rewriter_config_pb2;
 * sessions: close_session(sess) (``sess.close()``);
-* modules: npu_plugin, util, hccl_ops, session, session_run_hook, os, and
+* modules: npu_ops, npu_plugin, util, hccl_ops, session, session_run_hook, os, and
   ``tf``.  The real module does ``import tensorflow as tf`` (TF 1.15's API);
   on TF 2 the shim exports ``tensorflow.compat.v1`` under that name, so a
   script's ``tf`` stays the TF1 API after the star import.
@@ -39,11 +46,10 @@ NotImplementedError.
 
 Not emulated (they need the device, Keras session plumbing, tf.estimator
 or CANN's separate ``hccl`` package); shims/README.md lists every one of
-them: the estimator / run-config / dump / profiling classes,
+them: MemoryConfig, DynamicInputConfig,
 decorator_tf_session, KerasDistributeOptimizer, the other hooks
-(NPUCheckpointSaverHook, NPUOutputTensorHook, SetIterationsVarHook,
-TellMeStepOrLossHook), NPUBroadcastGlobalVariablesCallback, npu_ops,
-npu_rnn, npu_scope, keras_to_npu, npu_strategy, npu_unary_ops, npu_cpu_ops,
+(NPUOutputTensorHook, TellMeStepOrLossHook),
+NPUBroadcastGlobalVariablesCallback, npu_rnn, npu_scope, keras_to_npu, npu_strategy, npu_unary_ops, npu_cpu_ops,
 profiler, scoped_graph_manager, Keras' ``backend``, init_resource /
 shutdown_resource, get_npu_rank_id & co., the ``hccl.manage.api`` /
 ``hccl.split.api`` functions, npu_run_config_init,
@@ -62,9 +68,17 @@ from tensorflow.core.protobuf.rewriter_config_pb2 import RewriterConfig
 from tensorflow.python.client import session  # noqa: F401
 from tensorflow.python.training import session_run_hook
 
+from npu_bridge.estimator import npu_ops  # noqa: F401
 from npu_bridge.estimator.npu import npu_plugin  # noqa: F401
 from npu_bridge.estimator.npu import util  # noqa: F401
+from npu_bridge.estimator.npu.npu_config import DumpConfig  # noqa: F401
+from npu_bridge.estimator.npu.npu_config import NPURunConfig  # noqa: F401
+from npu_bridge.estimator.npu.npu_config import ProfilingConfig  # noqa: F401
+from npu_bridge.estimator.npu.npu_estimator import NPUEstimator  # noqa: F401
+from npu_bridge.estimator.npu.npu_estimator import NPUEstimatorSpec  # noqa: F401
 from npu_bridge.estimator.npu.npu_hook import NPUBroadcastGlobalVariablesHook
+from npu_bridge.estimator.npu.npu_hook import NPUCheckpointSaverHook  # noqa: F401
+from npu_bridge.estimator.npu.npu_hook import SetIterationsVarHook  # noqa: F401
 from npu_bridge.estimator.npu.npu_loss_scale_manager import ExponentialUpdateLossScaleManager  # noqa: F401
 from npu_bridge.estimator.npu.npu_loss_scale_manager import FixedLossScaleManager  # noqa: F401
 from npu_bridge.estimator.npu.npu_loss_scale_optimizer import NPULossScaleOptimizer  # noqa: F401

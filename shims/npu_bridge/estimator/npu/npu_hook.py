@@ -12,8 +12,16 @@ of tf_adapter/python/npu_bridge/estimator/npu/npu_hook.py (hicann/tensorflow):
   than one rank it builds the broadcast in ``begin()`` and runs it in
   ``after_create_session``; with one rank it does nothing.
 
-The other hooks of the real module (checkpoint saver, outfeed, iterations
-per loop...) need the device and are not emulated.
+* ``SetIterationsVarHook(iterations_per_loop)``: makes the loop variables
+  in ``begin()`` (``util.create_or_get_var``) and loads
+  ``iterations_per_loop - 1``, 0, 0, 1 into them in
+  ``after_create_session``; there the shim also attaches its emulation of the
+  device loop to the session (``npu_bridge._device_loop``).
+* ``NPUCheckpointSaverHook``: ``tf.train.CheckpointSaverHook`` that logs the
+  global step after each run, as the real one does.
+
+The other hooks of the real module (outfeed, output tensors, profiling...)
+need the device and are not emulated.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -55,3 +63,29 @@ class NPUBroadcastGlobalVariablesHook(session_run_hook.SessionRunHook):
         if self._rank_size > 1:
             tf.logging.info("NPUBroadcastGlobalVariablesHook run...")
             session.run(self._bcast_op)
+
+
+class SetIterationsVarHook(session_run_hook.SessionRunHook):
+    """Loads ``iterations_per_loop`` into the loop variables when the session
+    is made (NPUEstimator adds it when ``iterations_per_loop`` > 1)."""
+
+    def __init__(self, iterations_per_loop=None):
+        self._iterations_per_loop = iterations_per_loop
+        self._variables = None
+
+    def begin(self):
+        self._variables = util_lib._loop_vars()  # pylint: disable=protected-access
+
+    def after_create_session(self, session, coord):
+        util_lib._load(self._variables, session,  # pylint: disable=protected-access
+                       self._iterations_per_loop)
+        tf.logging.info("load iterations_per_loop value -----------")
+
+
+class NPUCheckpointSaverHook(tf.train.CheckpointSaverHook):
+    """``tf.train.CheckpointSaverHook`` that logs the global step after each run."""
+
+    def after_run(self, run_context, run_values):
+        global_step = run_context.session.run(self._global_step_tensor)
+        tf.logging.info("global_step..." + str(global_step))
+        super(NPUCheckpointSaverHook, self).after_run(run_context, run_values)
