@@ -35,7 +35,8 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_managers_extension.py tests/test_managers_hysteresis.py \
             tests/test_bfloat16.py tests/test_graph_rewrite.py \
             tests/test_npu_backend.py tests/test_backend_extension.py \
-            tests/test_shim_adapter.py tests/test_device_loop.py tests/test_diagnostics.py \
+            tests/test_shim_adapter.py tests/test_device_loop.py tests/test_device_loop_step.py \
+            tests/test_diagnostics.py \
             tests/test_misuse.py tests/test_underflow.py \
             tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
             tests/test_step_cost.py \
@@ -89,6 +90,7 @@ TF215_TESTS := tests/test_estimator.py tests/test_distributed.py \
                tests/test_optimizer.py tests/test_managers.py tests/test_shim.py \
                tests/test_graph_rewrite.py \
                tests/test_shim_adapter.py tests/test_shim_npu_init.py tests/test_device_loop.py \
+               tests/test_device_loop_step.py::test_the_example_trains_on_a_loop_as_one_step_per_run \
                tests/test_npu_backend.py::test_exactly_one_status_read_after_the_one_clear \
                tests/test_npu_backend.py::test_saturation_overflow_is_caught_by_npu_and_missed_by_is_finite \
                tests/test_npu_backend.py::test_saturation_overflow_skips_the_step_only_with_npu \

@@ -67,7 +67,7 @@ class GroupReport(collections.namedtuple("GroupReport", ["is_finite", "loss_scal
 
 
 class SkipReport(collections.namedtuple("SkipReport", ["skip_reason", "groups_overflowed",
-                                                       "last_skip"])):
+                                                       "last_skip", "recent_skips"])):
     """Why steps skipped (``TrainOps.diagnosis``; docs/diagnosis.md).
 
     Attributes:
@@ -80,13 +80,18 @@ class SkipReport(collections.namedtuple("SkipReport", ["skip_reason", "groups_ov
       last_skip: a ``diagnostics.LastSkip``: reads of the record of the last
         skipped step of any step op of the builder (``read_last_skip``),
         with counts by reason and by group; in no collection, so not saved.
+      recent_skips: a ``diagnostics.RecentSkips``: reads of the history of
+        the last ``skip_history`` skips, oldest first, each with its global
+        step and streak (``read_recent_skips``): after a run of many device
+        iterations, every skip of the run.
     """
 
 
 class TrainOps(collections.namedtuple(
         "TrainOps", ["update_op", "per_group", "accumulate_op", "is_finite", "applied",
                      "loss_scale", "skipped_steps", "window_end", "grads_and_vars",
-                     "groups", "diagnosis", "underflow", "observed", "clear_status"])):
+                     "groups", "diagnosis", "underflow", "observed", "clear_status",
+                     "counts_skipped_steps"])):
     """What ``MultiOptimizerLossScale.build`` returns.
 
     Fetch one step op per ``session.run``: ``update_op``, or one op of
@@ -133,6 +138,9 @@ class TrainOps(collections.namedtuple(
         ``build(observers=...)`` to what its ``report`` returned.
       clear_status: the op that clears Ascend's float-status register (a
         no-op off the register); every register-reading step runs it first.
+      counts_skipped_steps: whether ``update_op`` advances ``global_step`` on
+        skipped steps too (``build(count_skipped_steps=True)``); None without
+        a ``global_step``. A device loop (docs/ascend.md) needs True.
     """
 
 
@@ -206,6 +214,10 @@ class MultiOptimizerLossScale(object):
         cheaper pivot (one Switch/Merge). "cond" forces the ``tf.cond`` (a
         functional ``If`` under control flow v2; needs resource variables
         there), "pivot" the Switch/Merge.
+      skip_history: how many skips the record's history keeps
+        (``TrainOps.diagnosis.recent_skips``), an int >= 1. The default,
+        1000, keeps every skip of a device loop of ModelZoo's usual
+        ``iterations_per_loop=1000``.
 
     Raises:
       TypeError: if the manager lacks the protocol, a flag is not a bool, or
@@ -217,8 +229,11 @@ class MultiOptimizerLossScale(object):
 
     def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
                  distributed=None, allreduce_gradients=True, gate="auto",
-                 allreduce_float16=False):
+                 allreduce_float16=False, skip_history=_diagnosis.DEFAULT_HISTORY):
         _context.require_graph_mode("MultiOptimizerLossScale")
+        self._skip_history = _checks.check_count(
+            "skip_history", skip_history,
+            "Pass how many skips the record keeps, e.g. %d." % _diagnosis.DEFAULT_HISTORY)
         _managers.check_manager(loss_scale_manager)
         _checks.check_bool(
             "allreduce_gradients", allreduce_gradients,
@@ -544,7 +559,9 @@ class MultiOptimizerLossScale(object):
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
             record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu,
-                                       switch_merge=plan.gate_kind == "pivot")
+                                       switch_merge=plan.gate_kind == "pivot",
+                                       history=self._skip_history,
+                                       counts_skipped_steps=plan.count_skipped_steps)
             diagnosis = _diagnosis.SkipDiagnosis(record)
             observers = list(first) + [diagnosis]
             if _underflow.listens(plan):
@@ -557,8 +574,10 @@ class MultiOptimizerLossScale(object):
             clear_status = plan.backend.clear_status()
             applied = None if plan.mode == "chief" else joint.applied
             reported = joint.reports[observers.index(diagnosis)]
-            report = SkipReport(None, {}, record.last_skip()) if applied is None else SkipReport(
-                reported[0], reported[1], record.last_skip())
+            report = SkipReport(None, {}, record.last_skip(), record.recent_skips())
+            if applied is not None:
+                report = report._replace(skip_reason=reported[0],
+                                         groups_overflowed=reported[1])
         per_group = {}
         if per_group_ops:
             for group in plan.groups:
@@ -586,4 +605,5 @@ class MultiOptimizerLossScale(object):
             diagnosis=report, underflow=joint.reports[-1] if measurement else {},
             observed=dict((observer.name, item) for observer, item in zip(
                 extra_observers, joint.reports[len(observers):])),
-            clear_status=clear_status)
+            clear_status=clear_status,
+            counts_skipped_steps=None if global_step is None else plan.count_skipped_steps)

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import checks as _checks
+from npu_lossscale import device_loop as _device_loop
 from npu_lossscale import diagnostics as _diagnostics
 from npu_lossscale.core import graph_walk as _graph_walk
 
@@ -98,7 +99,14 @@ class LossScaleHook(tf.train.SessionRunHook):
     step op keeps its own streak, so in an alternating loop one network's
     applied steps do not hide the other's skips. At a collapse
     (``CollapseMonitor``) the hook warns ("warn"), asks the session to stop
-    ("stop") or raises ``LossScaleCollapse`` ("raise").
+    ("stop") or raises ``LossScaleCollapse`` ("raise"). Under a device loop
+    (tf_adapter's ``IterationOp``, ``iterations_per_loop``) the monitor reads
+    every iteration's skips after each run.
+
+    When the session starts, a device loop over a step op of ``train_ops``
+    is checked (``device_loop.check_loop``): a loop over one per-group op
+    of several, or over a step whose ``global_step`` stands still on skips,
+    is a ValueError in ``begin()``.
 
     Args:
       train_ops: the ``TrainOps`` of the step.
@@ -139,15 +147,32 @@ class LossScaleHook(tf.train.SessionRunHook):
         self._train = train_ops
         self._every = every_n_steps
         self._runs = 0
-        self.last = None  #: the last logged values, a dict (for tests and tools)
+        #: The last logged values, a dict (for tests and tools): "scale",
+        #: "skipped_steps" and "skipped_since_last_log" (None at the first
+        #: log); under a device loop the last counts every iteration's skips.
+        self.last = None
         #: The ``CollapseMonitor`` of ``on_collapse``, or None.
         self.monitor = None
-        self._step_runs = None
+        self._step_runs = _StepRuns(train_ops)
         self._step = None  # the step op of the current run, a _StepOp or None
         if on_collapse is not None:
             self.monitor = CollapseMonitor(train_ops, collapse_after=collapse_after,
                                            on_collapse=on_collapse, managers=managers)
-            self._step_runs = _StepRuns(train_ops)
+
+    def begin(self):
+        """Checks a device loop over a step op of ``train_ops``.
+
+        Raises:
+          ValueError: for a loop ``device_loop.check_loop`` finds wrong.
+        """
+        loop = _device_loop.iteration_op(self._train.update_op.graph)
+        step = None if loop is None else self._step_runs.of([loop])
+        if step is None:
+            return
+        problems = _device_loop.check_loop(
+            self._train, _device_loop.Looped(loop, step.name, step.joint))
+        if problems:
+            raise ValueError("npu_lossscale.LossScaleHook: " + " ".join(problems))
 
     def before_run(self, run_context):
         self._runs += 1
@@ -156,7 +181,7 @@ class LossScaleHook(tf.train.SessionRunHook):
             fetches.update(scale=self._train.loss_scale,
                            skipped_steps=self._train.skipped_steps)
         self._step = None
-        if self._step_runs is not None:
+        if self.monitor is not None:
             self._step = self._step_runs.of(run_context.original_args.fetches)
             if self._step is not None and self._step.joint:
                 fetches.update(skip_reason=self._train.diagnosis.skip_reason,
@@ -168,9 +193,13 @@ class LossScaleHook(tf.train.SessionRunHook):
     def after_run(self, run_context, run_values):
         results = run_values.results or {}
         if "scale" in results:
-            self.last = {"scale": results["scale"], "skipped_steps": results["skipped_steps"]}
-            tf.logging.info("loss scale %g, %d skipped steps before run %d",
-                            self.last["scale"], self.last["skipped_steps"], self._runs)
+            since = (None if self.last is None
+                     else int(results["skipped_steps"]) - int(self.last["skipped_steps"]))
+            self.last = {"scale": results["scale"], "skipped_steps": results["skipped_steps"],
+                         "skipped_since_last_log": since}
+            tf.logging.info("loss scale %g, %d skipped steps before run %d%s",
+                            self.last["scale"], self.last["skipped_steps"], self._runs,
+                            "" if since is None else " (%d since the last log)" % since)
         if self._step is None:
             return
         session = run_context.session
@@ -189,13 +218,14 @@ class LossScaleHook(tf.train.SessionRunHook):
             run_context.request_stop()
 
 
-class _StepOp(collections.namedtuple("_StepOp", ["key", "joint"])):
+class _StepOp(collections.namedtuple("_StepOp", ["key", "joint", "name"])):
     """A step op of a ``TrainOps``, as the hook watches it.
 
     Attributes:
       key: its streak's key for ``CollapseMonitor.observe``: None for the
         joint step, "per_group['<name>']" for a per-group op.
       joint: whether it is the joint step (``update_op``).
+      name: None for the joint step, else the per-group op's group name.
     """
 
 
@@ -206,9 +236,9 @@ class _StepRuns(object):
 
     def __init__(self, train_ops):
         self._graph = train_ops.update_op.graph
-        self._targets = {train_ops.update_op: _StepOp(None, True)}
+        self._targets = {train_ops.update_op: _StepOp(None, True, None)}
         for name, op in train_ops.per_group.items():
-            self._targets[op] = _StepOp("per_group[%r]" % (name,), False)
+            self._targets[op] = _StepOp("per_group[%r]" % (name,), False, name)
         self._known = {}
 
     def of(self, fetches):
@@ -286,7 +316,14 @@ class CollapseMonitor(object):
     overflows, it reads the last skip's record and acts once: "warn"
     (RuntimeWarning and log), "stop" (log; ``observe`` returns the
     ``Collapse``), or "raise" (``LossScaleCollapse``). An applied step
-    re-arms it. It makes no op (finalized graphs are fine). Example::
+    re-arms it. It makes no op (finalized graphs are fine).
+
+    Under a device loop (the graph holds tf_adapter's ``IterationOp``, so one
+    ``session.run`` runs many steps) feed it as in a plain loop: after each
+    run it reads the record's history (``diagnostics.read_recent_skips``),
+    whose skips carry their streaks, so a collapse inside the loop is seen
+    after that run. That needs a ``global_step``; without one it warns and
+    sees each run's last iteration. Example::
 
       monitor = npu_lossscale.CollapseMonitor(train, collapse_after=20,
                                               on_collapse="stop")
@@ -331,6 +368,8 @@ class CollapseMonitor(object):
         self._last = None  # the streak key observed last
         #: The last ``Collapse`` whose step op has not applied since, or None.
         self.collapse = None
+        self._seen = 0  # the number of the last recorded skip read (device loops)
+        self._warned_no_step = False
 
     @property
     def skips(self):
@@ -371,19 +410,31 @@ class CollapseMonitor(object):
                             "e.g. step='g' for train.per_group['g']." % (step,))
         streak = self._streaks.setdefault(step, _Streak())
         self._last = step
+        if step is None and _device_loop.iteration_op(self._graph) is not None:
+            if self._train.counts_skipped_steps is not None:
+                return self._observe_loop(code, session, streak)
+            self._warn_no_global_step()
         if not closes or _diagnostics.REASONS[code] in _diagnostics.HOLDING_REASONS:
             # A skip that holds the scale (asked for, a loss spike) says
             # nothing of it: neither a skip of the streak nor an applied step.
             return streak.collapse
         if code == _diagnostics.APPLIED:
-            if self.collapse is not None and self.collapse is streak.collapse:
-                self.collapse = None
-            self._streaks[step] = _Streak()
+            self._applied(step, streak)
             return None
         streak.skips += 1
         streak.reasons[_diagnostics.REASONS[code]] += 1
         if streak.collapse is not None:
             return streak.collapse
+        return self._check(streak, step, session)
+
+    def _applied(self, step, streak):
+        """An applied step of ``step``'s op re-arms its streak."""
+        if self.collapse is not None and self.collapse is streak.collapse:
+            self.collapse = None
+        self._streaks[step] = _Streak()
+
+    def _check(self, streak, step, session):
+        """The ``Collapse`` of ``streak`` if it is one now (acting on it), else None."""
         floors = tuple(type(floor.manager).__name__ for floor, (scale, streak_count)
                        in zip(self._floors,
                               session.run([[f.scale, f.streak] for f in self._floors]))
@@ -397,8 +448,45 @@ class CollapseMonitor(object):
             raise LossScaleCollapse(self.collapse)
         tf.logging.warning(self.collapse.message)
         if self.on_collapse == "warn":
-            warnings.warn(self.collapse.message, RuntimeWarning, stacklevel=2)
+            warnings.warn(self.collapse.message, RuntimeWarning, stacklevel=3)
         return self.collapse
+
+    def _observe_loop(self, code, session, streak):
+        """``observe`` for a run of many device iterations: every skip of the
+        run, read from the record's history with its streak, in order; then
+        the run's last iteration (``code``)."""
+        recent = _diagnostics.read_recent_skips(session, self._train)
+        if recent and recent[-1].number < self._seen:  # a new session's record
+            self._seen = 0
+        new = [skip for skip in recent if skip.number > self._seen]
+        if recent:
+            self._seen = recent[-1].number
+        found = None
+        for skip in new:
+            if skip.reason in _diagnostics.HOLDING_REASONS:
+                continue
+            if skip.streak <= 1 and streak.skips:  # an applied step came before it
+                self._applied(None, streak)
+                streak = self._streaks[None]
+            streak.skips = max(skip.streak, 1)
+            streak.reasons[skip.reason] += 1
+            if streak.collapse is None:
+                found = self._check(streak, None, session)
+        found = found or streak.collapse
+        if code == _diagnostics.APPLIED:  # the run's last iteration applied
+            self._applied(None, streak)
+        return found
+
+    def _warn_no_global_step(self):
+        """Warns once that a device loop's streaks need a global step."""
+        if self._warned_no_step:
+            return
+        self._warned_no_step = True
+        message = ("npu_lossscale: a device loop runs a step without a global_step, so the "
+                   "skip record cannot tell consecutive skips apart, and the collapse policy "
+                   "sees each run's last iteration only. Pass build(global_step=...).")
+        tf.logging.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def _closes(self, window_end):
         """Whether the run closed a step, from its fetched ``window_end``."""

@@ -79,7 +79,10 @@ def test_hook_logs_every_n_runs(graph):
         sess.run(train.update_op, poison)
         assert hook.last is None
         sess.run(train.update_op, model.feed)
-        assert hook.last == {"scale": 8.0, "skipped_steps": 1}
+        assert hook.last == {"scale": 8.0, "skipped_steps": 1, "skipped_since_last_log": None}
+        sess.run(train.update_op, poison)
+        sess.run(train.update_op, model.feed)
+        assert hook.last == {"scale": 8.0, "skipped_steps": 2, "skipped_since_last_log": 1}
 
 
 def test_hook_and_summaries_reject_other_objects():

@@ -43,10 +43,11 @@ def test_train_ops_fields():
     assert npu_lossscale.TrainOps._fields == (
         "update_op", "per_group", "accumulate_op", "is_finite", "applied", "loss_scale",
         "skipped_steps", "window_end", "grads_and_vars", "groups", "diagnosis", "underflow",
-        "observed", "clear_status")
+        "observed", "clear_status", "counts_skipped_steps")
     from npu_lossscale.builder import GroupReport, SkipReport
     assert GroupReport._fields == ("is_finite", "loss_scale")
-    assert SkipReport._fields == ("skip_reason", "groups_overflowed", "last_skip")
+    assert SkipReport._fields == ("skip_reason", "groups_overflowed", "last_skip",
+                                  "recent_skips")
 
 
 def test_the_public_names_bind_on_first_use():

@@ -147,6 +147,61 @@ class LastSkip(collections.namedtuple(
     """
 
 
+class RecentSkips(collections.namedtuple(
+        "RecentSkips", ["number", "global_step", "reason", "streak", "groups",
+                        "group_names"])):
+    """The record's history of the last skips, as tensors that read it,
+    oldest first (``TrainOps.diagnosis.recent_skips``).
+
+    Each field but ``group_names`` has one entry per place of the history
+    (``MultiOptimizerLossScale(skip_history=...)``); a place no skip has
+    filled yet has number 0 and comes first. Written only in the skip
+    branch, and in no collection, like ``LastSkip``.
+
+    Attributes:
+      number: int64 vector, each skip's number (``LastSkip.number``).
+      global_step: int64 vector, the global step each skip ran at (-1
+        without one).
+      reason: int32 vector, each skip's reason code.
+      streak: int64 vector, each skip's place in its run of consecutive
+        skipped steps (1 for a skip after an applied step); skips for a
+        reason that holds the scale neither extend nor break it.
+      groups: bool matrix [places, groups]: the groups that overflowed.
+      group_names: string vector, the builder's group names.
+    """
+
+
+class RecordedSkip(collections.namedtuple(
+        "RecordedSkip", ["number", "global_step", "reason", "streak", "groups"])):
+    """One skip of the history, as Python values (``read_recent_skips``).
+
+    Attributes:
+      number: the skip's number (1 for the first of the session).
+      global_step: the global step when it ran, or None if the step has none.
+      reason: the reason's name (``REASONS``).
+      streak: its place in its run of consecutive skipped steps.
+      groups: tuple of the names of the groups that overflowed.
+    """
+
+    @property
+    def fix(self):
+        """What to do about this skip's reason, one sentence."""
+        return FIXES[REASONS.index(self.reason)]
+
+
+def decode_recent(values):
+    """The ``RecordedSkip``s in fetched ``RecentSkips`` values, oldest first."""
+    names = [decoded(name) for name in values.group_names]
+    return tuple(
+        RecordedSkip(number=int(number),
+                     global_step=None if int(step) < 0 else int(step),
+                     reason=reason_name(int(reason)), streak=int(streak),
+                     groups=tuple(name for name, bad in zip(names, mask) if bad))
+        for number, step, reason, streak, mask in zip(
+            values.number, values.global_step, values.reason, values.streak, values.groups)
+        if int(number) > 0)
+
+
 class Skip(collections.namedtuple(
         "Skip", ["number", "global_step", "reason", "groups", "variables"])):
     """One skipped step, as Python values (``decode``, ``read_last_skip``).
@@ -206,6 +261,31 @@ def read_last_skip(session, train_ops):
     _checks.check_train_ops(train_ops)
     _checks.check_session(session, train_ops.update_op.graph, "train_ops")
     return decode(session.run(train_ops.diagnosis.last_skip))
+
+
+def read_recent_skips(session, train_ops):
+    """Reads the record's history of the last skips in a run of its own; no
+    step runs.
+
+    After a ``session.run`` that ran many steps (a device loop of
+    ``iterations_per_loop``), this shows every skip of the run, where
+    ``read_last_skip`` shows the last.
+
+    Args:
+      session: a session of the graph of ``train_ops``.
+      train_ops: the ``TrainOps`` of ``MultiOptimizerLossScale.build``.
+
+    Returns:
+      A tuple of ``RecordedSkip``, oldest first: the last
+      ``MultiOptimizerLossScale(skip_history=...)`` skips of this session.
+
+    Raises:
+      TypeError: for a wrong ``train_ops``.
+      ValueError: for a session of another graph than ``train_ops``'s.
+    """
+    _checks.check_train_ops(train_ops)
+    _checks.check_session(session, train_ops.update_op.graph, "train_ops")
+    return decode_recent(session.run(train_ops.diagnosis.recent_skips))
 
 
 def describe(skip):

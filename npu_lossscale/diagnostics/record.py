@@ -30,7 +30,7 @@ from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import (
     GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED,
-    REGISTER_OUTSIDE_GRADIENTS, LastSkip)
+    REGISTER_OUTSIDE_GRADIENTS, LastSkip, RecentSkips)
 from npu_lossscale import diagnostics as _diagnostics
 
 
@@ -225,6 +225,13 @@ class Diagnosed(collections.namedtuple("Diagnosed", ["reason", "groups", "variab
 #: The record's scalar fields; the others are vectors.
 _SCALAR_FIELDS = ("number", "global_step", "reason")
 
+#: The skips the record's history keeps by default: one per iteration of the
+#: device loop most ModelZoo scripts run (``NPURunConfig(iterations_per_loop=1000)``),
+#: so that a loop whose every iteration skips still shows each skip.
+DEFAULT_HISTORY = 1000
+#: The history's columns before the group mask (``RecentSkips``).
+_HISTORY_COLUMNS = ("number", "global_step", "reason", "streak")
+
 
 class Record(object):
     """The last skip's record: one variable, written only in a skip branch.
@@ -237,7 +244,7 @@ class Record(object):
     (``LastSkip`` reads it back by field):
 
     ``[number, global_step, reason, reason_counts..., group_counts...,
-    groups..., variables...]``, with one count per reason code known at
+    groups..., variables..., history...]``, with one count per reason code known at
     construction (``diagnostics.REASONS``), one
     count and one 0/1 entry per group and one 0/1 entry per variable.
 
@@ -254,6 +261,20 @@ class Record(object):
     on the GPU anyway. On Ascend the adapter places it, as the other
     variables.
 
+    Its last part is the history (one row per skip, the last ``history``
+    skips in a ring, in the same variable so that a step reads one handle):
+    each row holds the skip's
+    number, global step, reason, streak and group mask. The streak is the
+    skip's place in its run of consecutive skipped steps, worked out in the
+    skip branch from the previous skip's global step: with
+    ``counts_skipped_steps`` the previous step skipped when its global step
+    is one less, without it when the global step is the same (no step
+    applied since). A skip for a reason that holds the scale
+    (``HOLDING_REASONS``) neither extends nor breaks the streak. Without a
+    global step every streak is 1. So a host that runs many steps per
+    ``session.run`` (a device loop) reads every skip of the run, and the
+    longest streak in it, after the run.
+
     Args:
       groups: the builder's ``plan.Group`` records, in ``add()`` order.
       on_host: whether to pin the variable to the host (every backend but
@@ -261,15 +282,23 @@ class Record(object):
       switch_merge: whether the record may be read through a raw
         Switch/Merge (the "pivot" gate's graphs; the "cond" gate's have none
         of ours).
+      history: the number of skips the history keeps, an int >= 1.
+      counts_skipped_steps: whether the step's global step advances on
+        skipped steps (``build(count_skipped_steps=...)``).
     """
 
-    def __init__(self, groups, on_host=True, switch_merge=True):
+    def __init__(self, groups, on_host=True, switch_merge=True, history=DEFAULT_HISTORY,
+                 counts_skipped_steps=False):
         self.group_names = tuple(group.name for group in groups)
         self.variable_names = tuple(var.op.name for group in groups for var in group.var_list)
+        self.history = history
+        self._counts_skipped_steps = counts_skipped_steps
+        self._history_shape = [history, len(_HISTORY_COLUMNS) + len(self.group_names)]
         sizes = [("number", 1), ("global_step", 1), ("reason", 1),
                  ("reason_counts", len(_diagnostics.REASONS)),
                  ("group_counts", len(self.group_names)),
-                 ("groups", len(self.group_names)), ("variables", len(self.variable_names))]
+                 ("groups", len(self.group_names)), ("variables", len(self.variable_names)),
+                 ("history", self._history_shape[0] * self._history_shape[1])]
         self._slices, offset = collections.OrderedDict(), 0
         for field, size in sizes:
             self._slices[field] = (offset, offset + size)
@@ -326,6 +355,10 @@ class Record(object):
                 blank = tf.constant(self._blank)
             return tf.raw_ops.Merge(inputs=[blank, read])[0]
 
+    def _rows(self, fields):
+        """The history's rows in ring order, from the record's ``fields``."""
+        return tf.reshape(fields["history"], self._history_shape)
+
     def last_skip(self):
         """A ``LastSkip`` of one fresh read of the record."""
         with tf.name_scope("last_skip_read"):
@@ -341,6 +374,20 @@ class Record(object):
                                            name="variable_names"),
                 reason_counts=fields["reason_counts"],
                 group_counts=fields["group_counts"])
+
+    def recent_skips(self):
+        """A ``RecentSkips`` of one fresh read of the history, oldest first."""
+        with tf.name_scope("recent_skips_read"):
+            fields = self._fields(self._values())
+            rows = tf.roll(self._rows(fields), shift=-tf.floormod(fields["number"], self.history),
+                           axis=0)
+            columns = tf.unstack(rows[:, :len(_HISTORY_COLUMNS)], axis=1)
+            fields = dict(zip(_HISTORY_COLUMNS, columns))
+            return RecentSkips(
+                number=fields["number"], global_step=fields["global_step"],
+                reason=tf.cast(fields["reason"], tf.int32), streak=fields["streak"],
+                groups=tf.cast(rows[:, len(_HISTORY_COLUMNS):], tf.bool),
+                group_names=tf.constant(self.group_names, tf.string, name="group_names"))
 
     def diagnose(self, plan, evidence, local_flags, reduced_flags):
         """Works out why a step skipped, without writing anything.
@@ -434,11 +481,35 @@ class Record(object):
         """
         reason, groups, variables = diagnosed
         counts = self._slices["reason_counts"]
+        old = self._values()
+        history = self._slices["history"]
         # new = old * kept + written: the counters keep their value and add,
-        # the skip's own fields are replaced.
+        # the skip's own fields are replaced; the history gets a row.
         written = tf.concat([
             tf.stack([tf.constant(1, tf.int64), step, reason]),
             tf.one_hot(reason, counts[1] - counts[0], dtype=tf.int64),
             groups, groups, variables], 0)
-        new = self._values() * self._kept + written
-        return self.variable.assign(new, read_value=False)
+        head = old[:history[0]] * self._kept[:history[0]] + written
+        rows = self._history_row(self._fields(old), reason, groups, step)
+        return self.variable.assign(tf.concat([head, tf.reshape(rows, [-1])], 0),
+                                    read_value=False)
+
+    def _history_row(self, before, reason, groups, step):
+        """The history's rows with this skip's row written (see the class
+        docstring), given the record's fields ``before`` this skip."""
+        rows = self._rows(before)
+        last = tf.floormod(before["number"] - 1, self.history)
+        previous = tf.gather(rows, last)[_HISTORY_COLUMNS.index("streak")]
+        follows = tf.equal(before["global_step"],
+                           step - 1 if self._counts_skipped_steps else step)
+        consecutive = tf.logical_and(tf.logical_and(tf.greater(before["number"], 0),
+                                                    tf.greater_equal(step, 0)), follows)
+        holding = [_diagnostics.REASONS.index(name) for name in _diagnostics.HOLDING_REASONS]
+        counted = tf.reduce_all(tf.not_equal(reason, holding)) if holding else True
+        streak = (tf.where(consecutive, previous, tf.constant(0, tf.int64))
+                  + tf.cast(counted, tf.int64))
+        number = before["number"] + 1
+        row = tf.concat([tf.stack([number, step, reason, streak]), groups], 0)
+        place = tf.one_hot(tf.floormod(number - 1, self.history), self.history,
+                           dtype=tf.int64)[:, None]
+        return rows * (1 - place) + place * row[None, :]
