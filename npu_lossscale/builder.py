@@ -25,6 +25,7 @@ from npu_lossscale import backends as _backends
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import claims as _claims
 from npu_lossscale.core import commit as _commit
+from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import context as _context
 from npu_lossscale import diagnostics as _diagnosis_reasons
 from npu_lossscale import seams as _seams
@@ -594,6 +595,7 @@ class MultiOptimizerLossScale(object):
                         counters, observers=observers).update_op
         if plan.backend.reads_register and plan.checks:
             _backends.claim_register(self, "a " + what)
+        _graph_state.of(joint.update_op.graph).records[joint.update_op.name] = record
         return TrainOps(
             update_op=joint.update_op, per_group=per_group, accumulate_op=joint.accumulate_op,
             is_finite=joint.is_finite, applied=applied, loss_scale=joint.loss_scale,

@@ -305,3 +305,81 @@ def test_the_example_trains_on_a_loop_as_one_step_per_run(mode, tmp_path):
     assert looped == plain
     assert looped["global_step"] == 20 and looped["skipped_steps"] > 0
     assert [step for step, _ in looped["skips"]][:2] == [0, 1]
+
+
+def test_the_loop_summary_counts_the_runs_skips(npu_shim):
+    """summaries(iterations_per_loop=10)'s skipped_in_loop, fetched with the
+    loop's op, is the number of that run's skipped iterations (3, then 1 for
+    POISONED); it needs a step that counts its skips."""
+    from npu_bridge.npu_init import util
+    with tf.Graph().as_default():
+        iterator, train = _builder_step(POISONED)
+        in_loop = nl.summaries(train, iterations_per_loop=ITERATIONS)[-1]
+        assert in_loop.op.name == "loss_scale/skipped_in_loop"
+        assert in_loop not in tf.get_collection(tf.GraphKeys.SUMMARIES)
+        sess = _session(ITERATIONS)
+        sess.run([tf.global_variables_initializer(), iterator.initializer])
+        loop = util.set_iteration_per_loop(sess, train.update_op, ITERATIONS)
+        counts = []
+        for _ in range(2):
+            summary = tf.Summary.FromString(sess.run([loop, in_loop])[1])
+            counts.append(summary.value[0].simple_value)
+        assert counts == [3.0, 1.0]
+    with tf.Graph().as_default():
+        _, uncounted = _builder_step(POISONED, count_skipped_steps=False)
+        with pytest.raises(ValueError, match="count_skipped_steps=True"):
+            nl.summaries(uncounted, iterations_per_loop=ITERATIONS)
+
+
+def _estimator_run(tmp_path, count_skipped_steps, hooks=True):
+    """NPUEstimator with iterations_per_loop=5, save_checkpoints_steps=10 and
+    max_steps=20 over the builder's two groups, POISONED batches skipping;
+    returns (the saved steps, the final global step, the skip count)."""
+    from npu_bridge.npu_init import NPUEstimator, NPUEstimatorSpec, NPURunConfig
+    rng = np.random.RandomState(5)
+    batches = rng.normal(0, 1, [STEPS, 8, 4]).astype(np.float32)
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices((batches, _poison(POISONED)))
+
+    def model_fn(features, labels, mode):
+        x, factor = features, labels  # the dataset's pairs
+        with tf.variable_scope("d"):
+            d_w = tf.get_variable("w", [4, 1])
+        logits = tf.matmul(tf.cast(x, tf.float16), tf.cast(d_w, tf.float16))
+        loss = tf.reduce_mean(tf.nn.softplus(tf.cast(logits * tf.cast(factor, tf.float16),
+                                                     tf.float32)))
+        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), backend="is_finite")
+        scaler.add(loss, tf.train.AdamOptimizer(0.01), var_list=[d_w], name="d")
+        train = scaler.build(global_step=tf.train.get_global_step(),
+                             count_skipped_steps=count_skipped_steps)
+        tf.identity(train.skipped_steps, name="skips_read")
+        return NPUEstimatorSpec(mode, loss=loss, train_op=train.update_op,
+                                training_hooks=[nl.LossScaleHook(train)] if hooks else [])
+
+    config = NPURunConfig(iterations_per_loop=5, save_checkpoints_steps=10,
+                          model_dir=str(tmp_path), keep_checkpoint_max=10)
+    estimator = NPUEstimator(model_fn=model_fn, config=config)
+    estimator.train(input_fn, max_steps=20)
+    state = tf.train.get_checkpoint_state(str(tmp_path))
+    saved = sorted(int(path.split("-")[-1]) for path in state.all_model_checkpoint_paths)
+    return (saved, estimator.get_variable_value("global_step"),
+            estimator.get_variable_value("loss_scale/skipped_steps"))
+
+
+@pytest.mark.skipif(getattr(tf, "estimator", None) is None,
+                    reason="tf.estimator exists up to TF 2.15: the TF 2.15 leg runs it")
+def test_npu_estimator_checkpoints_land_where_asked_with_skips(npu_shim, tmp_path):
+    """NPURunConfig's promise: the global step moves iterations_per_loop
+    steps per run, so max_steps=20 and save_checkpoints_steps=10 land at 20,
+    10 and 20 although four steps skip; a step that does not count its
+    skips is refused by LossScaleHook before it drifts."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _estimator_run(tmp_path / "counted", True) == ([0, 10, 20], 20, len(POISONED))
+        with pytest.raises(ValueError, match="count_skipped_steps=True"):
+            _estimator_run(tmp_path / "uncounted", False)
+        drifted = _estimator_run(tmp_path / "drifting", False, hooks=False)
+    # What the refusal prevents: the data's 20 batches end at global step 16,
+    # with a checkpoint at 11 where 10 was asked for.
+    assert drifted == ([0, 11, 16], 16, len(POISONED))

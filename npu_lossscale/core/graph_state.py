@@ -27,6 +27,9 @@ class GraphState(object):
         ``update_ops`` entry that runs another step is named as such.
       pending: (op, dep) control inputs deferred while a step is built.
       building: whether a step is being built.
+      records: dict from the name of a builder's ``update_op`` to its skip
+        record (``diagnostics.record.Record``), for reads made later
+        (``monitoring.summaries``).
     """
 
     def __init__(self):
@@ -37,6 +40,7 @@ class GraphState(object):
         self.gates = set()
         self.pending = []
         self.building = False
+        self.records = {}
 
 
 def of(graph=None):
