@@ -36,7 +36,7 @@ V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_bfloat16.py tests/test_graph_rewrite.py \
             tests/test_npu_backend.py tests/test_backend_extension.py \
             tests/test_shim_adapter.py tests/test_device_loop.py tests/test_device_loop_step.py \
-            tests/test_diagnostics.py \
+            tests/test_sequence.py tests/test_diagnostics.py \
             tests/test_misuse.py tests/test_underflow.py \
             tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
             tests/test_step_cost.py \

@@ -34,6 +34,7 @@ from npu_lossscale import distributed as _distributed
 from npu_lossscale import managers as _managers
 from npu_lossscale.core import plan as _plan
 from npu_lossscale.core import step as _step
+from npu_lossscale import sequence as _sequence
 from npu_lossscale.distributed import sync_replicas as _sync_replicas
 from npu_lossscale import underflow as _underflow
 from npu_lossscale.core import update_ops as _update_ops
@@ -260,6 +261,7 @@ class MultiOptimizerLossScale(object):
         _distributed.check_no_strategy("MultiOptimizerLossScale")
         self._allreduce_gradients = allreduce_gradients
         self._groups = []
+        self._loss_fns = {}  # group name -> the loss callable add() took
         self._towers = {}  # group name -> its tower losses
         self._built = False
 
@@ -283,7 +285,10 @@ class MultiOptimizerLossScale(object):
 
         Args:
           loss: a floating-point scalar tensor (float16 is fine), or a
-            callable taking no argument that returns one (called once, here).
+            callable taking no argument that returns one: called once here
+            (its loss is checked and used by ``update_op``), and again by
+            each sub-step of ``build(sequence=...)``, so it must reuse its
+            variables (``tf.AUTO_REUSE``) and read its input inside.
             Groups may share one loss tensor; its backprop is then computed
             once. A list of losses is one per in-graph tower, each built on
             its own device: each tower's gradients are computed beside its
@@ -323,8 +328,9 @@ class MultiOptimizerLossScale(object):
         if self._built:
             raise ValueError("add() came after build(), for loss %r. Add every group "
                              "first, then build() once." % (loss,))
+        loss_fn = None
         if callable(loss) and not isinstance(loss, tf.Tensor):
-            loss = loss()  # as tf.train.Optimizer.minimize accepts
+            loss_fn, loss = loss, loss()  # as tf.train.Optimizer.minimize accepts
         towers = loss if isinstance(loss, (list, tuple)) else None
         if towers is None:
             loss = _checks.check_loss(loss)
@@ -383,12 +389,15 @@ class MultiOptimizerLossScale(object):
         self._groups.append(_plan.Group(
             name, loss, optimizer, var_list, transforms, loss_scale_manager,
             _managers.overflow_check_enabled(loss_scale_manager), own_backprop))
+        if loss_fn is not None:
+            self._loss_fns[name] = loss_fn
         return name
 
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,
               update_ops=None, per_group_ops=False, measure_underflow=False,
               skip_global_steps=None, skip_loss_spikes=None, measure_first_scale=False,
-              first_scale_margin=_first_scale.DEFAULT_MARGIN, skip_conditions=(), observers=()):
+              first_scale_margin=_first_scale.DEFAULT_MARGIN, skip_conditions=(), observers=(),
+              sequence=None):
         """Builds the single update op for every registered group.
 
         Args:
@@ -447,6 +456,18 @@ class MultiOptimizerLossScale(object):
           skip_conditions: further ``seams.SkipCondition``s, after these.
           observers: further ``seams.StepObserver``s; what each one's
             ``report`` returns is ``TrainOps.observed[observer.name]``.
+          sequence: group names, repeats allowed (``["d", "d", "g"]``):
+            ``update_op`` then runs those sub-steps in order in one op, each
+            a whole step of its group (scale, check, gate, skip, manager
+            update) built under the previous one, whose loss callable
+            (``add(lambda: ...)``) is called again there so that its forward
+            pass reads the weights the previous sub-step wrote. For a GAN
+            on a device loop (docs/features.md, "Sub-steps in one op").
+            Every group must be named and have a callable loss; not with
+            accumulation, ``update_ops`` (a sub-step gates the UPDATE_OPS its
+            callable adds), ``per_group_ops``, towers, an engine, a
+            SyncReplicasOptimizer, ``measure_underflow``,
+            ``measure_first_scale`` or ``observers``.
 
         Returns:
           A ``TrainOps``.
@@ -506,6 +527,14 @@ class MultiOptimizerLossScale(object):
                                "overflow for the loss-scale managers.")
         observers = _checks.check_instances("observers", observers, _seams.StepObserver)
         _checks.check_unique_names("observers", observers)
+        if sequence is not None:
+            sequence = _sequence.check_sequence(sequence, self._groups, self._loss_fns, {
+                "accumulation_steps": accumulation_steps != 1,
+                "update_ops": update_ops is not None, "per_group_ops": per_group_ops is True,
+                "measure_underflow": measure_underflow is True,
+                "measure_first_scale": measure_first_scale is True,
+                "observers": bool(observers), "distributed": self._engine is not None,
+                "towers": bool(self._towers)})
         for condition in conditions:
             _diagnosis_reasons.register_reason(condition.reason, condition.fix,
                                                holds_scale=not condition.moves_scale)
@@ -527,9 +556,17 @@ class MultiOptimizerLossScale(object):
         if self._towers:
             plan = _step.plan_step(self._groups_to_build(), self._manager, options,
                                    global_step, "MultiOptimizerLossScale.build")
-        train = self._build(plan, global_step, update_ops, per_group_ops, measure_underflow,
-                            [item for item in (reduced, first_scale) if item is not None],
-                            observers)
+        if sequence is not None and plan.mode == "chief":
+            raise ValueError("sequence=%r with a SyncReplicasOptimizer group: its chief "
+                             "decides one step at a time. Leave sequence out."
+                             % (list(sequence),))
+        if sequence is not None:
+            train = self._build_sequence(plan, global_step, sequence)
+        else:
+            train = self._build(plan, global_step, update_ops, per_group_ops,
+                                measure_underflow,
+                                [item for item in (reduced, first_scale) if item is not None],
+                                observers)
         self._built = True
         return train
 
@@ -545,6 +582,53 @@ class MultiOptimizerLossScale(object):
             accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps,
             conditions=conditions)
 
+    def _build_sequence(self, plan, global_step, sequence):
+        """The sequence's op (``sequence.build_sequence``), as a ``TrainOps``."""
+        what = "MultiOptimizerLossScale (sequence %s)" % ", ".join(sequence)
+        counters = _claims.StateKey(self, "the step counters of " + what)
+        with tf.name_scope("loss_scale/"):
+            skipped_steps = _commit.SkippedSteps()
+            record = self._record(plan)
+            built = _sequence.build_sequence(
+                sequence, dict((group.name, group) for group in plan.groups), self._loss_fns,
+                plan, global_step, skipped_steps, record, counters, "update_op of " + what)
+            last = dict((sub.name, sub) for sub in built.substeps)
+            reasons = [sub.step.reports[0][0] for sub in built.substeps]
+            reason = reasons[-1]
+            for earlier in reversed(reasons[:-1]):  # the first sub-step that skipped
+                reason = tf.where(tf.not_equal(earlier, 0), earlier, reason)
+            overflowed = dict((name, tf.reduce_any(tf.stack(
+                [sub.step.reports[0][1][name] for sub in built.substeps if sub.name == name])))
+                for name in plan.group_names)
+            report = SkipReport(tf.identity(reason, name="skip_reason"), overflowed,
+                                record.last_skip(), record.recent_skips())
+            clear_status = plan.backend.clear_status()
+        if plan.backend.reads_register and plan.checks:
+            _backends.claim_register(self, "a " + what)
+        _graph_state.of(built.update_op.graph).records[built.update_op.name] = record
+        first = built.substeps[0].step
+        return TrainOps(
+            update_op=built.update_op, per_group={}, accumulate_op=None,
+            is_finite=built.is_finite, applied=built.applied,
+            loss_scale=next((sub.step.loss_scale for sub in built.substeps
+                             if plan.group(sub.name).manager is self._manager),
+                            first.loss_scale),
+            skipped_steps=skipped_steps.before, window_end=tf.constant(True),
+            grads_and_vars=dict((name, sub.step.grads_and_vars[name])
+                                for name, sub in last.items()),
+            groups=dict((name, GroupReport(sub.step.group_is_finite[name],
+                                           sub.step.loss_scales.get(name)))
+                        for name, sub in last.items()),
+            diagnosis=report, underflow={}, observed={}, clear_status=clear_status,
+            counts_skipped_steps=None if global_step is None else plan.count_skipped_steps)
+
+    def _record(self, plan):
+        """The builder's skip ``Record``."""
+        return _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu,
+                                 switch_merge=plan.gate_kind == "pivot",
+                                 history=self._skip_history,
+                                 counts_skipped_steps=plan.count_skipped_steps)
+
     def _groups_to_build(self):
         """The groups, a tower group's loss the mean of its towers'."""
         return [group._replace(loss=_towers.mean_loss(self._towers[group.name]))
@@ -559,10 +643,7 @@ class MultiOptimizerLossScale(object):
         # name for the scale) must not move this scope to "loss_scale_1".
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
-            record = _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu,
-                                       switch_merge=plan.gate_kind == "pivot",
-                                       history=self._skip_history,
-                                       counts_skipped_steps=plan.count_skipped_steps)
+            record = self._record(plan)
             diagnosis = _diagnosis.SkipDiagnosis(record)
             observers = list(first) + [diagnosis]
             if _underflow.listens(plan):

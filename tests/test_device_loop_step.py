@@ -279,13 +279,16 @@ def test_without_a_loop_the_hook_takes_both_patterns(npu_shim):
 
 
 @fresh_process
-@pytest.mark.parametrize("mode", ["sessrun", "estimator"])
-def test_the_example_trains_on_a_loop_as_one_step_per_run(mode, tmp_path):
+@pytest.mark.parametrize("mode, sequence", [("sessrun", None), ("sessrun", "d,g"),
+                                            ("estimator", None)])
+def test_the_example_trains_on_a_loop_as_one_step_per_run(mode, sequence, tmp_path):
     """examples/gan/dcgan_loop.py, a ModelZoo-style script, run unchanged
     with --iterations_per_loop 10 and 1: the same global step, skips (each
-    with its global step and reason), loss scale and variables. Started at a
-    scale of 2**24, its first steps overflow. The Estimator mode needs
-    tf.estimator (the TF 2.15 leg); the sess.run mode runs on TF 2.21."""
+    with its global step, sub-step and reason), loss scale and variables,
+    with a joint step and with the sub-steps d, g in one op (issue 47).
+    Started at a scale of 2**24, its first steps overflow. The Estimator
+    mode needs tf.estimator (the TF 2.15 leg); the sess.run mode runs on
+    TF 2.21."""
     if (mode == "estimator") != (getattr(tf, "estimator", None) is not None):
         pytest.skip("the estimator mode runs on the TF 2.15 leg, sess.run mode on TF 2.21")
     results = []
@@ -294,7 +297,8 @@ def test_the_example_trains_on_a_loop_as_one_step_per_run(mode, tmp_path):
         proc = warm_python.run(
             [sys.executable, EXAMPLE, "--npu-shim", "--mode", mode, "--steps", "20",
              "--batch-size", "4", "--loss-scale", "dynamic:16777216",
-             "--iterations_per_loop", str(iterations), "--out", out],
+             "--iterations_per_loop", str(iterations), "--out", out]
+            + ([] if sequence is None else ["--sequence", sequence]),
             env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3"),
             capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -304,7 +308,9 @@ def test_the_example_trains_on_a_loop_as_one_step_per_run(mode, tmp_path):
     assert looped.pop("iterations_per_loop") == 10 and plain.pop("iterations_per_loop") == 1
     assert looped == plain
     assert looped["global_step"] == 20 and looped["skipped_steps"] > 0
-    assert [step for step, _ in looped["skips"]][:2] == [0, 1]
+    assert looped["skips"][0][0] == 0
+    if sequence:  # both sub-steps of the first step skipped, at scale 2**24
+        assert [substep for _, substep, _ in looped["skips"][:2]] == [0, 1]
 
 
 def test_the_loop_summary_counts_the_runs_skips(npu_shim):

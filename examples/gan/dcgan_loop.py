@@ -13,14 +13,21 @@ networks go into one ``MultiOptimizerLossScale`` with
 ``build(count_skipped_steps=True)``, so the global step moves N per run as
 NPURunConfig promises, and the step's skip record keeps every iteration's
 skip for the host (``diagnostics.read_recent_skips``); ``LossScaleHook``
-watches the collapse in Estimator mode. On CPU, ``--npu-shim`` emulates
-npu_bridge and its loop::
+watches the collapse in Estimator mode.
+
+By default each iteration is one joint step of both networks. With
+``--sequence d,g`` (or ``d,d,g``...) it is the alternating loop's sub-steps in
+one op (``build(sequence=...)``): the discriminator's step, then the
+generator's on the discriminator's new weights, each with its own check, skip
+and scale update; in sess.run mode each sub-step reads a batch of its own.
+On CPU, ``--npu-shim`` emulates npu_bridge and its loop::
 
   .venv/bin/python examples/gan/dcgan_loop.py --npu-shim --iterations_per_loop 10
+  .venv/bin/python examples/gan/dcgan_loop.py --npu-shim --sequence d,g
   .venv-tf215/bin/python examples/gan/dcgan_loop.py --npu-shim --mode estimator
 
-Outputs in --out: metrics.json (the global step, the skips with their steps
-and reasons, the loss scale, a digest of every variable) and, in Estimator
+Outputs in --out: metrics.json (the global step, the skips with their steps,
+sub-steps and reasons, the loss scale, a digest of every variable) and, in Estimator
 mode, the Estimator's checkpoints.
 """
 
@@ -40,6 +47,8 @@ from dcgan import ADAM_BETA1, load_data
 
 PROG = "dcgan_loop.py"
 MODES = ("sessrun", "estimator")
+#: --sequence's letters: the builder's group names.
+SUB_STEPS = {"d": "discriminator", "g": "generator"}
 
 
 def parse_args(argv):
@@ -54,6 +63,10 @@ def parse_args(argv):
     parser.add_argument("--mode", choices=MODES, default="sessrun",
                         help="sessrun: util.set_iteration_per_loop; estimator: "
                              "NPUEstimator with NPURunConfig (default: %(default)s)")
+    parser.add_argument("--sequence", type=sub_steps, default=None, metavar="d,g",
+                        help="run each iteration as sub-steps in one op, in this order "
+                             "(d: the discriminator, g: the generator; repeats allowed) "
+                             "(default: one joint step)")
     cli._add_learning_rate(parser, 5e-4, "both networks")  # pylint: disable=protected-access
     args = parser.parse_args(argv)
     cli._check_learning_rate(parser, args)  # pylint: disable=protected-access
@@ -61,6 +74,16 @@ def parse_args(argv):
         parser.error("--steps %d is not a multiple of --iterations_per_loop %d"
                      % (args.steps, args.iterations_per_loop))
     return args
+
+
+def sub_steps(text):
+    """--sequence's value: a list of group names."""
+    letters = [letter.strip() for letter in text.split(",")]
+    if not all(letter in SUB_STEPS for letter in letters) or not set(letters) == set(SUB_STEPS):
+        raise cli.argparse.ArgumentTypeError(
+            "expected the letters d and g separated by commas, each at least once (e.g. "
+            "d,g or d,d,g), got %r" % (text,))
+    return [SUB_STEPS[letter] for letter in letters]
 
 
 def dataset(tf, images, args):
@@ -71,22 +94,35 @@ def dataset(tf, images, args):
 
 
 def build_step(tf, nl, args, real):
-    """Both networks' losses on ``real`` and ONE update op for them.
+    """Both networks' losses on ``real`` (a tensor, or a function that
+    returns the next batch) and ONE update op for them.
 
     Returns:
-      (TrainOps, d_loss, g_loss).
+      (TrainOps, d_loss, g_loss); with --sequence the losses are None (each
+      sub-step has its own).
     """
     dtype = tf.float16 if args.precision == "fp16" else tf.float32
-    d_loss, g_loss = networks.dcgan_losses(tf, real, dtype, cli.conv_impl(args))
+    next_batch = real if callable(real) else lambda: real
+
+    def losses():
+        # The networks reuse their variables (AUTO_REUSE): each sub-step of
+        # --sequence builds them again on the weights the last one wrote.
+        return networks.dcgan_losses(tf, next_batch(), dtype, cli.conv_impl(args))
+
+    # The first build makes the variables; with --sequence it is left unrun.
+    d_loss, g_loss = d_group, g_group = losses()
+    if args.sequence:
+        d_loss = g_loss = None
+        d_group, g_group = (lambda: losses()[0]), (lambda: losses()[1])
     scaler = nl.MultiOptimizerLossScale(cli.make_manager(nl, args.loss_scale),
                                         backend=args.backend)
-    scaler.add(d_loss, tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
+    scaler.add(d_group, tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
                var_list=tf.trainable_variables("discriminator"), name="discriminator")
-    scaler.add(g_loss, tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
+    scaler.add(g_group, tf.train.AdamOptimizer(args.learning_rate, beta1=ADAM_BETA1),
                var_list=tf.trainable_variables("generator"), name="generator")
     # A device loop counts iterations_per_loop steps per run, skipped or not.
     train = scaler.build(global_step=tf.train.get_or_create_global_step(),
-                         count_skipped_steps=True)
+                         count_skipped_steps=True, sequence=args.sequence)
     return train, d_loss, g_loss
 
 
@@ -95,7 +131,7 @@ def train_sessrun(tf, nl, args, images, config):
     from npu_bridge.estimator.npu import util
     tf.set_random_seed(args.seed)
     iterator = tf.data.make_initializable_iterator(dataset(tf, images, args))
-    train, d_loss, g_loss = build_step(tf, nl, args, iterator.get_next())
+    train, d_loss, g_loss = build_step(tf, nl, args, iterator.get_next)
     custom = [item for item in config.graph_options.rewrite_options.custom_optimizers
               if item.name == "NpuOptimizer"][0]
     custom.parameter_map["iterations_per_loop"].i = args.iterations_per_loop
@@ -107,11 +143,11 @@ def train_sessrun(tf, nl, args, images, config):
         runs = args.steps // args.iterations_per_loop
         progress = outputs.Progress("dcgan_loop, runs of %d steps" % args.iterations_per_loop,
                                     runs)
+        shown = {} if args.sequence else {"d_loss": d_loss, "g_loss": g_loss}
         for _ in range(runs):
-            _, reason, losses = sess.run([loop, train.diagnosis.skip_reason,
-                                          (d_loss, g_loss)])
+            _, reason, losses = sess.run([loop, train.diagnosis.skip_reason, shown])
             monitor.observe(reason, sess)  # reads every iteration's skips
-            progress.update(d_loss="%.3f" % losses[0], g_loss="%.3f" % losses[1])
+            progress.update(**dict((key, "%.3f" % value) for key, value in losses.items()))
         progress.close()
         return metrics_of(tf, sess, nl, train)
 
@@ -132,7 +168,9 @@ def train_estimator(tf, nl, args, images, config):
     def model_fn(features, labels, mode):
         train, d_loss, _ = build_step(tf, nl, args, features)
         hooks = [nl.LossScaleHook(train, on_collapse="warn"), MetricsHook(train)]
-        return NPUEstimatorSpec(mode, loss=d_loss, train_op=train.update_op,
+        # The Estimator logs a loss; a sequence's is its sub-steps'.
+        loss = d_loss if d_loss is not None else tf.cast(train.loss_scale, tf.float32)
+        return NPUEstimatorSpec(mode, loss=loss, train_op=train.update_op,
                                 training_hooks=hooks)
 
     run_config = NPURunConfig(iterations_per_loop=args.iterations_per_loop,
@@ -145,8 +183,8 @@ def train_estimator(tf, nl, args, images, config):
 
 def metrics_of(tf, sess, nl, train):
     """What metrics.json holds of a trained session: the global step, the
-    skips (each with its global step and reason), the loss scale and a
-    digest of every global variable."""
+    skips (each with its global step, sub-step and reason), the loss scale
+    and a digest of every global variable."""
     skips = nl.diagnostics.read_recent_skips(sess, train)
     step, scale, skipped, values = sess.run([tf.train.get_global_step(), train.loss_scale,
                                              train.skipped_steps, tf.global_variables()])
@@ -154,7 +192,7 @@ def metrics_of(tf, sess, nl, train):
         "global_step": int(step),
         "skipped_steps": int(skipped),
         "loss_scale": float(scale),
-        "skips": [[skip.global_step, skip.reason] for skip in skips],
+        "skips": [[skip.global_step, skip.substep, skip.reason] for skip in skips],
         "variables_digest": runtime.variables_digest(values),
     }
 
@@ -181,7 +219,8 @@ def main(argv=None):
         trained = train_estimator if args.mode == "estimator" else train_sessrun
         result = trained(tf, nl, args, images, config)
         result.update(mode=args.mode, iterations_per_loop=args.iterations_per_loop,
-                      precision=args.precision, steps=args.steps)
+                      precision=args.precision, steps=args.steps,
+                      sequence=args.sequence or ["joint"])
         outputs.write_json(os.path.join(args.out, "metrics.json"), result)
         print("dcgan_loop %s, %d iterations per run: %d steps (%d skipped), loss scale %g"
               % (args.mode, args.iterations_per_loop, result["global_step"],

@@ -82,6 +82,7 @@ class Context(object):
         self.run = run
         self.fetched = fetched
         self._consumers = None  # node -> the nodes that wait for it (all edges)
+        self._ancestor_sets = {}  # node -> its ancestors (ordered)
 
     def run_severity(self, severity):
         """``severity`` with fetches; "warning" without (the hazard then
@@ -97,6 +98,17 @@ class Context(object):
         if self.model.exclusive(self.model.conditions(first), self.model.conditions(second)):
             return False
         return self.fetched or not self.facts.claim_exclusive(first, second)
+
+    def ordered(self, first, second):
+        """Whether one of two ops always runs after the other (it depends on
+        it): the sub-steps of a sequence (``build(sequence=...)``), where each
+        sub-step updates after the one before."""
+        return first in self._ancestors(second) or second in self._ancestors(first)
+
+    def _ancestors(self, name):
+        if name not in self._ancestor_sets:
+            self._ancestor_sets[name] = self.model.ancestors([name])
+        return self._ancestor_sets[name]
 
     def train_updates(self):
         return dict((op, var) for op, var in self.facts.train_updates.items()

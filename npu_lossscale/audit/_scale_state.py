@@ -149,7 +149,9 @@ def check_double_scale_updates(context):
     different checks, or that neither exclude nor follow each other, come
     from two updates of the same manager: one manager shared by two
     optimizers or builders, one LossScaleOptimizer used for two minimize
-    calls, a builder's update_op and per_group ops (``_updates``).
+    calls, a builder's update_op and per_group ops (``_updates``); writes of
+    two updates of which one follows the other are a sequence's sub-steps
+    (``build(sequence=...)``), each a step of its own.
 
     An error when the fetched run holds two updates that can run together
     (the scale would move twice per run); otherwise, when the graph holds
@@ -167,13 +169,16 @@ def check_double_scale_updates(context):
         writes = [w for w in every if w in context.run]
         clashing = set()
         for first, second in itertools.combinations(writes, 2):
-            if update_of[first] != update_of[second] and context.co_runnable(first, second):
+            if (update_of[first] != update_of[second] and context.co_runnable(first, second)
+                    and not context.ordered(first, second)):
                 clashing |= set([first, second])
         if clashing and context.fetched:
             both = [u for u in updates if set(u.writes) & clashing]
             clashes.setdefault((_sorted(u.name for u in both), len(both)), []).append(var)
             continue
-        if len(updates) > 1:
+        if len(updates) > 1 and not all(
+                context.ordered(first.writes[0], second.writes[0])
+                for first, second in itertools.combinations(updates, 2)):
             names = _sorted(u.name for u in updates)
             shared.setdefault((names, context.step_ops(every)), []).append(var)
     found = []

@@ -22,7 +22,9 @@ def check_status_race(context):
     race each other. A clear
     races a read in the same run unless it runs after the read, or before
     every op the read follows (then it only removes what came before the
-    step, as the builder's one clear per run does).
+    step, as the builder's one clear per run does), leaving out the ops
+    that run before the clear and that the read's computation does not read
+    as data: a sequence's earlier sub-steps, whose own reads saw them.
     """
     model = context.model
     ops = [n for n in context.run if model.nodes[n].type in _facts.STATUS_TYPES]
@@ -32,12 +34,22 @@ def check_status_race(context):
     before = dict((clear, model.ancestors([clear])) for clear in clears)
     for read in reads:
         followed = model.ancestors([read])
+        # Ops before a clear that the read follows, which the read's own
+        # computation does not read as data: an earlier sub-step's (a
+        # sequence, build(sequence=...)), whose own read saw them and whose
+        # overflows that clear wipes before this read's step.
+        used = model.ancestors(model.all_deps(read), data_only=True)
+        earlier = set()
+        for clear in clears:
+            if clear in followed:
+                earlier |= before[clear]
+        earlier -= used
         for clear in clears:
             if not context.co_runnable(read, clear):
                 continue
             if read in before[clear]:
                 continue  # the clear comes after the read
-            if not _precedes_all(model, clear, followed):
+            if not _precedes_all(model, clear, followed, earlier):
                 racing |= set([read, clear])
     if not racing:
         return []
@@ -54,11 +66,12 @@ def check_status_race(context):
         _sorted(racing))]
 
 
-def _precedes_all(model, clear, followed):
+def _precedes_all(model, clear, followed, exempt=()):
     """Whether ``clear`` runs before every op in ``followed`` (a read's
     ancestors) that computes: all but graph inputs (nodes without inputs,
-    placeholders with a default, status buffers). An op that runs before
-    the clear (its ancestors) is not exempt: the clear wipes its overflow.
+    placeholders with a default, status buffers), nodes computed from
+    constants alone (``_constants``), and the ``exempt`` ones. Another op that runs before the clear (its ancestors)
+    is not exempt: the clear wipes its overflow.
     A function body node starts when its call node does, so it also counts
     as after the clear when the call node's own inputs are."""
 
@@ -76,8 +89,36 @@ def _precedes_all(model, clear, followed):
     # After the clear: what waits for it through ops of ``pending``.
     waiting = graph_walk.children(pending, deps)
     after = graph_walk.reachable([clear], lambda name: waiting.get(name, ()))
-    return all(name in after or not model.all_deps(name)
-               or model.nodes[name].type in _facts.STATUS_ALLOC_TYPES
+    constant = _constants(model, pending)
+    return all(name in after or name in exempt or not model.all_deps(name)
+               or name in constant or model.nodes[name].type in _facts.STATUS_ALLOC_TYPES
                or model.nodes[name].type in graph_walk.FEEDABLE_TYPES for name in pending)
 
 
+def _constants(model, names):
+    """The nodes of ``names`` computed from constants alone (a constant or a
+    no-op, or an op whose data inputs all are, under any control
+    dependencies): they compute nothing an overflow could come from."""
+    constant, visiting = {}, set()
+    for name in names:
+        stack = [name]
+        while stack:
+            current = stack[-1]
+            if current in constant:
+                stack.pop()
+                continue
+            deps = [dep for dep in model.data_deps(current) if dep in model.nodes]
+            waiting = [dep for dep in deps if dep not in constant and dep not in visiting]
+            if waiting and current not in visiting:
+                visiting.add(current)
+                stack.extend(waiting)
+                continue
+            visiting.discard(current)
+            constant[current] = (all(constant.get(dep, False) for dep in deps) if deps
+                                 else model.nodes[current].type in _CONSTANT_TYPES)
+            stack.pop()
+    return set(name for name, is_constant in constant.items() if is_constant)
+
+
+#: Nodes without data inputs that compute no value of the model.
+_CONSTANT_TYPES = frozenset(["Const", "NoOp"])

@@ -304,7 +304,9 @@ def _gate_sees_window(context, gates, accumulators):
 # -- NLS010 ----------------------------------------------------------------------
 
 def check_double_updates(context):
-    """Variables (and global_step) written by more than one train op in a run."""
+    """Variables (and global_step) written by more than one train op in a run,
+    where neither write follows the other (a sequence's sub-steps update one
+    after another, as separate runs would)."""
     facts = context.facts
     writers = {}
     for op, var in context.train_updates().items():
@@ -319,7 +321,7 @@ def check_double_updates(context):
         ops = sorted(writers[var])
         clashing = set()
         for first, second in itertools.combinations(ops, 2):
-            if context.co_runnable(first, second):
+            if context.co_runnable(first, second) and not context.ordered(first, second):
                 clashing |= set([first, second])
         if not clashing:
             continue

@@ -38,6 +38,7 @@ class NpuFloatStatusBackend(Backend):
     def __init__(self, gen_ops):
         self._gen_ops = gen_ops
         self.uses_v2 = hasattr(gen_ops, "npu_get_float_status_v2")
+        self._own_clear = None  # a sub-step's clear (cleared_after)
 
     def overflow_flag(self, tensors, after=()):
         """A float32 scalar: 0.0 if the register is clear, else 1.0.
@@ -71,19 +72,43 @@ class NpuFloatStatusBackend(Backend):
         """The graph's one register clear, ``loss_scale/clear_status``, made
         on first use. Every reading step runs it first; it need not be run
         by hand."""
+        if self._own_clear is not None:
+            return self._own_clear
         graph = tf.get_default_graph()
         state = _graph_state.of(graph)
         if state.register_clear is None:
-            gen = self._gen_ops
             # Free of the caller's control context, to run first.
             with graph.control_dependencies(None), graph.name_scope("loss_scale/"):
-                with tf.name_scope("clear_status") as scope:
-                    if self.uses_v2:
-                        cleared = gen.npu_clear_float_status_v2()
-                    else:
-                        cleared = gen.npu_clear_float_status(gen.npu_alloc_float_status())
-                    state.register_clear = tf.group(cleared, name=scope)
+                state.register_clear = self._clear("clear_status")
         return state.register_clear
+
+    def _clear(self, name):
+        """A register clear op, made here."""
+        gen = self._gen_ops
+        with tf.name_scope(name) as scope:
+            if self.uses_v2:
+                cleared = gen.npu_clear_float_status_v2()
+            else:
+                cleared = gen.npu_clear_float_status(gen.npu_alloc_float_status())
+            return tf.group(cleared, name=scope)
+
+    def cleared_after(self, op, name="clear_status"):
+        """This backend for a sub-step that runs after ``op`` in the same run
+        (``build(sequence=...)``): its reads follow a clear of their own,
+        made here after ``op``, so that they see the sub-step's overflows
+        only, as a run of its own would.
+
+        Args:
+          op: the previous sub-step's end.
+          name: the clear's name scope.
+
+        Returns:
+          An ``NpuFloatStatusBackend`` whose ``clear_status`` is that clear.
+        """
+        sub = NpuFloatStatusBackend(self._gen_ops)
+        with tf.control_dependencies([op]):
+            sub._own_clear = self._clear(name)  # pylint: disable=protected-access
+        return sub
 
 
 def _import_npu_gen_ops():

@@ -25,17 +25,22 @@ def order_after_clear(clear, tensors):
     other ancestor depends on those. Consumers of a chain of
     value-preserving ops after a graph input get it too
     (``_passes_on_input``). A fed tensor that is not a placeholder cuts its
-    producer, and the edge, out of the run.
+    producer, and the edge, out of the run. Ops ``clear`` itself follows
+    are left as they are.
     """
     passes = {}  # op -> whether it passes graph inputs on (_passes_on_input)
 
     def parents_of(op):
         return [tensor.op for tensor in op.inputs] + list(op.control_inputs)
 
+    # What runs before ``clear`` (a sequence's sub-step clear follows the
+    # sub-steps before it) stays there, and so do its ancestors.
+    earlier = set(graph_walk.depth_first(parents_of(clear), parents_of))
     roots = [getattr(t, "op", t) for t in tensors]
     for op in graph_walk.depth_first(
-            [op for op in roots if op is not clear],
-            lambda op: [parent for parent in parents_of(op) if parent is not clear]):
+            [op for op in roots if op is not clear and op not in earlier],
+            lambda op: [parent for parent in parents_of(op)
+                        if parent is not clear and parent not in earlier]):
         parents = parents_of(op)
         # Not on a feedable op: grappler drops its consumers' edges as
         # implied by its own, and a feed cuts both out. Not inside a v1

@@ -135,7 +135,7 @@ def plan_step(groups, manager, options, global_step, api):
 
 
 def build_step(plan, description, global_step, skipped_steps=None, update_ops=(),
-               counters=None, given=None, observers=()):
+               counters=None, given=None, observers=(), claimed=True):
     """Builds one step op of ``plan``, phase after phase.
 
     Args:
@@ -152,17 +152,20 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
       given: for a one-group plan, the group's unscaled (gradient, variable)
         pairs, checked and applied as they are (no scale, no backprop).
       observers: the ``seams.StepObserver``s of the step.
+      claimed: whether the step op claims the state it moves (phase 5);
+        False for a sub-step of a sequence, which claims once for all its
+        sub-steps (``moved_state``).
 
     Returns:
       A ``Step``.
     """
     with _graph_state.building():
         return _build_step(plan, description, global_step, skipped_steps, update_ops,
-                           counters, given, observers)
+                           counters, given, observers, claimed)
 
 
 def _build_step(plan, description, global_step, skipped_steps, update_ops, counters, given,
-                observers):
+                observers, claimed):
     """``build_step``, inside ``graph_state.building``."""
     state = _seams.StepState(plan, global_step)
     before_read = [_hooks.hooked(observer, "before_scale_read", state) for observer in observers]
@@ -237,8 +240,10 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     reports = [observer.report(seen) for observer in observers]
     step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op,
                    reports, seen)
+    if not claimed:
+        return step
     # With mode "chief" the workers move nothing: the chief's sync op does.
-    states = [] if plan.mode == "chief" else _moved_state(plan, counters)
+    states = [] if plan.mode == "chief" else moved_state(plan, counters)
     _claims.claim(states, description,
                   (decisions.ops if entry_ops is None else entry_ops)
                   + [op for hooked in heard for op in hooked.entry_ops])
@@ -332,7 +337,7 @@ def _report(plan, scales, done, decisions, grads, window_end, accumulate_op, rep
         loss_scales=loss_scales, accumulate_op=accumulate_op, reports=reports)
 
 
-def _moved_state(plan, counters):
+def moved_state(plan, counters):
     """What the step moves once per run: each manager whose scale can move,
     and the caller's counters."""
     states = [] if counters is None else [counters]

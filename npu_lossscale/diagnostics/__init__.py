@@ -148,8 +148,8 @@ class LastSkip(collections.namedtuple(
 
 
 class RecentSkips(collections.namedtuple(
-        "RecentSkips", ["number", "global_step", "reason", "streak", "groups",
-                        "group_names"])):
+        "RecentSkips", ["number", "global_step", "reason", "streak", "substep",
+                        "groups", "group_names"])):
     """The record's history of the last skips, as tensors that read it,
     oldest first (``TrainOps.diagnosis.recent_skips``).
 
@@ -166,13 +166,16 @@ class RecentSkips(collections.namedtuple(
       streak: int64 vector, each skip's place in its run of consecutive
         skipped steps (1 for a skip after an applied step); skips for a
         reason that holds the scale neither extend nor break it.
+      substep: int32 vector, the index of each skipped sub-step in the
+        step's sequence (``build(sequence=...)``); 0 outside a sequence.
       groups: bool matrix [places, groups]: the groups that overflowed.
       group_names: string vector, the builder's group names.
     """
 
 
 class RecordedSkip(collections.namedtuple(
-        "RecordedSkip", ["number", "global_step", "reason", "streak", "groups"])):
+        "RecordedSkip", ["number", "global_step", "reason", "streak", "substep",
+                         "groups"])):
     """One skip of the history, as Python values (``read_recent_skips``).
 
     Attributes:
@@ -180,6 +183,8 @@ class RecordedSkip(collections.namedtuple(
       global_step: the global step when it ran, or None if the step has none.
       reason: the reason's name (``REASONS``).
       streak: its place in its run of consecutive skipped steps.
+      substep: the skipped sub-step's index in the step's sequence (0
+        outside a sequence).
       groups: tuple of the names of the groups that overflowed.
     """
 
@@ -196,9 +201,11 @@ def decode_recent(values):
         RecordedSkip(number=int(number),
                      global_step=None if int(step) < 0 else int(step),
                      reason=reason_name(int(reason)), streak=int(streak),
+                     substep=int(substep),
                      groups=tuple(name for name, bad in zip(names, mask) if bad))
-        for number, step, reason, streak, mask in zip(
-            values.number, values.global_step, values.reason, values.streak, values.groups)
+        for number, step, reason, streak, substep, mask in zip(
+            values.number, values.global_step, values.reason, values.streak,
+            values.substep, values.groups)
         if int(number) > 0)
 
 

@@ -76,12 +76,19 @@ class SkipDiagnosis(_seams.StepObserver):
 
     Args:
       record: the builder's ``Record``.
+      substep: the index of the step's sub-step in a sequence
+        (``build(sequence=...)``), written with each skip; 0 otherwise.
+      global_step: the variable whose value the record writes, when the
+        step is built without it (a sequence's sub-steps, which leave the
+        global step to the sequence); None: the step's own.
     """
 
     name = "skip_diagnosis"
 
-    def __init__(self, record):
+    def __init__(self, record, substep=0, global_step=None):
         self.record = record
+        self.substep = substep
+        self._global_step = global_step
         self._branch = None  # the last on_skip's _Branch, for report()
 
     def on_skip(self, state):
@@ -92,14 +99,15 @@ class SkipDiagnosis(_seams.StepObserver):
             # True on every run that gets here (flags are >= 0, and one is
             # set); a value, not a constant, so that nothing folds it.
             skipped = tf.greater(tf.add_n(flags), 0.0)
-            step = _global_step(state.global_step)
+            step = _global_step(state.global_step if self._global_step is None
+                                else self._global_step)
             if not _at_top_level(flags[0].graph):
                 # Inside a cond's branch (the "cond" gate): the diagnosis
                 # and the write make one If there, and the report its own.
                 def diagnose_and_write():
                     found = record.diagnose(plan, evidence, state.closing.flags,
                                             state.reduced_flags)
-                    with tf.control_dependencies([record.write(found, step)]):
+                    with tf.control_dependencies([record.write(found, step, self.substep)]):
                         return tf.constant(True)
 
                 done = _tf_internals.cond_v2(skipped, diagnose_and_write,
@@ -109,7 +117,7 @@ class SkipDiagnosis(_seams.StepObserver):
             found, if_op = self._diagnosed(skipped, state, evidence)
             self._branch = _Branch(state, if_op)
             with tf.device(record.variable.device):  # the host, off Ascend (Record)
-                return [record.write(found, step)]
+                return [record.write(found, step, self.substep)]
 
     def _diagnosed(self, skipped, state, evidence):
         """The ``Diagnosed`` of ``state`` as the outputs of one functional
@@ -230,7 +238,7 @@ _SCALAR_FIELDS = ("number", "global_step", "reason")
 #: so that a loop whose every iteration skips still shows each skip.
 DEFAULT_HISTORY = 1000
 #: The history's columns before the group mask (``RecentSkips``).
-_HISTORY_COLUMNS = ("number", "global_step", "reason", "streak")
+_HISTORY_COLUMNS = ("number", "global_step", "reason", "streak", "substep")
 
 
 class Record(object):
@@ -386,6 +394,7 @@ class Record(object):
             return RecentSkips(
                 number=fields["number"], global_step=fields["global_step"],
                 reason=tf.cast(fields["reason"], tf.int32), streak=fields["streak"],
+                substep=tf.cast(fields["substep"], tf.int32),
                 groups=tf.cast(rows[:, len(_HISTORY_COLUMNS):], tf.bool),
                 group_names=tf.constant(self.group_names, tf.string, name="group_names"))
 
@@ -469,12 +478,13 @@ class Record(object):
             reason = tf.where(overflowed, reason, fired)
         return Diagnosed(reason, groups, variables)
 
-    def write(self, diagnosed, step):
+    def write(self, diagnosed, step, substep=0):
         """The op that writes a skipped step's ``Diagnosed`` to the record.
 
         Args:
           diagnosed: what ``diagnose`` found.
           step: int64 scalar, the global step's value (-1 without one).
+          substep: the skipped sub-step's index in a sequence (0 otherwise).
 
         Returns:
           The write op.
@@ -490,11 +500,11 @@ class Record(object):
             tf.one_hot(reason, counts[1] - counts[0], dtype=tf.int64),
             groups, groups, variables], 0)
         head = old[:history[0]] * self._kept[:history[0]] + written
-        rows = self._history_row(self._fields(old), reason, groups, step)
+        rows = self._history_row(self._fields(old), reason, groups, step, substep)
         return self.variable.assign(tf.concat([head, tf.reshape(rows, [-1])], 0),
                                     read_value=False)
 
-    def _history_row(self, before, reason, groups, step):
+    def _history_row(self, before, reason, groups, step, substep):
         """The history's rows with this skip's row written (see the class
         docstring), given the record's fields ``before`` this skip."""
         rows = self._rows(before)
@@ -509,7 +519,8 @@ class Record(object):
         streak = (tf.where(consecutive, previous, tf.constant(0, tf.int64))
                   + tf.cast(counted, tf.int64))
         number = before["number"] + 1
-        row = tf.concat([tf.stack([number, step, reason, streak]), groups], 0)
+        row = tf.concat([tf.stack([number, step, reason, streak,
+                                   tf.constant(substep, tf.int64)]), groups], 0)
         place = tf.one_hot(tf.floormod(number - 1, self.history), self.history,
                            dtype=tf.int64)[:, None]
         return rows * (1 - place) + place * row[None, :]
