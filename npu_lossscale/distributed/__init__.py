@@ -24,6 +24,7 @@ holding a collective would deadlock, tensorflow/tensorflow#46863):
 from __future__ import absolute_import, division, print_function
 
 import collections
+import copy
 import json
 import os
 
@@ -53,6 +54,14 @@ class CollectiveEngine(_seams.ReductionEngine):
     def workers(self):
         """The number of workers (an int)."""
         raise NotImplementedError
+
+    def reducing_float16(self):
+        """A copy of this engine that reduces float16 gradients in float16
+        (``allreduce_float16=True``), so that another builder given this
+        engine still reduces as it was made to."""
+        engine = copy.copy(self)
+        engine.float16 = True
+        return engine
 
     def float16_mean(self, grad):
         """The mean of a dense float16 gradient, reduced in float16: each
