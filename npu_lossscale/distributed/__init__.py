@@ -35,6 +35,8 @@ from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_walk as _graph_walk
 
 ENGINES = ("horovod", "hccl")
+#: The modes of a ``seams.ReductionEngine``.
+MODES = ("local", "workers", "chief")
 # Optimizer classes that already allreduce their gradients.
 _REDUCING_WRAPPERS = ("_DistributedOptimizer", "DistributedOptimizer",
                       "NPUDistributedOptimizer")
@@ -185,6 +187,11 @@ def resolve_engine(distributed):
     if distributed is None or distributed is False:
         return None
     if isinstance(distributed, _seams.ReductionEngine):
+        if distributed.mode not in MODES:
+            raise ValueError(
+                "distributed=%r has mode %r, which is none of %r. Set the engine's mode to "
+                "\"workers\" for an engine that reduces in reduce(), as seams.ReductionEngine "
+                "documents." % (distributed, distributed.mode, MODES))
         return distributed
     if isinstance(distributed, type) and issubclass(distributed, _seams.ReductionEngine):
         raise TypeError("distributed=%r is a class; pass an instance, distributed=%s()."
