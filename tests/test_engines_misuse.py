@@ -72,6 +72,97 @@ def _build(engine, **kwargs):
     return scaler.build(global_step=gs), x, w
 
 
+# -- what reduce returns ----------------------------------------------------------
+
+def _float16_pairs(flags, grads):
+    return flags, collections.OrderedDict(
+        (name, [(tf.cast(grad, tf.float16), var) for grad, var in pairs])
+        for name, pairs in grads.items())
+
+
+@pytest.mark.parametrize("edit,error,pattern", [
+    (lambda flags, grads: None, TypeError,
+     r"_Engine.reduce returned None; return \(flags, grads\): an ordered dict with the "
+     r"flags' names \['shared'\] and one with the groups' names \['net'\]"),
+    (lambda flags, grads: (flags,), TypeError, r"_Engine.reduce returned \(Ordered"),
+    (lambda flags, grads: (grads, flags), TypeError, r"return \(flags, grads\)"),
+    (lambda flags, grads: ({}, grads), TypeError, r"return \(flags, grads\)"),
+    (lambda flags, grads: (collections.OrderedDict(
+        (name, tf.cast(flag, tf.float16)) for name, flag in flags.items()), grads),
+     TypeError, r"_Engine.reduce returned <tf.Tensor .*float16.*> for flag 'shared'; return a "
+                r"float32 scalar tensor"),
+    (lambda flags, grads: (collections.OrderedDict(
+        (name, tf.stack([flag, flag])) for name, flag in flags.items()), grads),
+     TypeError, r"for flag 'shared'; return a float32 scalar tensor"),
+    (lambda flags, grads: (flags, collections.OrderedDict(
+        (name, pairs[0]) for name, pairs in grads.items())), TypeError,
+     r"group 'net': _Engine.reduce returned \(<tf.Tensor.*not a list of \(gradient, "
+     r"variable\) pairs.*Return the reduced pairs, e\.g\. \[\(hvd.allreduce\(g\), v\)"),
+    (lambda flags, grads: (flags, collections.OrderedDict(
+        (name, []) for name in grads)), ValueError,
+     r"group 'net': _Engine.reduce returned pairs for \[\], given \['w'\]"),
+    (_float16_pairs, TypeError,
+     r"group 'net': _Engine.reduce returned a float16 gradient for w, a float32 variable\. "
+     r"Cast it back"),
+    (lambda flags, grads: (flags, collections.OrderedDict(
+        (name, [(tf.reshape(grad, [2, 1]), var) for grad, var in pairs])
+        for name, pairs in grads.items())), ValueError,
+     r"_Engine.reduce returned a gradient of shape \(2, 1\) for w, of shape \(2,\)")],
+    ids=["none", "one_dict", "swapped", "flag_missing", "float16_flag", "vector_flag",
+         "not_pairs", "variable_left_out", "float16_gradient", "shape"])
+def test_what_reduce_returns_is_checked_where_the_step_takes_it(graph, edit, error, pattern):
+    """Each was a raw KeyError, TypeError, IndexError or TF shape error; the
+    float16 gradient of a float32 variable killed the process (SIGABRT) at
+    the first run."""
+    with pytest.raises(error, match=pattern):
+        _build(_Engine(edit))
+
+
+# -- what replica_losses returns ----------------------------------------------------
+
+class _Replicas(seams.ReductionEngine):
+    """One worker whose ``replica_losses`` is ``self.losses(group)``."""
+
+    def __init__(self, losses):
+        self.losses = losses
+
+    def replica_losses(self, group):
+        return self.losses(group)
+
+
+def test_a_non_scalar_replica_loss_is_refused_before_any_op(graph):
+    """``tf.stack([loss, loss])`` trained on twice the gradient."""
+    engine = _Replicas(lambda group: (tf.stack([group.loss, group.loss]),))
+    gs, x, w, loss = fed_linear_model()
+    scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), distributed=engine)
+    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="net")
+    with pytest.raises(ValueError, match=r"_Replicas.replica_losses\(group 'net'\) returned "
+                                         r"<tf.Tensor 'stack.*shape=\(2,\).*not a scalar: its "
+                                         r"gradient would be its sum's"):
+        scaler.build(global_step=gs)
+
+
+@pytest.mark.parametrize("losses", [
+    lambda group: group.loss, lambda group: [], lambda group: ["loss"],
+    lambda group: (tf.constant(1),)], ids=["bare_tensor", "empty", "string", "int"])
+def test_a_replica_losses_of_the_wrong_type_is_refused(graph, losses):
+    with pytest.raises(TypeError, match=r"_Replicas.replica_losses\(group 'net'\) returned "
+                                        r".*; return a non-empty tuple of float scalar loss "
+                                        r"tensors"):
+        _build(_Replicas(losses))
+
+
+def test_a_replica_losses_of_two_scalars_averages_them(graph):
+    """The control: two scalar replicas of the loss are each differentiated,
+    and their default combination (the first) is applied."""
+    engine = _Replicas(lambda group: (group.loss, 2.0 * group.loss))
+    train, x, w = _build(engine)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train.update_op, {x: [0.25, 0.5]})
+        assert sess.run(w).tolist() == [0.75, 1.5]
+
+
 # -- mode -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["worker", "Workers", None])
