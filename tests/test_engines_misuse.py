@@ -72,6 +72,51 @@ def _build(engine, **kwargs):
     return scaler.build(global_step=gs), x, w
 
 
+# -- an engine that reduces nothing, under a launcher ---------------------------
+
+@pytest.mark.parametrize("edit", [
+    None,
+    lambda flags, grads: (collections.OrderedDict(
+        (name, flag + tf.placeholder_with_default(0.0, [])) for name, flag in flags.items()),
+        grads)],
+    ids=["as_given", "local_arithmetic"])
+def test_a_workers_engine_that_reduces_no_flag_is_refused_under_a_launcher(
+        graph, monkeypatch, edit):
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"distributed=_Engine: this process is one of 2 "
+                                         r"workers \(HOROVOD_SIZE\).*returned flag 'shared' with "
+                                         r"no collective op between.*distributed=False"):
+        _build(_Engine(edit))
+
+
+def test_a_workers_engine_that_averages_no_gradient_is_refused_under_a_launcher(
+        graph, monkeypatch):
+    monkeypatch.setenv("RANK_SIZE", "2")
+    engine = _Engine(lambda flags, grads: _reducing(flags, grads, reduce_grads=False))
+    with pytest.raises(ValueError, match=r"2 workers \(RANK_SIZE/CM_WORKER_SIZE\).*returned "
+                                         r"group 'net''s gradient of 'w' with no collective"):
+        _build(engine)
+    with tf.Graph().as_default():
+        # Told that the optimizers average the gradients, it only sums the flags.
+        _build(engine, allreduce_gradients=False)
+
+
+def test_a_workers_engine_with_collectives_is_built_under_a_launcher(graph, monkeypatch):
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    train, _, _ = _build(_Engine(_reducing))
+    assert train.update_op is not None
+
+
+def test_a_workers_engine_that_reduces_nothing_runs_on_one_worker(graph):
+    """Without a launcher (one process: a test's simulated peer) nothing is
+    asked of the engine: the step applies this worker's gradient."""
+    train, x, w = _build(_Engine())
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train.update_op, {x: [0.25, 0.5]})
+        assert sess.run(w).tolist() == [0.75, 1.5]
+
+
 # -- what reduce returns ----------------------------------------------------------
 
 def _float16_pairs(flags, grads):

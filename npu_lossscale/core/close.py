@@ -13,6 +13,7 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import distributed as _distributed
 from npu_lossscale import seams as _seams
 
 from npu_lossscale.core import checks as _checks
@@ -78,6 +79,9 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
     engine = plan.reduction.engine
     flags, grads = _hooks.reduced(engine, closing.flags, closing.grads,
                                   plan.reduction.allreduce_gradients)
+    if plan.reduction.active:
+        _distributed.check_reduced(engine, (closing.flags, closing.grads), (flags, grads),
+                                   plan.reduction.allreduce_gradients)
     if closing.mean_over > 1:
         grads = _gradients.means(grads, closing.mean_over)
     grads = transformed(plan, grads)

@@ -406,7 +406,7 @@ class ReducedGradients(_seams.StepObserver):
         for grad, var in grads_and_vars:
             if grad is None:
                 continue
-            op = (grad.values if isinstance(grad, tf.IndexedSlices) else grad).op
+            op = _values_op(grad)
             if not any(_is_collective(node)
                        for node in _graph_walk.depth_first([op], _data_parents)):
                 raise ValueError(
@@ -416,6 +416,49 @@ class ReducedGradients(_seams.StepObserver):
                     "worker trains alone." % (
                         self._what, self._cluster.workers, self._cluster.source, name,
                         var.op.name, self._route, self._opt_out))
+
+
+def check_reduced(engine, given, reduced, allreduce_gradients):
+    """Refuses, when the environment names several workers, a "workers"
+    engine whose ``reduce`` put no collective op between what it was given
+    and what it returned: each worker would then decide on its own flags
+    (and apply its own gradients) while the step looked reduced.
+
+    Args:
+      engine: the ``seams.ReductionEngine``, for the message.
+      given: ``(flags, grads)`` as ``reduce`` was given them.
+      reduced: ``(flags, grads)`` as it returned them (checked:
+        ``hooks.reduced``).
+      allreduce_gradients: whether the gradients had to be averaged too.
+
+    Raises:
+      ValueError: for a flag, or with ``allreduce_gradients`` a gradient,
+        that no collective op computes from what was given.
+    """
+    cluster = cluster_from_environment()
+    if cluster is None:
+        return
+    stops = set(_values_op(tensor) for tensor in given[0].values())
+    stops.update(_values_op(grad) for pairs in given[1].values() for grad, _ in pairs)
+    outputs = [("flag %r" % name, flag) for name, flag in reduced[0].items()]
+    if allreduce_gradients:
+        outputs += [("group %r's gradient of %r" % (name, var.op.name), grad)
+                    for name, pairs in reduced[1].items() for grad, var in pairs]
+    for what, tensor in outputs:
+        walked = _graph_walk.depth_first([_values_op(tensor)],
+                                         lambda op: [] if op in stops else _data_parents(op))
+        if not any(op not in stops and _is_collective(op) for op in walked):
+            raise ValueError(
+                "distributed=%s: this process is one of %d workers (%s), but the engine's "
+                "reduce returned %s with no collective op between it and what it was given: "
+                "each worker would decide alone. Reduce it with a collective (e.g. "
+                "hvd.allreduce), or pass distributed=False if each worker trains alone."
+                % (engine.name, cluster.workers, cluster.source, what))
+
+
+def _values_op(tensor):
+    """The op of a tensor or of an ``IndexedSlices``' values."""
+    return (tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor).op
 
 
 def _is_collective(op):
