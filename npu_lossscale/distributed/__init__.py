@@ -141,11 +141,22 @@ class HcclEngine(CollectiveEngine):
         return self._hccl_ops.allreduce(tensor, "sum")
 
     def mean_gradient(self, grad):
-        # HCCL reduces dense tensors only, as NPUDistributedOptimizer does.
+        """Allreduce-average of a dense gradient; an ``IndexedSlices`` is
+        gathered, never made dense, as tf_adapter's
+        ``npu_optimizer.allreduce`` gathers one
+        (estimator/npu/npu_optimizer.py): two allgathers, of its values
+        and of its indices, the values divided by the rank count (a
+        gather sums nothing, so float16 values stay float16; the apply
+        sums the duplicate rows, each at most 65504 / n)."""
+        if isinstance(grad, tf.IndexedSlices):
+            values = self._hccl_ops.allgather(grad.values, self._rank_size)
+            indices = self._hccl_ops.allgather(grad.indices, self._rank_size)
+            values = values / tf.cast(self._rank_size, values.dtype.base_dtype)
+            return tf.IndexedSlices(values, indices, grad.dense_shape)
+
         def mean(wide):
             summed = self._hccl_ops.allreduce(wide, "sum")
             return summed / tf.cast(self._rank_size, summed.dtype.base_dtype)
-        grad = tf.convert_to_tensor(grad)
         if self.float16 and grad.dtype.base_dtype == tf.float16:
             return self.float16_mean(grad)
         return widened(grad, mean)
