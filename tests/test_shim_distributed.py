@@ -285,18 +285,33 @@ def model(suffix):
     return table, w, sparse, tf.reduce_sum(w * y)
 
 
-table, w, sparse_loss, dense_loss = model("")
-scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), distributed="hccl")
-scaler.add(sparse_loss, tf.train.GradientDescentOptimizer(0.5), var_list=[table],
-           name="embedding")
-scaler.add(dense_loss, tf.train.GradientDescentOptimizer(0.25), var_list=[w], name="dense")
-train = scaler.build()
-ref_table, ref_w, ref_sparse, ref_dense = model("_ref")
-reference = tf.group(
-    NPUDistributedOptimizer(tf.train.GradientDescentOptimizer(0.5)).minimize(
-        ref_sparse, var_list=[ref_table]),
-    NPUDistributedOptimizer(tf.train.GradientDescentOptimizer(0.25)).minimize(
-        ref_dense, var_list=[ref_w]))
+
+
+def build():
+    table, w, sparse_loss, dense_loss = model("")
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), distributed="hccl")
+    scaler.add(sparse_loss, tf.train.GradientDescentOptimizer(0.5), var_list=[table],
+               name="embedding")
+    scaler.add(dense_loss, tf.train.GradientDescentOptimizer(0.25), var_list=[w], name="dense")
+    train = scaler.build()
+    ref_table, ref_w, ref_sparse, ref_dense = model("_ref")
+    reference = tf.group(
+        NPUDistributedOptimizer(tf.train.GradientDescentOptimizer(0.5)).minimize(
+            ref_sparse, var_list=[ref_table]),
+        NPUDistributedOptimizer(tf.train.GradientDescentOptimizer(0.25)).minimize(
+            ref_dense, var_list=[ref_w]))
+    return table, w, train, ref_table, ref_w, reference
+
+
+if sys.argv[1] == "npu_strategy":  # the converter's MirroredStrategy
+    from npu_bridge.estimator.npu.npu_strategy import NPUStrategy
+    strategy = NPUStrategy()
+    assert strategy.num_replicas_in_sync == 2
+    with strategy.scope():
+        table, w, train, ref_table, ref_w, reference = (
+            strategy.extended.call_for_each_replica(build))
+else:
+    table, w, train, ref_table, ref_w, reference = build()
 
 
 def shim_type(op):
@@ -354,7 +369,9 @@ print("RESULT " + json.dumps({"graph": graph, "steps": steps}))
 """
 
 
-def test_sparse_gradients_are_gathered_over_hccl_as_npu_distributed_optimizer_does(tmp_path):
+@pytest.mark.parametrize("strategy", ["none", "npu_strategy"])
+def test_sparse_gradients_are_gathered_over_hccl_as_npu_distributed_optimizer_does(tmp_path,
+                                                                                   strategy):
     """Issue 43, point 5: a 10**5 x 16 embedding group and a dense group on
     two shim HCCL ranks. tf_adapter's npu_optimizer.allreduce
     (estimator/npu/npu_optimizer.py) gathers an IndexedSlices with two
@@ -363,8 +380,11 @@ def test_sparse_gradients_are_gathered_over_hccl_as_npu_distributed_optimizer_do
     table's shape is made (the HCCL engine made the gradient dense and
     all-reduced 6.4 MB a step), and each update equals
     NPUDistributedOptimizer's bit for bit, including the row both ranks
-    looked up. An inf in rank 1's sparse values skips both ranks."""
-    ranks = _run_two_ranks(tmp_path, "inf_nan", _SPARSE_WORKER)
+    looked up. An inf in rank 1's sparse values skips both ranks. The same
+    under tf_adapter's NPUStrategy (estimator/npu/npu_strategy.py: one
+    replica per process, num_replicas_in_sync == RANK_SIZE), built in its
+    replica context."""
+    ranks = _run_two_ranks(tmp_path, "inf_nan", _SPARSE_WORKER, strategy)
     assert ranks[0] == ranks[1]
     graph = ranks[0]["graph"]
     for name in ("builder", "reference"):

@@ -503,8 +503,17 @@ def _data_parents(op):
 
 def check_no_strategy(what):
     """Raises ValueError under a ``tf.distribute`` strategy with several
-    replicas in one graph (``MirroredStrategy``...), which the step, one
-    graph per worker, does not support.
+    replicas in one graph (``MirroredStrategy`` over local devices...),
+    which the step, one graph per worker, does not support.
+
+    A strategy with one replica in each process's graph is accepted,
+    however many replicas it keeps in sync across processes:
+    ``NPUStrategy``, what Huawei's converter puts for ``MirroredStrategy``
+    (tf_adapter npu_bridge/estimator/npu/npu_strategy.py: a
+    ``OneDeviceExtended`` whose ``num_replicas_in_sync`` is RANK_SIZE), a
+    ``OneDeviceStrategy``, a multi-worker strategy over one device per
+    worker. Its workers reduce as any others do (``distributed="hccl"`` or
+    "horovod"; ``check_cluster`` refuses a launch that reduces nothing).
 
     Args:
       what: the API being built, for the message.
@@ -512,12 +521,13 @@ def check_no_strategy(what):
     if not tf.distribute.has_strategy():
         return
     strategy = tf.distribute.get_strategy()
-    if strategy.num_replicas_in_sync > 1:
+    local = len(strategy.extended.worker_devices)
+    if local > 1:
         raise ValueError(
             "%s: built under %s with %d replicas in one graph, which this library does "
             "not support. Run one process per device with distributed='horovod' (or "
             "'hccl'), or tf.train.SyncReplicasOptimizer on parameter servers."
-            % (what, type(strategy).__name__, strategy.num_replicas_in_sync))
+            % (what, type(strategy).__name__, local))
 
 
 def reduces_gradients(optimizer):
