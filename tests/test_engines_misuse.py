@@ -163,6 +163,54 @@ def test_what_reduce_returns_is_checked_where_the_step_takes_it(graph, edit, err
         _build(_Engine(edit))
 
 
+def _interacting(engine, interaction):
+    """One group over ``fed_linear_model`` with ``engine``, built with one of
+    the step's other capabilities: accumulation, towers, per-group ops or a
+    clip."""
+    gs, x, w, loss = fed_linear_model()
+    scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), distributed=engine)
+    losses = [loss, 2.0 * loss] if interaction == "towers" else loss
+    scaler.add(losses, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="net",
+               clip_norm=1.0 if interaction == "clip_norm" else None)
+    v = tf.Variable([3.0], name="v")
+    scaler.add(tf.reduce_sum(v * x[:1]), tf.train.GradientDescentOptimizer(1.0), var_list=[v],
+               name="other")
+    return scaler.build(global_step=gs,
+                        accumulation_steps=2 if interaction == "accumulation" else 1,
+                        per_group_ops=interaction == "per_group_ops")
+
+
+INTERACTIONS = ["accumulation", "towers", "per_group_ops", "clip_norm"]
+
+
+@pytest.mark.parametrize("interaction", INTERACTIONS)
+def test_a_reduce_misuse_is_refused_with_each_capability(graph, interaction):
+    """A float16 gradient for a float32 variable from reduce, with
+    accumulation (reduced once per window, by update_op), towers (the
+    engine the towers wrap), per-group ops (reduce once per step op) and a
+    clip (applied after the reduction)."""
+    with pytest.raises(TypeError, match=r"group 'net': _Engine\.reduce returned a float16 "
+                                        r"gradient for w, a float32 variable"):
+        _interacting(_Engine(_float16_pairs), interaction)
+
+
+@pytest.mark.parametrize("interaction", INTERACTIONS)
+def test_an_engine_that_reduces_nothing_is_refused_with_each_capability(
+        graph, monkeypatch, interaction):
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"distributed=_Engine: this process is one of 2 "
+                                         r"workers \(HOROVOD_SIZE\).*no collective op"):
+        _interacting(_Engine(), interaction)
+
+
+@pytest.mark.parametrize("interaction", INTERACTIONS)
+def test_an_engine_with_collectives_is_built_with_each_capability(
+        graph, monkeypatch, interaction):
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    train = _interacting(_Engine(_reducing), interaction)
+    assert train.update_op is not None
+
+
 # -- what replica_losses returns ----------------------------------------------------
 
 class _Replicas(seams.ReductionEngine):
