@@ -256,7 +256,7 @@ class MultiOptimizerLossScale(object):
                     "allreduce_float16=True needs distributed='horovod' or 'hccl', got "
                     "distributed=%r. Pass one of them, or leave allreduce_float16 off."
                     % (distributed,))
-            self._engine.float16 = True
+            self._engine = self._engine.reducing_float16()
         self._independent = distributed is False
         _distributed.check_no_strategy("MultiOptimizerLossScale")
         self._allreduce_gradients = allreduce_gradients

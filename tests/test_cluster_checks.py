@@ -387,6 +387,63 @@ _MIRRORED = textwrap.dedent("""
 """)
 
 
+def _two_ranks_of_one_device(monkeypatch, tmp_path):
+    """This process as rank 0 of two shim HCCL ranks (built only: running a
+    collective would wait for rank 1)."""
+    monkeypatch.setenv("RANK_SIZE", "2")
+    monkeypatch.setenv("RANK_ID", "0")
+    monkeypatch.setenv("JOB_ID", "1")
+    monkeypatch.setenv("NPU_SHIM_HCCL_DIR", str(tmp_path))
+
+
+def test_npu_strategy_one_replica_per_process_is_built_and_reduced_through_hccl(
+        npu_shim, graph, monkeypatch, tmp_path):
+    """Issue 43, point 5: tf_adapter's NPUStrategy
+    (npu_bridge/estimator/npu/npu_strategy.py), what Huawei's converter puts
+    for MirroredStrategy: one replica in this process's graph, as many in
+    sync as RANK_SIZE. Built in the replica context, as an Estimator's
+    model_fn is: the builder with distributed="hccl" sums its flags and
+    averages its gradients with HcomAllReduce; without it the launch is
+    refused with the HCCL route (it was refused under any engine as "2
+    replicas in one graph")."""
+    _two_ranks_of_one_device(monkeypatch, tmp_path)
+    from npu_bridge.estimator.npu.npu_strategy import NPUStrategy
+    strategy = NPUStrategy()
+    assert strategy.num_replicas_in_sync == 2
+    with strategy.scope():
+        gs, x, w, loss = fed_linear_model()
+
+        def build(distributed):
+            scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(),
+                                                distributed=distributed)
+            scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w])
+            return scaler.build(global_step=gs)
+
+        train = strategy.extended.call_for_each_replica(build, args=("hccl",))
+        types = [op.get_attr("_npu_shim_op_type") for op in tf.get_default_graph().get_operations()
+                 if "_npu_shim_op_type" in op.node_def.attr]
+        assert types.count(b"HcomAllReduce") == 2  # the flags, w's gradient
+        assert train.update_op is not None
+        with pytest.raises(ValueError, match=r"one of 2 workers \(RANK_SIZE/CM_WORKER_SIZE\)"
+                                             r".*Pass distributed='hccl'"):
+            strategy.extended.call_for_each_replica(build, args=(None,))
+        u = tf.Variable(1.0, name="u")
+        strategy.extended.call_for_each_replica(lambda: nl.LossScaleOptimizer(
+            tf.train.GradientDescentOptimizer(1.0), nl.DynamicLossScaleManager(),
+            is_distributed=True).minimize(u * u, var_list=[u]))
+
+
+def test_a_one_device_strategy_is_built(graph):
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        scaler, gs, x = _builder()
+        train = strategy.extended.call_for_each_replica(lambda: scaler.build(global_step=gs))
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train.update_op, {x: [0.25, 0.5]})
+        assert sess.run(gs) == 1
+
+
 def test_a_mirrored_strategy_with_two_replicas_is_refused():
     """Run in a fresh process: the CPU is split into two logical devices
     before TF starts, which a running test process can no longer do."""

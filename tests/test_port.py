@@ -241,28 +241,127 @@ def test_the_rewrites(ported):
     assert "# mixed precision: the graph rewrite and a dynamic loss scale\n" in rewrite
 
 
-def test_dcgan_port_trains_as_the_hand_port(ported, tmp_path, npu_shim):
+class _RecordedRuns(object):
+    """``tf.Session`` in the scripts, recording each run's graph and fetches
+    (``sessions``), so that a test can read the runs a script made."""
+
+    def __init__(self, monkeypatch):
+        self.runs = []
+        recorded = self.runs
+
+        class Session(tf.Session):
+            def run(self, fetches, *args, **kwargs):
+                recorded.append((self.graph, fetches))
+                return super(Session, self).run(fetches, *args, **kwargs)
+
+        monkeypatch.setattr(tf, "Session", Session)
+
+
+def _fetched_ops(graph, fetches):
+    """The ops a ``session.run`` of ``fetches`` asks for (a Saver fetches by
+    name)."""
+    if isinstance(fetches, dict):
+        return [op for value in fetches.values() for op in _fetched_ops(graph, value)]
+    if isinstance(fetches, (list, tuple)):
+        return [op for value in fetches for op in _fetched_ops(graph, value)]
+    if isinstance(fetches, str):
+        fetches = graph.as_graph_element(fetches)
+    return [fetches if isinstance(fetches, tf.Operation) else fetches.op]
+
+
+def _unordered_accesses(graph, fetches):
+    """The (variable, read, write) node names of one run of ``fetches``
+    where a read of a variable and a write of it can both run and neither
+    waits for the other, so that the read may see the value before or after
+    the write: a race. Function bodies (a functional If gate's branches)
+    are inlined, and nodes of branches that exclude each other (a gate's
+    apply and skip sides) never race. Read by the audit's graph model."""
+    from npu_lossscale.audit import _graph
+    model = _graph.load(graph)
+    names = model.ancestors([op.name for op in _fetched_ops(graph, fetches)])
+    reads, writes = {}, {}
+    for name in names:
+        node = model.nodes[name]
+        if not node.inputs:
+            continue
+        variable = model.resolve_variable(node.inputs[0])
+        if variable is None:
+            continue
+        if node.type in ("ReadVariableOp", "ResourceGather"):
+            reads.setdefault(variable, []).append(name)
+        elif _graph.is_mutation(node.type):
+            writes.setdefault(variable, []).append(name)
+    before = {}
+
+    def ancestors(name):
+        if name not in before:
+            before[name] = model.ancestors([name])
+        return before[name]
+
+    found = []
+    for variable, written in writes.items():
+        for write in written:
+            for other in reads.get(variable, []) + written:
+                if (other == write or other in ancestors(write) or write in ancestors(other)
+                        or model.exclusive(model.conditions(other), model.conditions(write))):
+                    continue
+                found.append((variable, other, write))
+    return sorted(set(found))
+
+
+def test_the_race_check_finds_a_read_unordered_against_its_write(graph):
+    """The control of ``_unordered_accesses``: a read and an increment of
+    one variable fetched together race; ordered, or in the two branches of
+    a cond, they do not."""
+    v = tf.Variable(1.0, name="v", use_resource=True)
+    read, increment = v.read_value(), v.assign_add(1.0).op
+    assert [(found[0], found[2]) for found in _unordered_accesses(graph, [read, increment])] \
+        == [("v", increment.name)]
+    with tf.control_dependencies([read]):
+        after = v.assign_add(1.0).op
+    assert _unordered_accesses(graph, [read, after]) == []
+    pred = tf.placeholder(tf.bool, [])
+    branches = tf.cond(pred, lambda: v.assign_add(1.0), lambda: v.read_value())
+    assert _unordered_accesses(graph, [branches]) == []
+
+
+def test_dcgan_port_trains_as_the_hand_port(ported, tmp_path, npu_shim, monkeypatch):
     """The tool's output on the original and examples/porting's hand port
     (builder_alternating): same seed, data and feeds, an overflow in the
     generator's run of the last iteration. Every weight, slot and moving
     statistic agrees bit for bit, and so do the losses; the poisoned run
     changed nothing of the generator, the discriminator's run before it
-    applied."""
+    applied.
+
+    Bit-for-bit equality holds only if no run of either script reads a
+    variable unordered against a write of it (a race, whose outcome the
+    scheduler picks): each run's fetches are checked for one, through the
+    audit's graph model with function bodies inlined. On a mismatch the
+    message names every variable that differs, with both values, and both
+    scripts' losses."""
     out, _ = ported
     hand_dir, tool_dir = str(tmp_path / "hand"), str(tmp_path / "tool")
     common = ["--steps", "3", "--batch-size", "16", "--inject-overflow-at", "3"]
+    recorded = _RecordedRuns(monkeypatch)
     hand = _load(EXAMPLE, "porting_dcgan_alternating").main(
         common + ["--style", "builder_alternating", "--backend", "is_finite",
                   "--log-every", "1", "--save-every", "1", "--out", hand_dir])
     tool = _load(os.path.join(out, "dcgan_npu_bridge.py"), "ported_dcgan").main(
         common + ["--out", tool_dir])
-    assert (tool["d_loss"], tool["g_loss"]) == (hand["d_loss"], hand["g_loss"])
-    assert tool["global_step"] == hand["global_step"] == 5  # D's 3 runs, G's 2 applied
+    runs = dict(((id(run_graph), repr(fetches)), (run_graph, fetches))
+                for run_graph, fetches in recorded.runs)
+    assert len(runs) >= 6, runs  # each script's D and G runs, init, reads
+    for run_graph, fetches in runs.values():
+        assert _unordered_accesses(run_graph, fetches) == [], fetches
     hand_states, tool_states = _checkpoints(hand_dir, (3,)), _checkpoints(tool_dir, (2, 3))
     model = sorted(n for n in hand_states[3] if not _is_scale_state(n))
     assert sorted(n for n in tool_states[3] if not _is_scale_state(n)) == model
-    for variable in model:
-        assert np.array_equal(tool_states[3][variable], hand_states[3][variable]), variable
+    differ = dict((variable, (tool_states[3][variable], hand_states[3][variable]))
+                  for variable in model
+                  if not np.array_equal(tool_states[3][variable], hand_states[3][variable]))
+    losses = dict(tool=(tool["d_loss"], tool["g_loss"]), hand=(hand["d_loss"], hand["g_loss"]))
+    assert not differ and losses["tool"] == losses["hand"], (losses, differ)
+    assert tool["global_step"] == hand["global_step"] == 5  # D's 3 runs, G's 2 applied
     for variable in model:
         unchanged = np.array_equal(tool_states[3][variable], tool_states[2][variable])
         if variable.startswith("generator/"):

@@ -615,3 +615,33 @@ def test_hccl_allreduce_across_processes_through_files(npu, monkeypatch, tmp_pat
             # Rank 1 never arrives for the second call: a timeout naming it.
             with pytest.raises(tf.errors.OpError, match=r"call 1\) on rank 0 waited .*\[1\]"):
                 sess.run(summed)
+
+
+def test_hccl_allgather_concatenates_the_ranks_in_order(npu, monkeypatch, tmp_path):
+    """hccl_ops.allgather (tf_adapter hccl/hccl_ops.py; the shape function
+    of HcomAllGather, tf_adapter/ops/hccl/hccl_ops.cc: dimension 0 times
+    rank_size): the identity on one rank; on rank 0 of two, rank 1's rows
+    (written by hand, as the other process would) after this rank's."""
+    hccl = npu.hccl
+    with tf.Graph().as_default():
+        t = tf.constant([[1.0, 2.0]], tf.float32)
+        one = hccl.allgather(t, 1)
+        assert one.op.get_attr("_npu_shim_op_type") == b"HcomAllGather"
+        assert one.op.get_attr("_npu_shim_rank_size") == 1
+        with pytest.raises(ValueError, match="rank_size=2, but this job has 1 ranks"):
+            hccl.allgather(t, 2)
+        with tf.Session() as sess:
+            np.testing.assert_array_equal(sess.run(one), [[1.0, 2.0]])
+    monkeypatch.setenv("RANK_SIZE", "2")
+    monkeypatch.setenv("RANK_ID", "0")
+    monkeypatch.setenv("NPU_SHIM_HCCL_DIR", str(tmp_path))
+    with tf.Graph().as_default():
+        values = hccl.allgather(tf.constant([[1.0, 2.0], [3.0, 4.0]]), 2)
+        indices = hccl.allgather(tf.constant([7, 9], tf.int64), 2)
+        assert values.shape.as_list() == [4, 2] and indices.shape.as_list() == [4]
+        np.save(str(tmp_path / "hcom0.0.1.npy"), np.array([[5.0, 6.0], [7.0, 8.0]], np.float32))
+        np.save(str(tmp_path / "hcom1.0.1.npy"), np.array([1, 7], np.int64))
+        with tf.Session() as sess:
+            v, i = sess.run([values, indices])
+        np.testing.assert_array_equal(v, [[1, 2], [3, 4], [5, 6], [7, 8]])
+        np.testing.assert_array_equal(i, [7, 9, 1, 7])

@@ -257,3 +257,143 @@ def test_a_float16_hcom_sum_across_ranks_saturates_and_sets_the_register(tmp_pat
         assert overflows == [[65504.0, 4.0], [80000.0, 4.0], 1, 0]
     else:
         assert overflows == [[float("inf"), 4.0], [80000.0, 4.0], 0, 0]
+
+
+_SPARSE_WORKER = r"""
+import json, os, sys
+from graph_mode import set_graph_mode
+set_graph_mode()
+import numpy as np
+import tensorflow.compat.v1 as tf
+from npu_bridge.npu_init import *
+from npu_bridge.estimator.npu.npu_optimizer import NPUDistributedOptimizer
+import npu_lossscale as nl
+
+ROWS, DIM = 10 ** 5, 16
+rank = int(os.environ["RANK_ID"])
+table0 = np.random.RandomState(0).normal(0, 0.1, [ROWS, DIM]).astype(np.float32)
+ids = tf.placeholder(tf.int32, [3])
+x = tf.placeholder(tf.float32, [3, DIM])
+y = tf.placeholder(tf.float32, [DIM])
+
+
+def model(suffix):
+    table = tf.get_variable("table" + suffix, initializer=table0, use_resource=True)
+    w = tf.get_variable("w" + suffix, initializer=np.arange(DIM, dtype=np.float32),
+                        use_resource=True)
+    sparse = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) * x)
+    return table, w, sparse, tf.reduce_sum(w * y)
+
+
+
+
+def build():
+    table, w, sparse_loss, dense_loss = model("")
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8.0), distributed="hccl")
+    scaler.add(sparse_loss, tf.train.GradientDescentOptimizer(0.5), var_list=[table],
+               name="embedding")
+    scaler.add(dense_loss, tf.train.GradientDescentOptimizer(0.25), var_list=[w], name="dense")
+    train = scaler.build()
+    ref_table, ref_w, ref_sparse, ref_dense = model("_ref")
+    reference = tf.group(
+        NPUDistributedOptimizer(tf.train.GradientDescentOptimizer(0.5)).minimize(
+            ref_sparse, var_list=[ref_table]),
+        NPUDistributedOptimizer(tf.train.GradientDescentOptimizer(0.25)).minimize(
+            ref_dense, var_list=[ref_w]))
+    return table, w, train, ref_table, ref_w, reference
+
+
+if sys.argv[1] == "npu_strategy":  # the converter's MirroredStrategy
+    from npu_bridge.estimator.npu.npu_strategy import NPUStrategy
+    strategy = NPUStrategy()
+    assert strategy.num_replicas_in_sync == 2
+    with strategy.scope():
+        table, w, train, ref_table, ref_w, reference = (
+            strategy.extended.call_for_each_replica(build))
+else:
+    table, w, train, ref_table, ref_w, reference = build()
+
+
+def shim_type(op):
+    try:
+        return op.get_attr("_npu_shim_op_type").decode()
+    except (ValueError, TypeError):
+        return None
+
+
+def ancestors(op):
+    seen, stack = set(), [op]
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+    return seen
+
+
+def collectives(root):
+    ops = ancestors(root)
+    return {"table_shaped": sorted(op.type for op in ops for t in op.outputs
+                                   if t.shape.as_list() == [ROWS, DIM]
+                                   if t.dtype != tf.resource),
+            "types": sorted(shim_type(op) for op in ops if shim_type(op))}
+
+
+graph = {"builder": collectives(train.update_op.op if hasattr(train.update_op, "op")
+                                else train.update_op),
+         "reference": collectives(reference)}
+# Rank 0 looks up rows 1, 5, 7; rank 1 rows 5, 99999, 3 (row 5 on both).
+feed = {ids: [[1, 5, 7], [5, ROWS - 1, 3]][rank], y: np.full([DIM], 1.0 + rank, np.float32),
+        x: np.random.RandomState(1 + rank).normal(0, 1, [3, DIM]).astype(np.float32)}
+rows = [1, 3, 5, 7, ROWS - 1]
+steps = []
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    for step in range(3):
+        poisoned = dict(feed)
+        if step == 1 and rank == 1:  # inf in this rank's sparse values only
+            poisoned[x] = np.where(np.arange(3 * DIM).reshape(3, DIM) == 4, np.inf,
+                                   feed[x]).astype(np.float32)
+        before = sess.run([tf.gather(table, rows), w])
+        applied = sess.run([train.update_op, train.applied], poisoned)[1]
+        if step != 1:
+            sess.run(reference, feed)
+        after = sess.run([tf.gather(table, rows), w, tf.gather(ref_table, rows), ref_w])
+        steps.append({"applied": bool(applied),
+                      "unchanged": all(np.array_equal(a, b) for a, b in zip(before, after[:2])),
+                      "equal_to_reference": bool(np.array_equal(after[0], after[2])
+                                                 and np.array_equal(after[1], after[3])),
+                      "moved": bool(not np.array_equal(before[0], after[0])),
+                      "untouched_row": bool(np.array_equal(sess.run(table[2]), table0[2]))})
+print("RESULT " + json.dumps({"graph": graph, "steps": steps}))
+"""
+
+
+@pytest.mark.parametrize("strategy", ["none", "npu_strategy"])
+def test_sparse_gradients_are_gathered_over_hccl_as_npu_distributed_optimizer_does(tmp_path,
+                                                                                   strategy):
+    """Issue 43, point 5: a 10**5 x 16 embedding group and a dense group on
+    two shim HCCL ranks. tf_adapter's npu_optimizer.allreduce
+    (estimator/npu/npu_optimizer.py) gathers an IndexedSlices with two
+    hccl_ops.allgather calls, values and indices, and divides the values by
+    the rank count; the HCCL engine does the same, so no tensor of the
+    table's shape is made (the HCCL engine made the gradient dense and
+    all-reduced 6.4 MB a step), and each update equals
+    NPUDistributedOptimizer's bit for bit, including the row both ranks
+    looked up. An inf in rank 1's sparse values skips both ranks. The same
+    under tf_adapter's NPUStrategy (estimator/npu/npu_strategy.py: one
+    replica per process, num_replicas_in_sync == RANK_SIZE), built in its
+    replica context."""
+    ranks = _run_two_ranks(tmp_path, "inf_nan", _SPARSE_WORKER, strategy)
+    assert ranks[0] == ranks[1]
+    graph = ranks[0]["graph"]
+    for name in ("builder", "reference"):
+        assert graph[name]["table_shaped"] == [], (name, graph[name])
+        assert graph[name]["types"].count("HcomAllGather") == 2, (name, graph[name])
+    # The dense group's gradient and the overflow flags: all-reduced.
+    assert graph["builder"]["types"].count("HcomAllReduce") == 2, graph["builder"]
+    steps = ranks[0]["steps"]
+    assert [step["applied"] for step in steps] == [True, False, True]
+    assert [step["equal_to_reference"] for step in steps] == [True, True, True]
+    assert steps[0]["moved"] and steps[2]["moved"] and steps[1]["unchanged"]
+    assert all(step["untouched_row"] for step in steps)

@@ -81,7 +81,7 @@ def table(tmp_path_factory):
     """Every scenario of the table, plus the saturation-mode ones, in two
     subprocesses run side by side."""
     plain = _run_table(tmp_path_factory, "plain", OUR_ROUTES + (
-        "tf_mixed_precision", "tf_mixed_precision_counting"))
+        "tf_mixed_precision", "tf_mixed_precision_counting", "builder_requested"))
     saturated = _run_table(tmp_path_factory, "saturated", (
         "builder", "ours_outside", "ours_inside", "ours_inside_is_finite"), saturation=True)
     results = _collect(plain)
@@ -128,6 +128,23 @@ def test_tfs_own_wrapper_hangs_after_the_skip(table):
 
 def test_the_builder_counts_the_skip_once(table):
     assert [r["skipped_steps"] for r in table["builder"]["records"]] == [0, 0, 1, 1, 1, 1]
+
+
+def test_a_requested_skip_is_recorded_as_requested_and_holds_the_scale(table):
+    """skip_global_steps=[4] beside the inf at step 2: the chief skips the
+    fifth run for the reason "requested" and keeps the scale at 512 (the
+    worker pushed one flag for both, so the chief took the request for an
+    overflow, recorded gradients_overflowed and halved the scale to 256)."""
+    result = table["builder_requested"]
+    assert result["outcome"] == "ran", result
+    records = result["records"]
+    assert [r["scale"] for r in records] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 512.0]
+    assert [r["w"] for r in records] == [[0.75, 1.5], [0.5, 1.0], [0.5, 1.0], [0.25, 0.5],
+                                         [0.25, 0.5], [0.0, 0.0]]
+    assert [r["global_step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 2, 2]
+    assert [nl.diagnostics.reason_name(r["last_reason"]) for r in records[2:]] == [
+        "gradients_overflowed", "gradients_overflowed", "requested", "requested"]
 
 
 @pytest.mark.parametrize("scenario", ["builder", "saturated/builder"])

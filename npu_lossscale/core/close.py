@@ -13,6 +13,7 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import distributed as _distributed
 from npu_lossscale import seams as _seams
 
 from npu_lossscale.core import checks as _checks
@@ -76,8 +77,11 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
       A ``Closed``.
     """
     engine = plan.reduction.engine
-    flags, grads = engine.reduce(closing.flags, closing.grads,
-                                 plan.reduction.allreduce_gradients)
+    flags, grads = _hooks.reduced(engine, closing.flags, closing.grads,
+                                  plan.reduction.allreduce_gradients)
+    if plan.reduction.active:
+        _distributed.check_reduced(engine, (closing.flags, closing.grads), (flags, grads),
+                                   plan.reduction.allreduce_gradients)
     if closing.mean_over > 1:
         grads = _gradients.means(grads, closing.mean_over)
     grads = transformed(plan, grads)
@@ -129,53 +133,12 @@ def transformed(plan, grads):
             if transform is fused:  # applied with the unscale
                 continue
             with tf.name_scope("%s/%s" % (name, transform.name)):
-                pairs = _checked_pairs(transform, group, pairs,
-                                       transform.transform(group, list(pairs)))
+                pairs = _hooks.checked_pairs(
+                    transform.name, name, pairs,
+                    transform.transform(group, list(pairs)),
+                    "Return e.g. [(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars].")
         result[name] = pairs
     return result
-
-
-def _checked_pairs(transform, group, given, returned):
-    """``returned``, refused unless one (gradient, variable) pair for each
-    of ``given``'s variables, each gradient of its variable's dtype and
-    shape.
-
-    Raises:
-      TypeError: for anything but pairs of gradients and the variables
-        given, or a gradient of another dtype.
-      ValueError: for a variable left out or listed twice, or a gradient of
-        another shape.
-    """
-    try:
-        pairs = [(grad, var) for grad, var in returned]
-    except (TypeError, ValueError):
-        pairs = None
-    variables = set(id(var) for _, var in given)
-    if (pairs is None or any(id(var) not in variables for _, var in pairs)
-            or any(not isinstance(grad, (tf.Tensor, tf.IndexedSlices)) for grad, _ in pairs)):
-        raise TypeError(
-            "group %r: %s returned %r, not a list of (gradient, variable) pairs over the "
-            "variables it was given. Return e.g. [(tf.clip_by_norm(g, 1.0), v) for g, v "
-            "in grads_and_vars]." % (group.name, transform.name, returned))
-    if sorted(id(var) for _, var in pairs) != sorted(id(var) for _, var in given):
-        raise ValueError(
-            "group %r: %s returned pairs for %s, given %s: return one pair for each variable "
-            "it was given (a variable left out would never train, one listed twice would "
-            "apply twice)." % (group.name, transform.name, [var.op.name for _, var in pairs],
-                               [var.op.name for _, var in given]))
-    for grad, var in pairs:
-        if grad.dtype.base_dtype != var.dtype.base_dtype:
-            raise TypeError(
-                "group %r: %s returned a %s gradient for %s, a %s variable. Cast it back: "
-                "tf.cast(g, v.dtype.base_dtype)." % (group.name, transform.name,
-                                                      grad.dtype.base_dtype.name, var.op.name,
-                                                      var.dtype.base_dtype.name))
-        if isinstance(grad, tf.Tensor) and not grad.shape.is_compatible_with(var.shape):
-            raise ValueError(
-                "group %r: %s returned a gradient of shape %s for %s, of shape %s. Return "
-                "gradients of their variables' shapes." % (group.name, transform.name,
-                                                           grad.shape, var.op.name, var.shape))
-    return pairs
 
 
 class Decisions(object):

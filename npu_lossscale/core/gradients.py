@@ -11,6 +11,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import managers as _managers
 from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import hooks as _hooks
 
 #: Dense gradients with fewer elements than this count as small: those of one
 #: shape and dtype are unscaled as one stacked tensor (``Packing``) and read by
@@ -301,7 +302,7 @@ def scaled_gradients(plan, scales, names, after=()):
             if backprop.groups[0] not in names:
                 continue
             first = plan.group(backprop.groups[0])
-            replicas = engine.replica_losses(first)
+            replicas = _hooks.replica_losses(engine, first)
             for index, loss in enumerate(replicas):
                 with tf.name_scope(first.name), engine.replica_scope(first, index):
                     if first.own_backprop:

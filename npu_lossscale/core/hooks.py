@@ -10,6 +10,8 @@ before it, outside the branch, would run on every step.
 
 from __future__ import absolute_import, division, print_function
 
+import collections
+
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
@@ -86,3 +88,143 @@ def branch_ops(owner, hook, state):
                 "every step, not only in the gate's branch. Make the op inside %s (e.g. "
                 "return [tf.assign_add(self.count, 1).op])." % (owner.name, hook, op.name, hook))
     return list(value)
+
+
+def replica_losses(engine, group):
+    """``engine.replica_losses(group)``: one scalar float loss tensor of this
+    graph per in-graph replica, checked.
+
+    Args:
+      engine: the ``seams.ReductionEngine``.
+      group: the ``plan.Group``.
+
+    Returns:
+      A tuple of loss tensors.
+
+    Raises:
+      TypeError: for anything but a non-empty list or tuple of float tensors.
+      ValueError: for a loss of a known shape other than a scalar (its
+        gradient would be the sum's: twice the gradient for two entries), or
+        of another graph than the group's loss.
+    """
+    value = engine.replica_losses(group)
+    if not isinstance(value, (list, tuple)) or not value or not all(
+            isinstance(loss, tf.Tensor) and loss.dtype.base_dtype.is_floating
+            for loss in value):
+        raise TypeError(
+            "%s.replica_losses(group %r) returned %r; return a non-empty tuple of float "
+            "scalar loss tensors, one per in-graph replica (default: (group.loss,))."
+            % (engine.name, group.name, value))
+    for loss in value:
+        if loss.shape.ndims is not None and loss.shape.ndims != 0:
+            raise ValueError(
+                "%s.replica_losses(group %r) returned %r, not a scalar: its gradient would "
+                "be its sum's. Return one scalar loss per replica (e.g. "
+                "tf.reduce_mean(loss))." % (engine.name, group.name, loss))
+        if loss.graph is not group.loss.graph:
+            raise ValueError(
+                "%s.replica_losses(group %r) returned %r, a tensor of another graph than the "
+                "group's loss. Return losses of the step's graph." % (engine.name, group.name,
+                                                                     loss))
+    return tuple(value)
+
+
+def reduced(engine, flags, grads, allreduce_gradients):
+    """``engine.reduce(flags, grads, allreduce_gradients)``, checked: the
+    same flag names, each a float32 scalar, and each group's pairs over the
+    variables it was given, each gradient of its variable's dtype and shape
+    (a float16 gradient for a float32 variable would abort the process at
+    its apply).
+
+    Args:
+      engine: the ``seams.ReductionEngine``.
+      flags: ordered dict from flag name to float32 flag, as given.
+      grads: ordered dict from group name to (gradient, variable) pairs.
+      allreduce_gradients: whether the engine averages the gradients.
+
+    Returns:
+      ``(flags, grads)``, the engine's, as ordered dicts.
+
+    Raises:
+      TypeError: for anything but a pair of dicts with those keys, a flag
+        that is no float32 scalar tensor, or pairs of another dtype.
+      ValueError: for pairs over other variables, or of another shape.
+    """
+    owner = "%s.reduce" % engine.name
+    value = engine.reduce(flags, grads, allreduce_gradients)
+    try:
+        new_flags, new_grads = value
+    except (TypeError, ValueError):
+        new_flags = new_grads = None
+    if not (isinstance(new_flags, dict) and isinstance(new_grads, dict)
+            and sorted(new_flags) == sorted(flags) and sorted(new_grads) == sorted(grads)):
+        raise TypeError(
+            "%s returned %r; return (flags, grads): an ordered dict with the flags' names %s "
+            "and one with the groups' names %s, as it was given."
+            % (owner, value, list(flags), list(grads)))
+    for name in flags:
+        flag = new_flags[name]
+        if not (isinstance(flag, tf.Tensor) and flag.dtype == tf.float32
+                and flag.shape.ndims == 0):
+            raise TypeError(
+                "%s returned %r for flag %r; return a float32 scalar tensor for each flag "
+                "(the workers' sum, 0.0 to apply)." % (owner, flag, name))
+    result = collections.OrderedDict()
+    for name in grads:
+        result[name] = checked_pairs(
+            owner, name, grads[name], new_grads[name],
+            "Return the reduced pairs, e.g. [(hvd.allreduce(g), v) for g, v in pairs].")
+    return collections.OrderedDict((name, new_flags[name]) for name in flags), result
+
+
+def checked_pairs(owner, group_name, given, returned, example):
+    """``returned``, refused unless one (gradient, variable) pair for each
+    of ``given``'s variables, each gradient of its variable's dtype and
+    shape.
+
+    Args:
+      owner: the hook, for the messages (e.g. "Clip.transform").
+      group_name: the group's name.
+      given: the pairs the hook was given.
+      returned: what it returned.
+      example: the fix for a wrong type, a sentence (e.g. "Return e.g.
+        [(g, v) ...].").
+
+    Returns:
+      The list of pairs.
+
+    Raises:
+      TypeError: for anything but pairs of gradients and the variables
+        given, or a gradient of another dtype.
+      ValueError: for a variable left out or listed twice, or a gradient of
+        another shape.
+    """
+    try:
+        pairs = [(grad, var) for grad, var in returned]
+    except (TypeError, ValueError):
+        pairs = None
+    variables = set(id(var) for _, var in given)
+    if (pairs is None or any(id(var) not in variables for _, var in pairs)
+            or any(not isinstance(grad, (tf.Tensor, tf.IndexedSlices)) for grad, _ in pairs)):
+        raise TypeError(
+            "group %r: %s returned %r, not a list of (gradient, variable) pairs over the "
+            "variables it was given. %s" % (group_name, owner, returned, example))
+    if sorted(id(var) for _, var in pairs) != sorted(id(var) for _, var in given):
+        raise ValueError(
+            "group %r: %s returned pairs for %s, given %s: return one pair for each variable "
+            "it was given (a variable left out would never train, one listed twice would "
+            "apply twice)." % (group_name, owner, [var.op.name for _, var in pairs],
+                               [var.op.name for _, var in given]))
+    for grad, var in pairs:
+        if grad.dtype.base_dtype != var.dtype.base_dtype:
+            raise TypeError(
+                "group %r: %s returned a %s gradient for %s, a %s variable. Cast it back: "
+                "tf.cast(g, v.dtype.base_dtype)." % (group_name, owner,
+                                                      grad.dtype.base_dtype.name, var.op.name,
+                                                      var.dtype.base_dtype.name))
+        if isinstance(grad, tf.Tensor) and not grad.shape.is_compatible_with(var.shape):
+            raise ValueError(
+                "group %r: %s returned a gradient of shape %s for %s, of shape %s. Return "
+                "gradients of their variables' shapes." % (group_name, owner, grad.shape,
+                                                           var.op.name, var.shape))
+    return pairs

@@ -118,6 +118,9 @@ def plan_step(groups, manager, options, global_step, api):
         count_skipped_steps=options.count_skipped_steps, gate_kind=gate_kind,
         conditions=options.conditions)
     plan.reduction.engine.check_plan(plan, options, global_step, api)
+    for group in plan.groups:
+        if group.loss is not None:
+            _hooks.replica_losses(plan.reduction.engine, group)  # refused before any op
     # Applies inside a functional If (the cond gate, or the accumulation
     # window's cond) cannot assign ref variables.
     if cf_v2 and (gate_kind == "cond" or plan.window.steps > 1):

@@ -24,6 +24,7 @@ holding a collective would deadlock, tensorflow/tensorflow#46863):
 from __future__ import absolute_import, division, print_function
 
 import collections
+import copy
 import json
 import os
 
@@ -34,6 +35,8 @@ from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_walk as _graph_walk
 
 ENGINES = ("horovod", "hccl")
+#: The modes of a ``seams.ReductionEngine``.
+MODES = ("local", "workers", "chief")
 # Optimizer classes that already allreduce their gradients.
 _REDUCING_WRAPPERS = ("_DistributedOptimizer", "DistributedOptimizer",
                       "NPUDistributedOptimizer")
@@ -53,6 +56,14 @@ class CollectiveEngine(_seams.ReductionEngine):
     def workers(self):
         """The number of workers (an int)."""
         raise NotImplementedError
+
+    def reducing_float16(self):
+        """A copy of this engine that reduces float16 gradients in float16
+        (``allreduce_float16=True``), so that another builder given this
+        engine still reduces as it was made to."""
+        engine = copy.copy(self)
+        engine.float16 = True
+        return engine
 
     def float16_mean(self, grad):
         """The mean of a dense float16 gradient, reduced in float16: each
@@ -130,11 +141,22 @@ class HcclEngine(CollectiveEngine):
         return self._hccl_ops.allreduce(tensor, "sum")
 
     def mean_gradient(self, grad):
-        # HCCL reduces dense tensors only, as NPUDistributedOptimizer does.
+        """Allreduce-average of a dense gradient; an ``IndexedSlices`` is
+        gathered, never made dense, as tf_adapter's
+        ``npu_optimizer.allreduce`` gathers one
+        (estimator/npu/npu_optimizer.py): two allgathers, of its values
+        and of its indices, the values divided by the rank count (a
+        gather sums nothing, so float16 values stay float16; the apply
+        sums the duplicate rows, each at most 65504 / n)."""
+        if isinstance(grad, tf.IndexedSlices):
+            values = self._hccl_ops.allgather(grad.values, self._rank_size)
+            indices = self._hccl_ops.allgather(grad.indices, self._rank_size)
+            values = values / tf.cast(self._rank_size, values.dtype.base_dtype)
+            return tf.IndexedSlices(values, indices, grad.dense_shape)
+
         def mean(wide):
             summed = self._hccl_ops.allreduce(wide, "sum")
             return summed / tf.cast(self._rank_size, summed.dtype.base_dtype)
-        grad = tf.convert_to_tensor(grad)
         if self.float16 and grad.dtype.base_dtype == tf.float16:
             return self.float16_mean(grad)
         return widened(grad, mean)
@@ -176,6 +198,11 @@ def resolve_engine(distributed):
     if distributed is None or distributed is False:
         return None
     if isinstance(distributed, _seams.ReductionEngine):
+        if distributed.mode not in MODES:
+            raise ValueError(
+                "distributed=%r has mode %r, which is none of %r. Set the engine's mode to "
+                "\"workers\" for an engine that reduces in reduce(), as seams.ReductionEngine "
+                "documents." % (distributed, distributed.mode, MODES))
         return distributed
     if isinstance(distributed, type) and issubclass(distributed, _seams.ReductionEngine):
         raise TypeError("distributed=%r is a class; pass an instance, distributed=%s()."
@@ -390,7 +417,7 @@ class ReducedGradients(_seams.StepObserver):
         for grad, var in grads_and_vars:
             if grad is None:
                 continue
-            op = (grad.values if isinstance(grad, tf.IndexedSlices) else grad).op
+            op = _values_op(grad)
             if not any(_is_collective(node)
                        for node in _graph_walk.depth_first([op], _data_parents)):
                 raise ValueError(
@@ -400,6 +427,49 @@ class ReducedGradients(_seams.StepObserver):
                     "worker trains alone." % (
                         self._what, self._cluster.workers, self._cluster.source, name,
                         var.op.name, self._route, self._opt_out))
+
+
+def check_reduced(engine, given, reduced, allreduce_gradients):
+    """Refuses, when the environment names several workers, a "workers"
+    engine whose ``reduce`` put no collective op between what it was given
+    and what it returned: each worker would then decide on its own flags
+    (and apply its own gradients) while the step looked reduced.
+
+    Args:
+      engine: the ``seams.ReductionEngine``, for the message.
+      given: ``(flags, grads)`` as ``reduce`` was given them.
+      reduced: ``(flags, grads)`` as it returned them (checked:
+        ``hooks.reduced``).
+      allreduce_gradients: whether the gradients had to be averaged too.
+
+    Raises:
+      ValueError: for a flag, or with ``allreduce_gradients`` a gradient,
+        that no collective op computes from what was given.
+    """
+    cluster = cluster_from_environment()
+    if cluster is None:
+        return
+    stops = set(_values_op(tensor) for tensor in given[0].values())
+    stops.update(_values_op(grad) for pairs in given[1].values() for grad, _ in pairs)
+    outputs = [("flag %r" % name, flag) for name, flag in reduced[0].items()]
+    if allreduce_gradients:
+        outputs += [("group %r's gradient of %r" % (name, var.op.name), grad)
+                    for name, pairs in reduced[1].items() for grad, var in pairs]
+    for what, tensor in outputs:
+        walked = _graph_walk.depth_first([_values_op(tensor)],
+                                         lambda op: [] if op in stops else _data_parents(op))
+        if not any(op not in stops and _is_collective(op) for op in walked):
+            raise ValueError(
+                "distributed=%s: this process is one of %d workers (%s), but the engine's "
+                "reduce returned %s with no collective op between it and what it was given: "
+                "each worker would decide alone. Reduce it with a collective (e.g. "
+                "hvd.allreduce), or pass distributed=False if each worker trains alone."
+                % (engine.name, cluster.workers, cluster.source, what))
+
+
+def _values_op(tensor):
+    """The op of a tensor or of an ``IndexedSlices``' values."""
+    return (tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor).op
 
 
 def _is_collective(op):
@@ -433,8 +503,17 @@ def _data_parents(op):
 
 def check_no_strategy(what):
     """Raises ValueError under a ``tf.distribute`` strategy with several
-    replicas in one graph (``MirroredStrategy``...), which the step, one
-    graph per worker, does not support.
+    replicas in one graph (``MirroredStrategy`` over local devices...),
+    which the step, one graph per worker, does not support.
+
+    A strategy with one replica in each process's graph is accepted,
+    however many replicas it keeps in sync across processes:
+    ``NPUStrategy``, what Huawei's converter puts for ``MirroredStrategy``
+    (tf_adapter npu_bridge/estimator/npu/npu_strategy.py: a
+    ``OneDeviceExtended`` whose ``num_replicas_in_sync`` is RANK_SIZE), a
+    ``OneDeviceStrategy``, a multi-worker strategy over one device per
+    worker. Its workers reduce as any others do (``distributed="hccl"`` or
+    "horovod"; ``check_cluster`` refuses a launch that reduces nothing).
 
     Args:
       what: the API being built, for the message.
@@ -442,12 +521,13 @@ def check_no_strategy(what):
     if not tf.distribute.has_strategy():
         return
     strategy = tf.distribute.get_strategy()
-    if strategy.num_replicas_in_sync > 1:
+    local = len(strategy.extended.worker_devices)
+    if local > 1:
         raise ValueError(
             "%s: built under %s with %d replicas in one graph, which this library does "
             "not support. Run one process per device with distributed='horovod' (or "
             "'hccl'), or tf.train.SyncReplicasOptimizer on parameter servers."
-            % (what, type(strategy).__name__, strategy.num_replicas_in_sync))
+            % (what, type(strategy).__name__, local))
 
 
 def reduces_gradients(optimizer):

@@ -11,10 +11,12 @@ every worker waits forever (docs/design.md, "Data parallelism").
   ``check_chief_apply``).
 * ``LossScaleOptimizer(SyncReplicasOptimizer(opt), ...)`` and a builder
   group with one, where ``SyncReplicasOptimizer`` is this module's
-  (``SyncReplicasEngine``): the worker pushes its unscaled gradients and its
-  flag, never gated (the chief would wait for a held-back push); the chief
-  decides on the mean flag and the aggregate, applies, advances
-  ``global_step`` and updates the manager in its sync op. The chief's apply
+  (``SyncReplicasEngine``): the worker pushes its unscaled gradients, its
+  overflow flag and each skip condition's flag, never gated (the chief
+  would wait for a held-back push); the chief decides on the mean flags and
+  the aggregate, applies, advances ``global_step`` and updates the manager
+  in its sync op, holding the scale on a condition's skip as the worker's
+  step would. The chief's apply
   is the ``ChiefApply`` this ``SyncReplicasOptimizer`` is constructed
   around, so nothing in TF's object is replaced while the step builds.
 
@@ -183,11 +185,31 @@ class _AggregateCheck(_backends.Backend):
 
 
 class _ChiefDecision(collections.namedtuple(
-        "_ChiefDecision", ["plan", "group", "slot", "skipped_steps", "scope", "observers"])):
+        "_ChiefDecision", ["plan", "group", "slot", "condition_slots", "skipped_steps", "scope",
+                           "observers"])):
     """What the chief's apply needs of the worker's step: its ``plan``, the
-    ``group`` (whose ``optimizer`` is the wrapped one), the pushed flag's
-    ``slot`` (or None), ``skipped_steps``, the name ``scope`` and the step's
-    ``observers``."""
+    ``group`` (whose ``optimizer`` is the wrapped one), the pushed overflow
+    flag's ``slot`` (or None), one slot per skip condition of the plan
+    (``condition_slots``, in its order), ``skipped_steps``, the name
+    ``scope`` and the step's ``observers``."""
+
+
+class _PushedCondition(_seams.SkipCondition):
+    """A worker's skip condition as the chief sees it: its flag is the
+    aggregate of the workers' pushed flags (given to the chief's close, so
+    ``flag`` is never called), and it keeps the worker condition's name,
+    reason, fix and ``moves_scale``, so that the chief records a skip for
+    its reason and holds the scale as the worker's step would. Its
+    ``on_apply`` adds nothing on the chief."""
+
+    def __init__(self, condition):
+        self.name = condition.name
+        self.reason = condition.reason
+        self.fix = condition.fix
+        self.moves_scale = condition.moves_scale
+
+    def flag(self, state):
+        raise AssertionError("the chief takes the pushed flags")
 
 
 class ChiefApply(tf.train.Optimizer):
@@ -241,17 +263,24 @@ class ChiefApply(tf.train.Optimizer):
             return self._opt.apply_gradients(grads_and_vars, global_step=global_step,
                                              name=name)
         pairs = list(grads_and_vars)
-        pushed = [grad for grad, var in pairs if var is decision.slot]
+        slots = [decision.slot] + list(decision.condition_slots)
+        pushed = dict((id(var), grad) for grad, var in pairs
+                      if any(var is slot for slot in slots))
         pairs = [(grad, var) for grad, var in pairs
-                 if var is not decision.slot and grad is not None]
+                 if id(var) not in pushed and grad is not None]
         group = decision.group._replace(loss=None, own_backprop=False,
                                         var_list=tuple(var for _, var in pairs))
         chief = _plan.make_plan(
-            [group], group.manager, _AggregateCheck(pushed[0] if pushed else None),
-            count_skipped_steps=True, gate_kind=decision.plan.gate_kind)
+            [group], group.manager, _AggregateCheck(pushed.get(id(decision.slot))),
+            count_skipped_steps=True, gate_kind=decision.plan.gate_kind,
+            conditions=[_PushedCondition(item.condition) for item in decision.plan.conditions])
         grads = collections.OrderedDict([(group.name, pairs)])
         with tf.name_scope(decision.scope):
             flags = _overflow.flags(chief, grads, _gradients.Packing([]), after=())
+            for item, slot in zip(chief.conditions, decision.condition_slots):
+                # The workers' mean: not 0 when any of them skipped.
+                flags[item.name] = tf.cast(tf.not_equal(
+                    tf.reshape(tf.cast(pushed[id(slot)], tf.float32), []), 0.0), tf.float32)
             closed = _close.close(chief, _close.Closing(flags, grads, [], 1), global_step,
                                   decision.skipped_steps, observers=decision.observers)
         return closed.applied.op
@@ -311,17 +340,27 @@ def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
     graph = tf.get_default_graph()
     scope = graph.get_name_scope()
     pushes = list(pairs)
-    slot = None
-    if closing.flags:
-        flag = tf.add_n(list(closing.flags.values()), name="pushed_overflow_flag")
-        slot = _FlagSlot(graph.unique_name((scope + "/" if scope else "") + "overflow_flag",
+
+    def pushed(flag, name):
+        """Pushes ``flag`` through a slot of its own; returns the slot."""
+        slot = _FlagSlot(graph.unique_name((scope + "/" if scope else "") + name,
                                            mark_as_used=True) + ":0",
                          global_step.device, tf.TensorShape([]))
         pushes.append((flag, slot))
+        return slot
+
+    # The checks' flags in one push, each skip condition's in its own: the
+    # chief tells an overflow (which moves the scale) from a condition's
+    # skip (which may hold it).
+    checks = [closing.flags[item.name] for item in plan.checks]
+    slot = (pushed(tf.add_n(checks, name="pushed_overflow_flag"), "overflow_flag")
+            if checks else None)
+    condition_slots = tuple(pushed(closing.flags[item.name], item.name + "_flag")
+                            for item in plan.conditions)
     chief = group.optimizer.chief
     decision = _ChiefDecision(plan, group._replace(optimizer=chief.optimizer), slot,
-                              skipped_steps, (scope + "/" if scope else "") + "sync_chief",
-                              tuple(observers))
+                              condition_slots, skipped_steps,
+                              (scope + "/" if scope else "") + "sync_chief", tuple(observers))
     with chief.deciding(decision):
         pushed = group.optimizer.apply_gradients(pushes, global_step=global_step)
     decisions = _close.Decisions(closing.flags, [g for g, _ in pairs])

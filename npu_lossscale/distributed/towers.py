@@ -31,11 +31,15 @@ class Towers(_seams.ReductionEngine):
       replicas: dict from group name to the tuple of its towers' losses.
     """
 
-    name = "towers"
-
     def __init__(self, inner, replicas):
         self.inner = inner
         self.replicas = dict(replicas)
+
+    @property
+    def name(self):
+        """The name of the engine the towers wrap: its ``reduce`` and
+        ``close`` are the ones called, so messages name it."""
+        return self.inner.name
 
     @property
     def mode(self):

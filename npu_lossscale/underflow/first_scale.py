@@ -33,6 +33,7 @@ from npu_lossscale import seams as _seams
 from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale.core import hooks as _hooks
 from npu_lossscale.managers import base as _manager_base
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
 
@@ -124,7 +125,8 @@ def measured_scale(groups, margin, engine=None):
       A float32 scalar tensor.
     """
     engine = _seams.ReductionEngine() if engine is None else engine
-    replicas = [(loss, group) for group in groups for loss in engine.replica_losses(group)]
+    replicas = [(loss, group) for group in groups
+                for loss in _hooks.replica_losses(engine, group)]
     view = Float32View([loss for loss, _ in replicas])
     maxima = []
     for loss, group in replicas:

@@ -25,6 +25,9 @@ HcomAllReduce(...)     | identity (one worker), same dtype/shape as input;
                        | ``_FileAllReduce``); in saturation mode a float16
                        | result across ranks saturates and sets the register
                        | (``_emulation.check_collective_output``).
+HcomAllGather(...)     | identity (one worker); across processes every
+                       | rank's input concatenated along dimension 0, in
+                       | rank order (same file exchange).
 HcomBroadcast(...)     | list in, list out (T: list(type)): identity on one
                        | rank; across processes each output is root_rank's
                        | tensor (same file exchange).
@@ -237,6 +240,31 @@ def hcom_broadcast(input, fusion, fusion_id, group, root_rank, name=None):  # py
     return outs
 
 
+def hcom_all_gather(input, group, fusion, fusion_id, rank_size, name=None):  # pylint: disable=redefined-builtin
+    """Emulated HcomAllGather: every rank's ``input`` concatenated along
+    dimension 0, in rank order (output dimension 0 is ``rank_size`` times
+    the input's, as the real op's shape function says,
+    tf_adapter/ops/hccl/hccl_ops.cc; every rank gives the same shape).
+
+    One rank: the identity (``rank_size`` must then be 1). Several
+    processes (see ``hcom_all_reduce``): one file exchange per run.
+    """
+    x = tf.convert_to_tensor(input)
+    if int(rank_size) < 1:
+        raise ValueError("HcomAllGather: rank_size should be greater than 0, got %r"
+                         % (rank_size,))
+    if int(rank_size) != _rank_size():
+        raise ValueError("npu_bridge shim: HcomAllGather rank_size=%r, but this job has %d "
+                         "ranks (RANK_SIZE / CM_WORKER_SIZE)" % (rank_size, _rank_size()))
+    if int(rank_size) == 1:
+        out = _gen_array_ops.identity(x, name=name or "HcomAllGather")
+    else:
+        out = _multi_process(x, lambda stacked: stacked.reshape((-1,) + stacked.shape[2:]),
+                             int(rank_size), name or "HcomAllGather", gathered=True)
+    _tag_hcom(out.op, "HcomAllGather", group, fusion, fusion_id, rank_size=int(rank_size))
+    return out
+
+
 # Graph collection counting the multi-process collectives built so far.
 _HCOM_COLLECTION = "npu_shim_hcom_all_reduce"
 # Seconds a rank waits for the others at one collective before failing.
@@ -249,7 +277,7 @@ _NUMPY_REDUCE = {
 }
 
 
-def _multi_process(x, reduce_fn, rank_size, name):
+def _multi_process(x, reduce_fn, rank_size, name, gathered=False):
     directory = os.environ.get("NPU_SHIM_HCCL_DIR", "").strip()
     if not directory:
         raise NotImplementedError(
@@ -271,7 +299,12 @@ def _multi_process(x, reduce_fn, rank_size, name):
     graph.add_to_collection(_HCOM_COLLECTION, index)
     reducer = _FileAllReduce(directory, rank, rank_size, "hcom%d" % index, reduce_fn, name)
     out = tf.py_func(reducer, [x], x.dtype.base_dtype, stateful=True, name=name)
-    out.set_shape(x.shape)
+    shape = x.shape
+    if gathered and shape.ndims:  # dimension 0 of every rank, concatenated
+        first = shape.dims[0].value
+        shape = tf.TensorShape([None if first is None else first * rank_size]).concatenate(
+            shape[1:])
+    out.set_shape(shape)
     return out
 
 

@@ -45,6 +45,8 @@ from tensorflow.python.training.experimental import loss_scale as tf_loss_scale 
 import npu_lossscale as nl  # noqa: E402
 
 STEPS, POISON_STEP = 6, 2
+#: The global step "builder_requested" asks to skip (the fifth run's).
+REQUESTED_STEP = 4
 W0, X = [1.0, 2.0], [0.25, 0.5]
 LEARNING_RATE = 1.0
 
@@ -82,12 +84,14 @@ def _tf_mixed():
 def build(scenario, loss, w, gs):
     """Returns (sync optimizer, train op, scale tensor, the builder's reads of
     its counters or None)."""
-    if scenario == "builder":
+    if scenario in ("builder", "builder_requested"):
         manager = _manager()
         sync = nl.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1)
         scaler = nl.MultiOptimizerLossScale(manager)
         scaler.add(loss, sync, var_list=[w], name="model")
-        train = scaler.build(global_step=gs, count_skipped_steps=True)
+        requested = [REQUESTED_STEP] if scenario == "builder_requested" else None
+        train = scaler.build(global_step=gs, count_skipped_steps=True,
+                             skip_global_steps=requested)
         return sync, train.update_op, manager.get_loss_scale(), {
             "skipped_steps": train.skipped_steps,
             "last_skip": train.diagnosis.last_skip.number,

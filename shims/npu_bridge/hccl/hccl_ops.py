@@ -1,4 +1,4 @@
-"""Shim of ``npu_bridge.hccl.hccl_ops`` (allreduce and broadcast).
+"""Shim of ``npu_bridge.hccl.hccl_ops`` (allreduce, allgather and broadcast).
 
 Mirrors tf_adapter/python/npu_bridge/hccl/hccl_ops.py (hicann/tensorflow):
 the same signatures and defaults, each a thin call of the generated op.
@@ -11,7 +11,7 @@ write): a real collective across the processes through files, see
 ``npu_bridge._gen_npu_ops`` and shims/README.md.  Several ranks without
 ``NPU_SHIM_HCCL_DIR`` raise NotImplementedError when the op is built.
 
-Not emulated: allgather, reduce, reduce_scatter, send/receive, the remote_*
+Not emulated: reduce, reduce_scatter, send/receive, the remote_*
 and all-to-all ops, and groups other than the whole world (``group`` is
 recorded on the node, not used).
 """
@@ -32,6 +32,17 @@ def allreduce(tensor, reduction, fusion=1, fusion_id=-1, group="hccl_world_group
         fusion=fusion,
         fusion_id=fusion_id,
         group=group)
+
+
+def allgather(tensor, rank_size, group="hccl_world_group", fusion=0, fusion_id=-1):
+    """Emulated HcomAllGather: every rank's ``tensor`` concatenated along
+    dimension 0, in rank order; ``rank_size`` is the group's device count."""
+    return gen_hccl_ops.hcom_all_gather(
+        input=tensor,
+        group=group,
+        fusion=fusion,
+        fusion_id=fusion_id,
+        rank_size=rank_size)
 
 
 def broadcast(tensor, root_rank, fusion=2, fusion_id=0, group="hccl_world_group"):

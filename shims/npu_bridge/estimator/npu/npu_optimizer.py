@@ -11,8 +11,10 @@ Mirrors tf_adapter/python/npu_bridge/estimator/npu/npu_optimizer.py
     (otherwise its job info is None and ``size()`` fails) and then reads
     ``util.get_ranksize()``.  The shim reads ``util.get_ranksize()`` and
     raises a RuntimeError naming JOB_ID when JOB_ID is unset; it does not
-    cache the count in a singleton as NPUBasics does.  IndexedSlices
-    (allgather in the real code) raise NotImplementedError.
+    cache the count in a singleton as NPUBasics does.  An IndexedSlices is
+    gathered, never summed, as in the real code: ``hccl_ops.allgather`` of
+    its values and of its indices, the values divided by the rank count
+    when ``average``.
 
 ``NPUDistributedOptimizer(optimizer, is_weight_update_sharding=False, name=None)``
     A ``tf.train.Optimizer`` (name "Distributed<OptType>").
@@ -53,9 +55,12 @@ Mirrors tf_adapter/python/npu_bridge/estimator/npu/npu_optimizer.py
     NPULossScaleOptimizer it never asks ``is_inf_nan_enabled()`` and has no
     v1-op path: it needs the v2 ops (op set "v2").
 
-``KerasDistributeOptimizer`` is not emulated. ``npu_allreduce``, which the
-real file defines here, lives in the shim's ``npu_init`` (dense tensors
-only), where ``from npu_bridge.npu_init import *`` finds it.
+``npu_allreduce(values, reduction="mean", fusion=1, fusion_id=-1, group=...)``
+    As the real one here: each dense value summed with ``hccl_ops.allreduce``
+    (divided by ``int(util.get_ranksize())`` for "mean"), each IndexedSlices
+    gathered with two ``hccl_ops.allgather`` calls, never made dense.
+
+``KerasDistributeOptimizer`` is not emulated.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -91,12 +96,46 @@ def allreduce(tensor, average=True):
     count when ``average``."""
     size = _basics_size()
     if isinstance(tensor, tf.IndexedSlices):
-        raise NotImplementedError("npu_bridge shim: allreduce of IndexedSlices "
-                                  "(HcomAllGather) is not emulated")
+        return _gathered(tensor, size, average)
     summed = hccl_ops.allreduce(tensor, "sum")
     if not average:
         return summed
     return tf.div(summed, tf.cast(size, dtype=tensor.dtype))
+
+
+def _gathered(slices, size, average, group="hccl_world_group"):
+    """An IndexedSlices reduced as the real ``allreduce`` and
+    ``_npu_allreduce`` reduce one: two allgathers instead of an allreduce
+    (its values and its indices), the values divided by ``size`` when
+    ``average``; never made dense."""
+    values = hccl_ops.allgather(slices.values, size, group)
+    indices = hccl_ops.allgather(slices.indices, size, group)
+    new_values = tf.div(values, tf.cast(size, slices.values.dtype)) if average else values
+    return tf.IndexedSlices(new_values, indices, dense_shape=slices.dense_shape)
+
+
+def _npu_allreduce(values, reduction="mean", fusion=1, fusion_id=-1, group="hccl_world_group"):
+    mean = reduction == "mean"
+    if mean:
+        reduction = "sum"
+    size = int(util.get_ranksize())
+    reduced = []
+    for value in values:
+        if isinstance(value, tf.IndexedSlices):
+            reduced.append(_gathered(value, size, mean, group))
+            continue
+        summed = hccl_ops.allreduce(value, reduction, fusion, fusion_id, group)
+        reduced.append(tf.div(summed, tf.cast(size, dtype=value.dtype)) if mean else summed)
+    return reduced
+
+
+def npu_allreduce(values, reduction="mean", fusion=1, fusion_id=-1, group="hccl_world_group"):
+    """Each value reduced over the ranks (``hccl_ops.allreduce``, divided by
+    ``int(util.get_ranksize())`` for "mean"), an IndexedSlices gathered
+    (``_gathered``): a list for a list or tuple, else one tensor."""
+    if isinstance(values, (list, tuple)):
+        return _npu_allreduce(values, reduction, fusion, fusion_id, group)
+    return _npu_allreduce([values], reduction, fusion, fusion_id, group)[0]
 
 
 def _average_all(gradients, scope):
