@@ -230,3 +230,25 @@ def test_unscale_and_clip_are_one_multiply(graph):
         ours, want = sess.run([applied, reference[0]])
     assert np.linalg.norm(ours) == pytest.approx(0.5, rel=1e-5)
     np.testing.assert_allclose(ours, want, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_unscale_is_exact_for_narrow_variables_above_a_scale_of_2_24(graph, dtype):
+    """Issue 44: 1 / 2**25 is 0 in float16 (below its smallest subnormal),
+    so a float16 unscale applied nothing on a step reported "applied". The
+    unscale multiplies in float32 and casts back: the applied gradient is
+    the plain one, cast to the variable's dtype (2**-20 fits both)."""
+    w = tf.Variable(np.ones([3]), dtype=dtype)
+    tiny = tf.constant([2.0 ** -20, 2.0 ** -21, 3 * 2.0 ** -22], tf.float32)
+    loss = tf.reduce_sum(tf.cast(w, tf.float32) * tiny)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0 ** 25), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="g")
+    train = scaler.build()
+    (grad, _), = train.grads_and_vars["g"]
+    plain = tf.cast(tf.gradients(loss, [w])[0], dtype)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        ours, want = sess.run([tf.cast(grad, tf.float32), tf.cast(plain, tf.float32)])
+        assert sess.run([train.update_op, train.applied])[1]
+    assert np.all(want != 0.0)
+    np.testing.assert_array_equal(ours, want)
