@@ -123,7 +123,12 @@ class TrainOps(collections.namedtuple(
       window_end: bool scalar, True when the run closes an accumulation
         window (always True without accumulation).
       grads_and_vars: dict from group name to its unscaled (gradient,
-        variable) pairs of this run.
+        variable) pairs of this run, before the reduction across workers,
+        an accumulation window's mean and every transform (``clip_norm``,
+        ``transform_grads_fn``): what skip conditions and observers see
+        as ``seams.StepState.grads``. Where the step fuses a clip into the
+        unscale, these are a multiply of their own that runs only when
+        fetched.
       groups: dict from group name to its ``GroupReport``.
       diagnosis: the ``SkipReport`` (its ``skip_reason`` None through a
         SyncReplicasOptimizer, whose chief decides).

@@ -47,7 +47,11 @@ class StepState(collections.namedtuple(
       scaled: ordered dict from group name to its (gradient, variable)
         pairs, still multiplied by the loss scale (empty for given
         gradients).
-      grads: ordered dict from group name to this run's unscaled pairs.
+      grads: ordered dict from group name to this run's unscaled pairs,
+        before the reduction across workers, an accumulation window's mean
+        and every transform (``clip_norm`` too, though the step fuses it
+        into the unscale): the same with and without them. In-graph
+        towers' pairs are combined (``combine_replicas``).
       flags: ordered dict from check or condition name to this run's
         float32 flag, 0.0 to apply.
       closing: at the close, the ``core.close.Closing`` it decides on (this

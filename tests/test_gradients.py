@@ -13,6 +13,7 @@ from models import big_batch_reference as _big_batch_reference
 from models import build_gan_step as _build
 from models import micro_feeds as _micro_feeds
 from models import two_group_gan
+from conftest import op_ancestors
 
 
 @pytest.mark.parametrize("accumulation_steps", [1, 4])
@@ -208,7 +209,9 @@ def test_unscale_and_clip_are_one_multiply(graph):
     no reduction) each applied gradient is the scaled gradient times one
     scalar, 1/scale and the clip factor together; the numbers are those of
     tf.clip_by_global_norm on the unscaled gradients within float32
-    rounding."""
+    rounding. Issue 44: ``grads_and_vars`` (what the hooks see) holds the
+    unclipped gradients, a multiply of its own that an applied step does
+    not run."""
     rng = np.random.RandomState(0)
     w = tf.Variable(rng.randn(200, 100).astype(np.float32), name="w")
     x = tf.constant(rng.randn(8, 200).astype(np.float32))
@@ -217,19 +220,26 @@ def test_unscale_and_clip_are_one_multiply(graph):
     scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="g",
                clip_norm=0.5)
     train = scaler.build()
-    (applied, _), = train.grads_and_vars["g"]
-    assert applied.op.type == "Mul"
-    scaled, factor = applied.op.inputs
-    assert scaled.op.type != "Mul" and factor.shape.ndims == 0
-    # No other multiply of the gradient's size: the norm reads it, only
-    # the fused Mul scales it.
-    assert [op.type for op in scaled.consumers() if op.type == "Mul"] == ["Mul"]
-    reference, _ = tf.clip_by_global_norm(tf.gradients(tf.cast(loss, tf.float32), [w]), 0.5)
+    (seen, _), = train.grads_and_vars["g"]
+    assert seen.op.type == "Mul"
+    scaled = seen.op.inputs[0]
+    assert scaled.op.type != "Mul"
+    runs = op_ancestors(train.update_op)
+    # Of the multiplies of the gradient's size, the applied step runs one,
+    # by a scalar: the fused one; the norm reads the gradient too.
+    multiplies = [op for op in scaled.consumers() if op.type == "Mul" and op in runs]
+    assert len(multiplies) == 1 and seen.op not in runs
+    applied, factor = multiplies[0].outputs[0], multiplies[0].inputs[1]
+    assert multiplies[0].inputs[0] is scaled and factor.shape.ndims == 0
+    plain = tf.gradients(tf.cast(loss, tf.float32), [w])
+    reference, _ = tf.clip_by_global_norm(plain, 0.5)
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
-        ours, want = sess.run([applied, reference[0]])
+        ours, want, unclipped, plain = sess.run([applied, reference[0], seen, plain[0]])
     assert np.linalg.norm(ours) == pytest.approx(0.5, rel=1e-5)
     np.testing.assert_allclose(ours, want, rtol=2e-3, atol=1e-6)
+    assert np.linalg.norm(plain) > 1.0
+    np.testing.assert_allclose(unclipped, plain, rtol=2e-3, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])

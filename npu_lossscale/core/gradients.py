@@ -517,6 +517,32 @@ def unscale_all(plan, scales, scaled, packing):
     return result
 
 
+def before_transforms(plan, scales, scaled, packing, unscaled):
+    """Every group's unscaled pairs before any transform, as the hooks see
+    them (``seams.StepState.grads``).
+
+    Args:
+      plan: the ``plan.Plan``.
+      scales: the ``read_scales`` result.
+      scaled: ordered dict from group name to scaled pairs.
+      packing: the step's ``Packing``.
+      unscaled: the ``unscale_all`` result.
+
+    Returns:
+      Ordered dict from group name to pairs: ``unscaled``'s own where no
+      transform is fused, else the plain unscale, a multiply of its own
+      that runs only where a hook or a fetch reads it.
+    """
+    result = collections.OrderedDict()
+    for name, pairs in unscaled.items():
+        if fused_transform(plan, name) is not None:
+            with tf.name_scope("%s/before_transforms" % name):
+                pairs = packing.unscale(
+                    scaled[name], scales[plan.manager_use(plan.group(name).manager).name])
+        result[name] = pairs
+    return result
+
+
 def _checked_factor(transform, group_name, inverse, factor):
     """``factor``, refused unless a float32 scalar tensor computed from
     ``inverse`` (a factor that left it out would apply scaled gradients).

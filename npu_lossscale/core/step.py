@@ -171,7 +171,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
         scales = _gradients.read_scales(plan, after=[op for hooked in before_read
                                                      for op in hooked.ops])
     computed = _gradients_and_flags(plan, scales, given)
-    state = state._replace(scales=scales, scaled=computed.scaled, grads=computed.grads)
+    state = state._replace(scales=scales, scaled=computed.scaled, grads=computed.seen)
     flags = collections.OrderedDict(computed.flags)
     flags.update(_overflow.condition_flags(plan, state))
     state = state._replace(flags=flags)
@@ -234,8 +234,9 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                 closing=_close.Closing(window_flags, collections.OrderedDict(), [],
                                        plan.window.steps, this_run.seen.sums.loss_flags),
                 reduced_flags=window_flags, window_end=window_end)
+    del reported  # the applied pairs: TrainOps reports what the hooks see
     reports = [observer.report(seen) for observer in observers]
-    step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op,
+    step = _report(plan, scales, applied, decisions, state.grads, window_end, accumulate_op,
                    reports, seen)
     # With mode "chief" the workers move nothing: the chief's sync op does.
     states = [] if plan.mode == "chief" else _moved_state(plan, counters)
@@ -263,7 +264,7 @@ def _gradients_and_flags(plan, scales, given):
         grads = collections.OrderedDict([(plan.groups[0].name, list(given))])
         with plan.backend.fusion_scope():
             flags = _overflow.flags(plan, grads, _gradients.Packing([]), after=())
-        return _Computed(grads, flags, collections.OrderedDict())
+        return _Computed(grads, flags, collections.OrderedDict(), grads)
     if plan.serial_reads:
         scaled, flags, after = collections.OrderedDict(), collections.OrderedDict(), []
         for item in plan.checks:
@@ -289,13 +290,18 @@ def _gradients_and_flags(plan, scales, given):
 def _unscaled(plan, scales, scaled, packing, flags):
     """The ``_Computed`` of the checked ``scaled`` gradients."""
     unscaled = _gradients.unscale_all(plan, scales, scaled, packing)
-    return _Computed(unscaled, _overflow.unscaled_flags(plan, flags, unscaled), scaled)
+    return _Computed(unscaled, _overflow.unscaled_flags(plan, flags, unscaled), scaled,
+                     _gradients.before_transforms(plan, scales, scaled, packing, unscaled))
 
 
-class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled"])):
-    """Phases 1 and 2: ordered dicts from group name to unscaled pairs, from
-    check name to float32 flag, and from group name to scaled pairs (empty
-    for given gradients)."""
+class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled", "seen"])):
+    """Phases 1 and 2: ordered dicts from group name to unscaled pairs (a
+    fused transform applied: ``gradients.fused_transform``), from check name
+    to float32 flag, from group name to scaled pairs (empty for given
+    gradients), and from group name to the unscaled pairs before any
+    transform, which the hooks see as ``StepState.grads`` (the pairs of
+    ``grads`` where no transform is fused; otherwise a multiply of their
+    own, which runs only where a hook or a fetch reads it)."""
 
 
 def _report(plan, scales, done, decisions, grads, window_end, accumulate_op, reports, seen):

@@ -172,7 +172,9 @@ def _evidence(state):
     """What a diagnosis of ``state``'s close inspects (``SkipDiagnosis``)."""
     plan, closing = state.plan, state.closing
     if plan.window.steps == 1 and state.scaled:
-        return evidence_of(plan, state.scaled if plan.backend.reads_register else state.grads)
+        # The pairs the step carries (a fused clip applied), not
+        # ``state.grads``: a tensor the skip branch reads runs on every step.
+        return evidence_of(plan, state.scaled if plan.backend.reads_register else closing.grads)
     return Evidence(collections.OrderedDict(), closing.grads, False, closing.loss_flags)
 
 
