@@ -75,3 +75,99 @@ def test_conditions_observers_and_grads_and_vars_see_the_unclipped_gradients(
             assert seen == reported == listed == pytest.approx(50.0, rel=1e-6)
         assert not applied
         np.testing.assert_array_equal(sess.run(w), [1.0, 2.0])
+
+
+def _counter(name):
+    return tf.Variable(0, dtype=tf.int64, trainable=False, use_resource=True, name=name)
+
+
+class CountSkips(seams.StepObserver):
+    """Counts skipped steps in ``on_skip``, through ``wrap`` (which gets
+    ``make``, a function making the count's update, and returns what the
+    hook returns)."""
+
+    def __init__(self, wrap, premade):
+        self.count = _counter("skips")
+        self.wrap = wrap
+        self.premade = tf.assign_add(self.count, 1) if premade else None
+
+    def on_skip(self, state):
+        return self.wrap(self.premade if self.premade is not None
+                         else tf.assign_add(self.count, 1))
+
+
+#: Ways to hand back an update made before the hook, each of which would
+#: run it on every step.
+BYPASSES = {
+    "tf.group": lambda update: [tf.group(update)],
+    "control_dependencies": lambda update: _after(update),
+    "identity": lambda update: [tf.identity(update)],
+    "nested tf.group": lambda update: tf.group(tf.group(update), tf.no_op()),
+}
+
+
+def _after(update):
+    with tf.control_dependencies([update]):
+        return [tf.no_op()]
+
+
+def _skipping_net(observers=(), conditions=()):
+    """``_net`` with a flag fed as ``skip``; returns (w, skip, train)."""
+    w, loss = _net()
+    skip = tf.placeholder_with_default(0.0, [], name="skip")
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+    scaler.add(loss * (1.0 + skip), tf.train.GradientDescentOptimizer(0.1), var_list=[w])
+    return w, skip, scaler.build(observers=list(observers), skip_conditions=list(conditions))
+
+
+class Fed(seams.SkipCondition):
+    """Skips where ``flag_of(state)``'s value is not 0.0."""
+
+    reason = "fed"
+    fix = "it was fed."
+
+    def __init__(self, flag_of, on_apply=None):
+        self.flag_of = flag_of
+        self.applies = on_apply
+
+    def flag(self, state):
+        return self.flag_of(state)
+
+    def on_apply(self, state):
+        return [] if self.applies is None else self.applies(state)
+
+
+@pytest.mark.parametrize("wrap", sorted(BYPASSES))
+def test_an_update_made_before_on_skip_is_refused_through_any_wrapper(graph, wrap):
+    """Issue 44: ``tf.group(premade)`` passed the made-before check, and
+    the premade count then ran on every step (4 after 1 skip)."""
+    with pytest.raises(ValueError, match=r"CountSkips\.on_skip returned .* which runs "
+                                         r"'skips/AssignAddVariableOp|CountSkips\.on_skip "
+                                         r"returned .* an op made before"):
+        _skipping_net(observers=[CountSkips(BYPASSES[wrap], premade=True)])
+
+
+@pytest.mark.parametrize("wrap", sorted(BYPASSES))
+def test_an_update_made_inside_on_skip_runs_only_on_skipped_steps(graph, wrap):
+    """The same wrappers around an update made inside the hook: accepted,
+    and the count is the number of skipped steps."""
+    observer = CountSkips(BYPASSES[wrap], premade=False)
+    grads = lambda state: tf.cast(tf.reduce_any(tf.stack(
+        [tf.reduce_any(g > 100.0) for pairs in state.grads.values() for g, _ in pairs])),
+        tf.float32)
+    _, skip, train = _skipping_net(observers=[observer], conditions=[Fed(grads)])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        applied = [sess.run([train.update_op, train.applied], {skip: value})[1]
+                   for value in (0.0, 9.0, 0.0, 0.0)]
+        assert applied == [True, False, True, True]
+        assert sess.run(observer.count) == 1
+
+
+def test_an_update_made_before_on_apply_is_refused(graph):
+    """``SkipCondition.on_apply`` gets the same check."""
+    count = _counter("applies")
+    premade = tf.assign_add(count, 1)
+    condition = Fed(lambda state: tf.constant(0.0), on_apply=lambda state: [tf.group(premade)])
+    with pytest.raises(ValueError, match=r"Fed\.on_apply returned .* which runs "):
+        _skipping_net(conditions=[condition])
