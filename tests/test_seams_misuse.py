@@ -171,3 +171,32 @@ def test_an_update_made_before_on_apply_is_refused(graph):
     condition = Fed(lambda state: tf.constant(0.0), on_apply=lambda state: [tf.group(premade)])
     with pytest.raises(ValueError, match=r"Fed\.on_apply returned .* which runs "):
         _skipping_net(conditions=[condition])
+
+
+def test_a_float32_variable_is_a_flag(graph):
+    """Issue 44: a float32 scalar variable as the flag got "return a
+    float32 scalar tensor". It is read: the step skips while it holds 1.0."""
+    held = tf.Variable(0.0, trainable=False, name="held")
+    w, _, train = _skipping_net(conditions=[Fed(lambda state: held)])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert sess.run([train.update_op, train.applied])[1]
+        sess.run(held.assign(1.0))
+        after = sess.run(w)
+        assert not sess.run([train.update_op, train.applied])[1]
+        np.testing.assert_array_equal(sess.run(w), after)
+
+
+@pytest.mark.parametrize("make, fix", [
+    (lambda: tf.placeholder(tf.float32, None, name="any_shape"), r"tf\.reshape\(flag, \[\]\)"),
+    (lambda: tf.Variable(0, name="count"), r"tf\.cast\(flag, tf\.float32\)"),
+    (lambda: tf.zeros([3]), r"tf\.reduce_max\(flag\)"),
+    (lambda: True, r"tf\.cast\(skip, tf\.float32\)"),
+], ids=["unknown_shape", "int_variable", "vector", "python_bool"])
+def test_a_wrong_flag_is_told_what_to_change(graph, make, fix):
+    """A flag of unknown shape, of another dtype, of several values or no
+    tensor: the message says the change that makes it a flag."""
+    value = make()
+    with pytest.raises(TypeError, match=r"^skip condition 'Fed' returned .* return a float32 "
+                                        r"scalar tensor \(0\.0 to apply\): .*" + fix):
+        _skipping_net(conditions=[Fed(lambda state: value)])

@@ -93,11 +93,13 @@ def condition_flags(plan, state):
     for item in plan.conditions:
         with tf.name_scope(item.name):
             flag = item.condition.flag(state)
-            if not (isinstance(flag, tf.Tensor) and flag.dtype == tf.float32
+            if _checks.is_variable(flag):  # a flag kept in a variable: its value
+                flag = flag.read_value()
+            if not (isinstance(flag, tf.Tensor) and flag.dtype.base_dtype == tf.float32
                     and flag.shape.ndims == 0):
                 raise TypeError(
                     "skip condition %r returned %r from flag(state); return a float32 scalar "
-                    "tensor (0.0 to apply)." % (item.condition.name, flag))
+                    "tensor (0.0 to apply): %s" % (item.condition.name, flag, _flag_fix(flag)))
             if flag.graph is not tf.get_default_graph():
                 raise ValueError(
                     "skip condition %r returned %r from flag(state), a tensor of another "
@@ -105,6 +107,17 @@ def condition_flags(plan, state):
                     "state.global_step)." % (item.condition.name, flag))
             result[item.name] = tf.cast(tf.not_equal(flag, 0.0), tf.float32, name="skips")
     return result
+
+
+def _flag_fix(flag):
+    """How to make ``flag`` (a skip condition's wrong flag) right."""
+    if not isinstance(flag, tf.Tensor):
+        return "e.g. tf.constant(0.0), or tf.cast(skip, tf.float32) of a bool tensor."
+    if flag.dtype.base_dtype != tf.float32:
+        return "tf.cast(flag, tf.float32)."
+    if flag.shape.ndims is None:
+        return "its shape is unknown; tf.reshape(flag, []) of a one-value tensor."
+    return "reduce it to one value, e.g. tf.reduce_max(flag)."
 
 
 def unscaled_flags(plan, before, unscaled):
