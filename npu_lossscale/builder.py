@@ -420,8 +420,12 @@ class MultiOptimizerLossScale(object):
           skip_global_steps: steps to skip through the gate, to restart past
             a known-bad range of batches: a collection of global steps (a
             ``range``, list or set; needs ``global_step`` and
-            ``count_skipped_steps=True``), or a bool scalar tensor, True on
-            the runs to skip. Reason ``requested``; the scale stays.
+            ``count_skipped_steps=True``), or a bool scalar tensor (or
+            variable), True on the runs to skip; one computed from
+            ``global_step``, or from a step fed back from it, needs
+            ``count_skipped_steps=True`` too, or the step it names skips
+            forever (feed a count of your own iterations instead). Reason
+            ``requested``; the scale stays.
           skip_loss_spikes: a number k > 1: after 100 applied steps, a step
             whose loss exceeds k times its moving average skips (reason
             ``loss_spike``; the scale stays).

@@ -200,3 +200,53 @@ def test_a_wrong_flag_is_told_what_to_change(graph, make, fix):
     with pytest.raises(TypeError, match=r"^skip condition 'Fed' returned .* return a float32 "
                                         r"scalar tensor \(0\.0 to apply\): .*" + fix):
         _skipping_net(conditions=[Fed(lambda state: value)])
+
+
+def _requested(skip_global_steps, count_skipped_steps=False):
+    """``_net`` with a global step and ``skip_global_steps``; returns
+    (w, global_step, train)."""
+    w, loss = _net()
+    gs = tf.train.get_or_create_global_step()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w])
+    return w, gs, scaler.build(global_step=gs, skip_global_steps=skip_global_steps,
+                               count_skipped_steps=count_skipped_steps)
+
+
+def test_a_bool_variable_as_skip_global_steps_is_read_on_each_run(graph):
+    """Issue 44: a bool variable failed with "Iterating over a symbolic
+    tf.Tensor" (a resource variable is no tf.Variable of compat.v1). It is
+    read each run: the step skips while it holds True."""
+    hold = tf.Variable(False, trainable=False, name="hold")
+    w, gs, train = _requested(hold)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert sess.run([train.update_op, train.applied])[1]
+        sess.run(hold.assign(True))
+        before = sess.run(w)
+        assert not sess.run([train.update_op, train.applied])[1]
+        np.testing.assert_array_equal(sess.run(w), before)
+        sess.run(hold.assign(False))
+        assert sess.run([train.update_op, train.applied])[1] and sess.run(gs) == 2
+
+
+@pytest.mark.parametrize("fed, count_skipped_steps, want", [
+    ("loop count", False, [True, True, False, True, True]),
+    ("global_step", True, [True, True, False, True, True]),
+    ("global_step", False, [True, True, False, False, False]),
+])
+def test_a_skip_computed_from_a_fed_step(graph, fed, count_skipped_steps, want):
+    """Issue 44: a tensor computed from a step fed from Python cannot be
+    traced to ``global_step`` at build time. Fed the loop's own count, or
+    ``global_step`` with ``count_skipped_steps=True``, it skips step 2
+    once; fed ``global_step`` with the default False, step 2 comes back
+    and skips forever, as docs/features.md says."""
+    step = tf.placeholder(tf.int64, [], name="fed_step")
+    _, gs, train = _requested(tf.equal(step, 2), count_skipped_steps)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        got = []
+        for count in range(5):
+            value = count if fed == "loop count" else sess.run(gs)
+            got.append(sess.run([train.update_op, train.applied], {step: value})[1])
+    assert got == want
