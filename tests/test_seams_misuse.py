@@ -250,3 +250,56 @@ def test_a_skip_computed_from_a_fed_step(graph, fed, count_skipped_steps, want):
             value = count if fed == "loop count" else sess.run(gs)
             got.append(sess.run([train.update_op, train.applied], {step: value})[1])
     assert got == want
+
+
+class ScaleAbove(seams.SkipCondition):
+    """Skips while the scale read by ``read(state)`` exceeds 100."""
+
+    reason = "scale_above_100"
+    fix = "the scale is above 100."
+
+    def __init__(self, read, moves_scale):
+        self.read = read
+        self.moves_scale = moves_scale
+
+    def flag(self, state):
+        return tf.cast(tf.cast(self.read(state), tf.float32) > 100.0, tf.float32)
+
+
+def _dynamic_net(conditions):
+    """``_net`` under a dynamic manager starting at 2**10; returns
+    (manager, train)."""
+    w, loss = _net()
+    manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 10, growth_steps=1000)
+    scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w])
+    return manager, scaler.build(skip_conditions=conditions)
+
+
+@pytest.mark.parametrize("read", [
+    lambda state: list(state.scales.values())[0].value,
+    lambda state: 1.0 / list(state.scales.values())[0].inverse,
+    lambda state: state.plan.groups[0].manager.get_loss_scale(),
+], ids=["scale", "inverse", "manager"])
+def test_a_flag_from_the_scale_that_holds_the_scale_is_refused(graph, read):
+    """Issue 44: with ``moves_scale=False`` a flag computed from the scale
+    skips, the scale stays, and it skips every step after, quietly."""
+    with pytest.raises(ValueError, match=r"^skip condition 'ScaleAbove': its flag .* is "
+                                         r"computed from the loss scale and moves_scale is "
+                                         r"False.* Set moves_scale = True"):
+        _dynamic_net([ScaleAbove(read, moves_scale=False)])
+
+
+def test_a_flag_from_the_scale_that_moves_the_scale_backs_off(graph):
+    """With ``moves_scale=True`` the same flag is accepted: each skip
+    halves the scale, from 1024 down to 64, where the steps apply."""
+    class ScaleAboveBacksOff(ScaleAbove):
+        reason = "scale_above_100_backs_off"
+
+    manager, train = _dynamic_net([ScaleAboveBacksOff(
+        lambda state: list(state.scales.values())[0].value, moves_scale=True)])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        applied = [sess.run([train.update_op, train.applied])[1] for _ in range(6)]
+        assert applied == [False, False, False, False, True, True]
+        assert sess.run(manager.loss_scale) == 64.0

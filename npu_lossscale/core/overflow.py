@@ -14,6 +14,7 @@ from npu_lossscale import backends as _backends
 from npu_lossscale import managers as _managers
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import graph_walk as _graph_walk
 
 
 def all_finite(grads, backend="auto"):
@@ -105,8 +106,40 @@ def condition_flags(plan, state):
                     "skip condition %r returned %r from flag(state), a tensor of another "
                     "graph. Build the flag from the step's own tensors (state.plan, "
                     "state.global_step)." % (item.condition.name, flag))
+            if not item.condition.moves_scale and _reads_a_moving_scale(flag, state):
+                raise ValueError(
+                    "skip condition %r: its flag %r is computed from the loss scale and "
+                    "moves_scale is False, so a step it skips keeps the scale and it skips "
+                    "every step. Set moves_scale = True." % (item.condition.name, flag))
             result[item.name] = tf.cast(tf.not_equal(flag, 0.0), tf.float32, name="skips")
     return result
+
+
+def _reads_a_moving_scale(flag, state):
+    """Whether ``flag`` is computed, through data inputs, from a scale
+    that can move (its snapshot, its inverse, or the manager's state
+    variables, which its own ``get_loss_scale`` reads), other than through
+    the step's gradients (``state.grads``, ``state.scaled``), which every
+    scale computes and a flag may read."""
+    sources = []
+    for use in state.plan.managers:
+        scale = (state.scales or {}).get(use.name)
+        if scale is None or not _managers.scale_moves(use.manager):
+            continue
+        sources.append(scale.value.op)
+        if scale.inverse is not None:
+            sources.append(scale.inverse.op)
+        for variable in _managers.manager_variables(use.manager):
+            handle = getattr(variable, "handle", None)
+            sources.extend([variable.op] + ([] if handle is None else [handle.op]))
+    if not sources:
+        return False
+    gradients = set(_gradients.dense_values(grad).op
+                    for pairs in list((state.grads or {}).values())
+                    + list((state.scaled or {}).values()) for grad, _ in pairs)
+    return _graph_walk.first_reached(
+        [flag.op], lambda op: [] if op in gradients else [t.op for t in op.inputs],
+        sources) is not None
 
 
 def _flag_fix(flag):
