@@ -438,8 +438,10 @@ class MultiOptimizerLossScale(object):
           first_scale_margin: powers of two of headroom for
             ``measure_first_scale``, an int in 0..15; only with it.
           skip_conditions: further ``seams.SkipCondition``s, after these.
-          observers: further ``seams.StepObserver``s; what each one's
-            ``report`` returns is ``TrainOps.observed[observer.name]``.
+          observers: further ``seams.StepObserver``s, called for every
+            step op (``update_op`` and each of ``per_group``, with that
+            group's state); what each one's ``report`` returns for
+            ``update_op`` is ``TrainOps.observed[observer.name]``.
 
         Returns:
           A ``TrainOps``.
@@ -581,7 +583,7 @@ class MultiOptimizerLossScale(object):
                     per_group[group.name] = _step.build_step(
                         alone, "per_group[%s] of %s" % (group.name, what), global_step,
                         skipped_steps, _commit.Copies(update_ops.get(group.name, ())),
-                        counters, observers=observers).update_op
+                        counters, observers=observers + extra_observers).update_op
         if plan.backend.reads_register and plan.checks:
             _backends.claim_register(self, "a " + what)
         return TrainOps(

@@ -303,3 +303,39 @@ def test_a_flag_from_the_scale_that_moves_the_scale_backs_off(graph):
         applied = [sess.run([train.update_op, train.applied])[1] for _ in range(6)]
         assert applied == [False, False, False, False, True, True]
         assert sess.run(manager.loss_scale) == 64.0
+
+
+class CountHooks(seams.StepObserver):
+    """Counts the runs that reach its ``before_update`` and its ``on_skip``
+    (ops made inside each hook)."""
+
+    def __init__(self):
+        self.updates = _counter("observed_updates")
+        self.skips = _counter("observed_skips")
+
+    def before_update(self, state):
+        return seams.Hooked([tf.assign_add(self.updates, 1).op])
+
+    def on_skip(self, state):
+        return [tf.assign_add(self.skips, 1).op]
+
+
+def test_observers_observe_the_per_group_ops(graph):
+    """Issue 44: observers passed with ``per_group_ops=True`` were accepted
+    and never called by the per-group ops. An alternating loop's runs now
+    reach them: two of four runs skip (one per-group, one joint)."""
+    observer = CountHooks()
+    poison = tf.placeholder_with_default(1.0, [], name="poison")
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+    for name in ("a", "b"):
+        w, loss = _net(name)
+        scaler.add(loss * poison, tf.train.GradientDescentOptimizer(0.1), var_list=[w],
+                   name=name)
+    train = scaler.build(per_group_ops=True, observers=[observer])
+    runs = [(train.per_group["a"], 1.0), (train.per_group["b"], np.inf),
+            (train.update_op, np.inf), (train.per_group["a"], 1.0)]
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for op, value in runs:
+            sess.run(op, {poison: value})
+        assert sess.run([observer.updates, observer.skips]) == [4, 2]
