@@ -504,6 +504,10 @@ class MultiOptimizerLossScale(object):
         for condition in conditions:
             _diagnosis_reasons.register_reason(condition.reason, condition.fix,
                                                holds_scale=not condition.moves_scale)
+        for group in self._groups:  # before the record, which sizes its counts by them
+            fault = _diagnosis_reasons.transform_reason(group)
+            if fault is not None:
+                _diagnosis_reasons.register_reason(*fault)
         options = self._options(accumulation_steps, count_skipped_steps, conditions)
         # Checked with each tower group's first tower loss; the towers' mean
         # (ops) is made once every check has passed.

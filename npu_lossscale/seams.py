@@ -84,7 +84,8 @@ class GradientTransform(object):
     Called per group at the close, after the reduction across replicas (and
     the mean of an accumulation window), before the decision: on a step
     that skips, what it returns is never applied, and when ``keeps_finite``
-    is False the step's overflow check also covers what it returns.
+    is False the step's overflow check also covers what it returns (a skip
+    for its own inf or NaN is diagnosed as ``<name>_not_finite``).
 
     Example::
 

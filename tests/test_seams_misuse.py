@@ -339,3 +339,42 @@ def test_observers_observe_the_per_group_ops(graph):
         for op, value in runs:
             sess.run(op, {poison: value})
         assert sess.run([observer.updates, observer.skips]) == [4, 2]
+
+
+class DivideByNorm(seams.GradientTransform):
+    """Divides each gradient by its norm: 0 / 0 = NaN for a zero one."""
+
+    def transform(self, group, grads_and_vars):
+        return [(grad / tf.norm(grad), var) for grad, var in grads_and_vars]
+
+
+@pytest.mark.parametrize("accumulation_steps", [1, 2])
+def test_a_transforms_own_nan_is_diagnosed_as_the_transforms(graph, accumulation_steps):
+    """Issue 44: a transform's NaN on finite gradients was diagnosed as a
+    float16 gradient overflow (``gradients_overflowed``). Its reason names
+    it (``DivideByNorm_not_finite``), with its group; gradients that
+    overflow before it are still ``gradients_overflowed``."""
+    from npu_lossscale import diagnostics  # pylint: disable=import-outside-toplevel
+    w, loss = _net()
+    gain = tf.placeholder_with_default(1.0, [], name="gain")
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0 ** 8), backend="is_finite")
+    scaler.add(loss * gain, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="net",
+               transform_grads_fn=DivideByNorm())
+    train = scaler.build(accumulation_steps=accumulation_steps)
+    fetches = [train.update_op, train.applied]
+
+    def window(value):
+        for _ in range(accumulation_steps):
+            applied = sess.run(fetches, {gain: value})[1]
+        return applied, diagnostics.read_last_skip(sess, train)
+
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert window(1.0)[0]
+        applied, skip = window(0.0)  # a zero gradient: its norm is 0
+        assert not applied and skip.reason == "DivideByNorm_not_finite"
+        assert tuple(skip.groups) == ("net",)
+        assert "DivideByNorm returned inf or NaN" in diagnostics.describe(skip)
+        applied, skip = window(np.inf)
+        assert not applied and skip.reason in ("gradients_overflowed", "loss_not_finite")
+

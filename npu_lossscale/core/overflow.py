@@ -190,7 +190,7 @@ def transformed_flags(plan, before, after):
       before: ordered dict from flag name to float32 flag.
       after: ordered dict from group name to the transformed pairs.
 
-    The transformed values are read themselves (``_values_flag``), not
+    The transformed values are read themselves (``values_flag``), not
     through the backend: the close may run inside an accumulation window's
     cond, where a float-status read cannot be built.
 
@@ -204,12 +204,12 @@ def transformed_flags(plan, before, after):
                    for grad, _ in after[name]]
         if tensors and item.name in result:
             with tf.name_scope("transformed"):
-                result[item.name] = result[item.name] + _values_flag(
+                result[item.name] = result[item.name] + values_flag(
                     tensors, plan.backend.reads_register)
     return result
 
 
-def _values_flag(tensors, saturation):
+def values_flag(tensors, saturation):
     """A float32 flag, 1.0 when a tensor holds an inf or a NaN, or with
     ``saturation`` a float16 tensor holds +-65504 (a saturated result on
     Ascend's register). Read from the values, so it can be built anywhere
