@@ -378,3 +378,39 @@ def test_a_transforms_own_nan_is_diagnosed_as_the_transforms(graph, accumulation
         applied, skip = window(np.inf)
         assert not applied and skip.reason in ("gradients_overflowed", "loss_not_finite")
 
+
+class CountCalls(seams.GradientTransform):
+    """Passes the gradients on, counting its runs in a variable of its own
+    (state a transform keeps); counts its ``transform`` calls at build."""
+
+    keeps_finite = True
+
+    def __init__(self):
+        self.runs = _counter("transform_runs")
+        self.calls = 0
+
+    def transform(self, group, grads_and_vars):
+        self.calls += 1
+        with tf.control_dependencies([tf.assign_add(self.runs, 1)]):
+            return [(tf.identity(grad), var) for grad, var in grads_and_vars]
+
+
+def test_a_transforms_own_state_moves_on_skipped_steps_too(graph):
+    """Issue 44, as docs/extending.md says: a transform's ops run before the
+    gate decides, so its own state moves on a skipped step too (three runs,
+    one skipped: three counts), and a ``per_group_ops`` op calls it again
+    (a second copy of its ops)."""
+    transform = CountCalls()
+    w, loss = _net()
+    poison = tf.placeholder_with_default(1.0, [], name="poison")
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+    scaler.add(loss * poison, tf.train.GradientDescentOptimizer(0.1), var_list=[w],
+               transform_grads_fn=transform)
+    train = scaler.build(per_group_ops=True)
+    assert transform.calls == 2
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        applied = [sess.run([train.update_op, train.applied], {poison: value})[1]
+                   for value in (1.0, np.inf, 1.0)]
+        assert applied == [True, False, True]
+        assert sess.run(transform.runs) == 3
