@@ -414,3 +414,26 @@ def test_a_transforms_own_state_moves_on_skipped_steps_too(graph):
                    for value in (1.0, np.inf, 1.0)]
         assert applied == [True, False, True]
         assert sess.run(transform.runs) == 3
+
+
+@pytest.mark.parametrize("clip_norm", [None, 1.0], ids=["unclipped", "clip_norm"])
+def test_with_towers_conditions_see_the_towers_combined_gradients(graph, clip_norm):
+    """Two in-graph towers, gradients 2C and 0: the condition, the
+    observer and ``grads_and_vars`` see their mean C (norm 50), clipped or
+    not, and the condition skips."""
+    w = tf.get_variable("w", initializer=np.array([1.0, 2.0], np.float32))
+    towers = [tf.reduce_sum(w * tf.constant(2.0 * C)), tf.reduce_sum(w * tf.zeros([2]))]
+    condition = NormAbove(10.0)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0 ** 8), backend="is_finite")
+    scaler.add(towers, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="net",
+               clip_norm=clip_norm)
+    train = scaler.build(skip_conditions=[condition], observers=[ReportNorm()])
+    fields = tf.global_norm([grad for grad, _ in train.grads_and_vars["net"]])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        seen, reported, listed, applied = sess.run(
+            [condition.norm, train.observed["ReportNorm"], fields, train.applied,
+             train.update_op])[:4]
+        assert seen == reported == listed == pytest.approx(50.0, rel=1e-6)
+        assert not applied
+        np.testing.assert_array_equal(sess.run(w), [1.0, 2.0])

@@ -190,7 +190,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
         else:
             closed = _close.close(plan, closing, global_step, skipped_steps, update_ops,
                                   observers, state)
-        applied, decisions, reported = closed.applied, closed.decisions, closed.grads
+        applied, decisions = closed.applied, closed.decisions
         seen = closed.state if closed.state is not None else state
     else:
         opened = _window.open_window(plan, grads, flags)
@@ -201,7 +201,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                                                        sums.loss_flags),
                                   global_step, skipped_steps, update_ops, observers, state)
             applied = _window.finish(opened, closed)
-            decisions, reported, entry_ops = closed.decisions, closed.grads, [entry]
+            decisions, entry_ops = closed.decisions, [entry]
             seen = closed.state
         else:
             this_run = _window.add_this_run(plan, opened, grads, after)
@@ -219,7 +219,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
             # This run's own decision, as without accumulation.
             decisions = _close.Decisions(flags, [g for pairs in grads.values()
                                                  for g, _ in pairs])
-            reported, entry_ops = grads, this_run.adds
+            entry_ops = this_run.adds
             window_end = this_run.seen.window_end
             window_flags = this_run.seen.sums.flags
             if any(not transform.keeps_finite for group in plan.groups
@@ -234,7 +234,6 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                 closing=_close.Closing(window_flags, collections.OrderedDict(), [],
                                        plan.window.steps, this_run.seen.sums.loss_flags),
                 reduced_flags=window_flags, window_end=window_end)
-    del reported  # the applied pairs: TrainOps reports what the hooks see
     reports = [observer.report(seen) for observer in observers]
     step = _report(plan, scales, applied, decisions, state.grads, window_end, accumulate_op,
                    reports, seen)
