@@ -26,8 +26,8 @@ import tensorflow.compat.v1 as tf
 from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_copy as _graph_copy
-from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import (
     GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED,
@@ -444,8 +444,10 @@ class Record(object):
             pairs = transformed[name]
             found = _diagnostics.transform_reason(plan.group(name))
             if found is not None and plan.check_of(name) is not None:
+                # Read as the close's check read them (transformed_flags).
                 faults.append((name, _diagnostics.register_reason(*found), tf.greater(
-                    _overflow.values_flag([grad for grad, _ in pairs], False), 0.0)))
+                    _overflow.values_flag([grad for grad, _ in pairs],
+                                          plan.backend.reads_register), 0.0)))
         if not faults:
             return reason, groups
         clean = tf.logical_not(tf.reduce_any(bad))
