@@ -262,3 +262,16 @@ def test_unscale_is_exact_for_narrow_variables_above_a_scale_of_2_24(graph, dtyp
         assert sess.run([train.update_op, train.applied])[1]
     assert np.all(want != 0.0)
     np.testing.assert_array_equal(ours, want)
+
+
+def test_loss_scale_optimizer_unscales_float16_variables_above_2_24_exactly(graph):
+    """The same unscale serves ``LossScaleOptimizer.compute_gradients``."""
+    w = tf.Variable(np.ones([2]), dtype=tf.float16)
+    loss = tf.reduce_sum(tf.cast(w, tf.float32) * tf.constant([2.0 ** -20, 2.0 ** -21]))
+    opt = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
+                                nl.FixedLossScaleManager(2.0 ** 25), backend="is_finite")
+    (grad, _), = opt.compute_gradients(loss, var_list=[w])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        np.testing.assert_array_equal(sess.run(tf.cast(grad, tf.float32)),
+                                      [2.0 ** -20, 2.0 ** -21])
