@@ -437,3 +437,33 @@ def test_with_towers_conditions_see_the_towers_combined_gradients(graph, clip_no
         assert seen == reported == listed == pytest.approx(50.0, rel=1e-6)
         assert not applied
         np.testing.assert_array_equal(sess.run(w), [1.0, 2.0])
+
+
+def test_a_flag_from_the_global_step_a_manager_holds_is_no_flag_from_the_scale(graph):
+    """A manager that keeps the global step as an attribute (a schedule of
+    its own) does not make ``skip_global_steps`` a flag from the scale:
+    the requested step skips, once."""
+    w, loss = _net()
+    gs = tf.train.get_or_create_global_step()
+
+    class Scheduled(object):
+        """A manager of the user's: its state is its attributes."""
+
+        def __init__(self):
+            self.scale = tf.Variable(2.0 ** 10, trainable=False, use_resource=True)
+            self.schedule_step = gs
+
+        def get_loss_scale(self):
+            return self.scale.read_value()
+
+        def update_loss_scale(self, finite_grads):
+            return tf.assign(self.scale, tf.where(finite_grads, self.scale.read_value(),
+                                                  self.scale.read_value() / 2.0)).op
+
+    scaler = nl.MultiOptimizerLossScale(Scheduled(), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w])
+    train = scaler.build(global_step=gs, skip_global_steps=[1], count_skipped_steps=True)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert [sess.run([train.update_op, train.applied])[1] for _ in range(3)] == [
+            True, False, True]

@@ -130,6 +130,8 @@ def _reads_a_moving_scale(flag, state):
         if scale.inverse is not None:
             sources.append(scale.inverse.op)
         for variable in _managers.manager_variables(use.manager):
+            if variable is state.global_step:  # held by a scheduled manager: no scale
+                continue
             handle = getattr(variable, "handle", None)
             sources.extend([variable.op] + ([] if handle is None else [handle.op]))
     if not sources:
