@@ -130,7 +130,12 @@ class TrainOps(collections.namedtuple(
       window_end: bool scalar, True when the run closes an accumulation
         window (always True without accumulation).
       grads_and_vars: dict from group name to its unscaled (gradient,
-        variable) pairs of this run.
+        variable) pairs of this run, before the reduction across workers,
+        an accumulation window's mean and every transform (``clip_norm``,
+        ``transform_grads_fn``): what skip conditions and observers see
+        as ``seams.StepState.grads``. Where the step fuses a clip into the
+        unscale, these are a multiply of their own that runs only when
+        fetched.
       groups: dict from group name to its ``GroupReport``.
       diagnosis: the ``SkipReport`` (its ``skip_reason`` None through a
         SyncReplicasOptimizer, whose chief decides).
@@ -440,8 +445,12 @@ class MultiOptimizerLossScale(object):
           skip_global_steps: steps to skip through the gate, to restart past
             a known-bad range of batches: a collection of global steps (a
             ``range``, list or set; needs ``global_step`` and
-            ``count_skipped_steps=True``), or a bool scalar tensor, True on
-            the runs to skip. Reason ``requested``; the scale stays.
+            ``count_skipped_steps=True``), or a bool scalar tensor (or
+            variable), True on the runs to skip; one computed from
+            ``global_step``, or from a step fed back from it, needs
+            ``count_skipped_steps=True`` too, or the step it names skips
+            forever (feed a count of your own iterations instead). Reason
+            ``requested``; the scale stays.
           skip_loss_spikes: a number k > 1: after 100 applied steps, a step
             whose loss exceeds k times its moving average skips (reason
             ``loss_spike``; the scale stays).
@@ -454,8 +463,10 @@ class MultiOptimizerLossScale(object):
           first_scale_margin: powers of two of headroom for
             ``measure_first_scale``, an int in 0..15; only with it.
           skip_conditions: further ``seams.SkipCondition``s, after these.
-          observers: further ``seams.StepObserver``s; what each one's
-            ``report`` returns is ``TrainOps.observed[observer.name]``.
+          observers: further ``seams.StepObserver``s, called for every
+            step op (``update_op`` and each of ``per_group``, with that
+            group's state); what each one's ``report`` returns for
+            ``update_op`` is ``TrainOps.observed[observer.name]``.
           sequence: group names, repeats allowed (``["d", "d", "g"]``):
             ``update_op`` then runs those sub-steps in order in one op, each
             a whole step of its group (scale, check, gate, skip, manager
@@ -538,6 +549,10 @@ class MultiOptimizerLossScale(object):
         for condition in conditions:
             _diagnosis_reasons.register_reason(condition.reason, condition.fix,
                                                holds_scale=not condition.moves_scale)
+        for group in self._groups:  # before the record, which sizes its counts by them
+            fault = _diagnosis_reasons.transform_reason(group)
+            if fault is not None:
+                _diagnosis_reasons.register_reason(*fault)
         options = self._options(accumulation_steps, count_skipped_steps, conditions)
         # Checked with each tower group's first tower loss; the towers' mean
         # (ops) is made once every check has passed.
@@ -673,7 +688,7 @@ class MultiOptimizerLossScale(object):
                     per_group[group.name] = _step.build_step(
                         alone, "per_group[%s] of %s" % (group.name, what), global_step,
                         skipped_steps, _commit.Copies(update_ops.get(group.name, ())),
-                        counters, observers=observers).update_op
+                        counters, observers=observers + extra_observers).update_op
         if plan.backend.reads_register and plan.checks:
             _backends.claim_register(self, "a " + what)
         _graph_state.of(joint.update_op.graph).records[joint.update_op.name] = record

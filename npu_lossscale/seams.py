@@ -47,7 +47,11 @@ class StepState(collections.namedtuple(
       scaled: ordered dict from group name to its (gradient, variable)
         pairs, still multiplied by the loss scale (empty for given
         gradients).
-      grads: ordered dict from group name to this run's unscaled pairs.
+      grads: ordered dict from group name to this run's unscaled pairs,
+        before the reduction across workers, an accumulation window's mean
+        and every transform (``clip_norm`` too, though the step fuses it
+        into the unscale): the same with and without them. In-graph
+        towers' pairs are combined (``combine_replicas``).
       flags: ordered dict from check or condition name to this run's
         float32 flag, 0.0 to apply.
       closing: at the close, the ``core.close.Closing`` it decides on (this
@@ -80,7 +84,12 @@ class GradientTransform(object):
     Called per group at the close, after the reduction across replicas (and
     the mean of an accumulation window), before the decision: on a step
     that skips, what it returns is never applied, and when ``keeps_finite``
-    is False the step's overflow check also covers what it returns.
+    is False the step's overflow check also covers what it returns (a skip
+    for its own inf or NaN is diagnosed as ``<name>_not_finite``). Its ops
+    run before the gate, so state a transform keeps (a variable it assigns)
+    moves on skipped steps too, and each ``per_group_ops`` op calls it
+    again, with a copy of that state: keep such state in a
+    ``SkipCondition.on_apply``.
 
     Example::
 

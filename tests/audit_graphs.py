@@ -35,8 +35,9 @@ def gan(compute_dtype=tf.float16):
 # -- graphs built with the library: must audit clean --------------------------------
 
 def builder_gan(backend="is_finite", accumulation_steps=1, skip_policy="all",
-                per_group_managers=False, manager=None, saver=True):
-    """The documented pattern: one MultiOptimizerLossScale for G and D."""
+                per_group_managers=False, manager=None, saver=True, **build_kwargs):
+    """The documented pattern: one MultiOptimizerLossScale for G and D
+    (``build_kwargs``: more of ``build()``'s arguments)."""
     graph = tf.Graph()
     with graph.as_default():
         model, step = gan()
@@ -49,7 +50,8 @@ def builder_gan(backend="is_finite", accumulation_steps=1, skip_policy="all",
                    name="discriminator", **extra)
         scaler.add(model.g_loss, tf.train.AdamOptimizer(1e-3), var_list=model.g_vars,
                    name="generator")
-        train = scaler.build(global_step=step, accumulation_steps=accumulation_steps)
+        train = scaler.build(global_step=step, accumulation_steps=accumulation_steps,
+                             **build_kwargs)
         if saver:
             tf.train.Saver()
     fetches = [train.update_op, train.is_finite, train.loss_scale, model.d_loss,

@@ -14,6 +14,7 @@ import tensorflow.compat.v1 as tf
 
 import audit_graphs as ag
 import models
+import npu_lossscale as nl
 from conftest import GRAPH_MODE, REPO
 from npu_lossscale.audit import CODES, Finding, audit, main
 import warm_python
@@ -128,6 +129,50 @@ def test_builder_with_shared_and_per_group_managers_is_clean():
     # Independent scales and decisions on purpose: reported (docs/audit.md).
     apex = ag.builder_gan(per_group_managers=True, skip_policy="per_group")
     assert codes(audit(apex.graph, apex.fetches)) == ["NLS008-independent-scales"]
+
+
+@pytest.mark.parametrize("accumulation_steps", [1, 3])
+@pytest.mark.parametrize("per_group_managers", [False, True])
+def test_builder_measuring_its_first_scale_is_clean(accumulation_steps, per_group_managers):
+    """Issue 44: the measured first scale's one assign (behind the
+    ``first_scale_measured`` latch) was counted as a second update of the
+    manager per step: NLS011 error and NLS005 warning, CLI exit 1."""
+    case = ag.builder_gan(accumulation_steps=accumulation_steps,
+                          per_group_managers=per_group_managers, measure_first_scale=True)
+    assert_clean(audit(case.graph, case.fetches))
+    assert codes(audit(case.graph)) == []
+
+
+@pytest.mark.parametrize("latched", [False, True])
+def test_a_scale_write_behind_a_flag_is_once_only_behind_a_latch(latched):
+    """A write of the manager's state in a branch whose predicate reads a
+    bool variable is one-time only when that branch also sets the
+    variable (``if not done: write; done = True``); behind a flag it
+    leaves alone it runs on every step it is set, and fetched with
+    ``update_op`` is still a second update (NLS011)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.Variable([1.0, 2.0], name="w")
+        manager = nl.DynamicLossScaleManager()
+        scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+        scaler.add(tf.reduce_sum(tf.cast(w, tf.float16) ** 2), tf.train.AdamOptimizer(1e-3),
+                   var_list=[w])
+        train = scaler.build()
+        done = tf.Variable(False, trainable=False, use_resource=True, name="reset_done")
+
+        def reset():
+            write = manager.assign_loss_scale(tf.constant(2.0 ** 10))
+            if not latched:
+                return tf.group(write)
+            with tf.control_dependencies([write]):
+                return tf.group(done.assign(True))
+
+        once = tf.cond(tf.logical_not(done.read_value()), reset, tf.no_op, name="reset")
+    findings = audit(graph, [train.update_op, once])
+    if latched:
+        assert "NLS011-double-scale-update" not in codes(findings)
+    else:
+        assert "NLS011-double-scale-update" in codes(findings)
 
 
 def test_builder_with_accumulate_op_is_clean():

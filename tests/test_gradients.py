@@ -13,6 +13,7 @@ from models import big_batch_reference as _big_batch_reference
 from models import build_gan_step as _build
 from models import micro_feeds as _micro_feeds
 from models import two_group_gan
+from conftest import op_ancestors
 
 
 @pytest.mark.parametrize("accumulation_steps", [1, 4])
@@ -208,7 +209,9 @@ def test_unscale_and_clip_are_one_multiply(graph):
     no reduction) each applied gradient is the scaled gradient times one
     scalar, 1/scale and the clip factor together; the numbers are those of
     tf.clip_by_global_norm on the unscaled gradients within float32
-    rounding."""
+    rounding. Issue 44: ``grads_and_vars`` (what the hooks see) holds the
+    unclipped gradients, a multiply of its own that an applied step does
+    not run."""
     rng = np.random.RandomState(0)
     w = tf.Variable(rng.randn(200, 100).astype(np.float32), name="w")
     x = tf.constant(rng.randn(8, 200).astype(np.float32))
@@ -217,16 +220,58 @@ def test_unscale_and_clip_are_one_multiply(graph):
     scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="g",
                clip_norm=0.5)
     train = scaler.build()
-    (applied, _), = train.grads_and_vars["g"]
-    assert applied.op.type == "Mul"
-    scaled, factor = applied.op.inputs
-    assert scaled.op.type != "Mul" and factor.shape.ndims == 0
-    # No other multiply of the gradient's size: the norm reads it, only
-    # the fused Mul scales it.
-    assert [op.type for op in scaled.consumers() if op.type == "Mul"] == ["Mul"]
-    reference, _ = tf.clip_by_global_norm(tf.gradients(tf.cast(loss, tf.float32), [w]), 0.5)
+    (seen, _), = train.grads_and_vars["g"]
+    assert seen.op.type == "Mul"
+    scaled = seen.op.inputs[0]
+    assert scaled.op.type != "Mul"
+    runs = op_ancestors(train.update_op)
+    # Of the multiplies of the gradient's size, the applied step runs one,
+    # by a scalar: the fused one; the norm reads the gradient too.
+    multiplies = [op for op in scaled.consumers() if op.type == "Mul" and op in runs]
+    assert len(multiplies) == 1 and seen.op not in runs
+    applied, factor = multiplies[0].outputs[0], multiplies[0].inputs[1]
+    assert multiplies[0].inputs[0] is scaled and factor.shape.ndims == 0
+    plain = tf.gradients(tf.cast(loss, tf.float32), [w])
+    reference, _ = tf.clip_by_global_norm(plain, 0.5)
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
-        ours, want = sess.run([applied, reference[0]])
+        ours, want, unclipped, plain = sess.run([applied, reference[0], seen, plain[0]])
     assert np.linalg.norm(ours) == pytest.approx(0.5, rel=1e-5)
     np.testing.assert_allclose(ours, want, rtol=2e-3, atol=1e-6)
+    assert np.linalg.norm(plain) > 1.0
+    np.testing.assert_allclose(unclipped, plain, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_unscale_is_exact_for_narrow_variables_above_a_scale_of_2_24(graph, dtype):
+    """Issue 44: 1 / 2**25 is 0 in float16 (below its smallest subnormal),
+    so a float16 unscale applied nothing on a step reported "applied". The
+    unscale multiplies in float32 and casts back: the applied gradient is
+    the plain one, cast to the variable's dtype (2**-20 fits both)."""
+    w = tf.Variable(np.ones([3]), dtype=dtype)
+    tiny = tf.constant([2.0 ** -20, 2.0 ** -21, 3 * 2.0 ** -22], tf.float32)
+    loss = tf.reduce_sum(tf.cast(w, tf.float32) * tiny)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0 ** 25), backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(1.0), var_list=[w], name="g")
+    train = scaler.build()
+    (grad, _), = train.grads_and_vars["g"]
+    plain = tf.cast(tf.gradients(loss, [w])[0], dtype)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        ours, want = sess.run([tf.cast(grad, tf.float32), tf.cast(plain, tf.float32)])
+        assert sess.run([train.update_op, train.applied])[1]
+    assert np.all(want != 0.0)
+    np.testing.assert_array_equal(ours, want)
+
+
+def test_loss_scale_optimizer_unscales_float16_variables_above_2_24_exactly(graph):
+    """The same unscale serves ``LossScaleOptimizer.compute_gradients``."""
+    w = tf.Variable(np.ones([2]), dtype=tf.float16)
+    loss = tf.reduce_sum(tf.cast(w, tf.float32) * tf.constant([2.0 ** -20, 2.0 ** -21]))
+    opt = nl.LossScaleOptimizer(tf.train.GradientDescentOptimizer(1.0),
+                                nl.FixedLossScaleManager(2.0 ** 25), backend="is_finite")
+    (grad, _), = opt.compute_gradients(loss, var_list=[w])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        np.testing.assert_array_equal(sess.run(tf.cast(grad, tf.float32)),
+                                      [2.0 ** -20, 2.0 ** -21])

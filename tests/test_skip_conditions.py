@@ -448,3 +448,40 @@ def test_a_requested_skip_in_a_per_group_op(graph):
         sess.run(train.per_group["b"])  # global step 1: applies
         assert sess.run(net_b.w).tolist() == [0.75, 1.875]
         assert sess.run([gs, train.skipped_steps]) == [2, 1]
+
+
+def test_a_loss_that_is_not_finite_never_enters_the_average(graph):
+    """Issue 44: an inf loss with finite gradients (a term no variable
+    reaches) applied in the warm-up and made the average inf, so no spike
+    was caught again; after the warm-up it was tagged ``loss_spike``. It
+    is no spike: it applies as without ``skip_loss_spikes`` (the gradients
+    are finite), moves no average and no warm-up count; a later 3.1x spike
+    still skips. With its gradients inf too it is ``loss_not_finite`` and
+    the scale backs off."""
+    net = Net()
+    term = tf.placeholder_with_default(0.0, [], name="term")
+    manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 10)
+    gs = tf.train.get_or_create_global_step()
+    scaler = nl.MultiOptimizerLossScale(manager)
+    scaler.add(net.loss + term, tf.train.GradientDescentOptimizer(0.01), var_list=[net.w],
+               name="net")
+    train = scaler.build(global_step=gs, skip_loss_spikes=3.0)
+    average, applied_steps = _average(), _variable("loss_spikes/applied_steps")
+    fetches = [train.update_op, train.applied, train.diagnosis.skip_reason]
+    with _session() as sess:
+        for run in range(WARMUP + 2):
+            feed = {term: [np.inf, np.nan][run % 2]} if run in (10, 11) else None
+            before = sess.run([average, applied_steps])
+            assert sess.run(fetches, feed)[1:] == [True, 0], run
+            if feed is not None:
+                assert sess.run([average, applied_steps]) == before, run
+        assert sess.run(applied_steps) == WARMUP and np.isfinite(sess.run(average))
+        for bad in (np.inf, -np.inf, np.nan):
+            mean, count = sess.run([average, applied_steps])
+            assert sess.run(fetches, {term: bad})[1:] == [True, 0], bad
+            assert sess.run([average, applied_steps]) == [mean, count], bad
+        ratio = 3.1 * sess.run(average) / sess.run(net.loss)
+        assert sess.run(fetches, {net.spike: ratio})[1:] == [False, LOSS_SPIKE]
+        scale = sess.run(manager.loss_scale)
+        assert sess.run(fetches, {net.spike: np.inf})[1:] == [False, LOSS_NOT_FINITE]
+        assert sess.run(manager.loss_scale) == scale / 2

@@ -86,6 +86,9 @@ def test_the_fn_takes_and_returns_a_list_of_pairs_of_unscaled_gradients(graph):
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
 def test_non_finite_output_for_finite_input_skips_the_step(graph, bad):
+    """The fn's own inf or NaN, from finite gradients and loss, skips the
+    step as an overflow does, and the diagnosis names the fn (issue 44:
+    it was ``gradients_overflowed``, the float16 gradients' reason)."""
     c, w, loss = _linear()
     factor = tf.placeholder_with_default(1.0, [], name="factor")
     manager = nl.DynamicLossScaleManager(initial_scale=2.0 ** 10)
@@ -99,7 +102,7 @@ def test_non_finite_output_for_finite_input_skips_the_step(graph, bad):
         assert sess.run(fetches)[1:] == [True, True, 0]  # Adam's slots now hold values
         before = snapshot_globals(sess)
         assert sess.run(fetches, {factor: bad})[1:] == [
-            False, False, diagnostics.REASONS.index("gradients_overflowed")]
+            False, False, diagnostics.REASONS.index("transform_grads_fn_not_finite")]
         after = snapshot_globals(sess)
         assert after.pop(SKIPPED_STEPS) == before.pop(SKIPPED_STEPS) + 1
         scale = manager.state.op.name
@@ -112,7 +115,9 @@ def test_non_finite_output_for_finite_input_skips_the_step(graph, bad):
             assert np.array_equal(after[name], before[name]), name
         assert int(after["global_step"]) == 1
         skip = diagnostics.read_last_skip(sess, train)
-        assert (skip.reason, skip.global_step) == ("gradients_overflowed", 1)
+        assert (skip.reason, skip.global_step) == ("transform_grads_fn_not_finite", 1)
+        assert tuple(skip.groups) == ("net",) and not skip.variables
+        assert "transform_grads_fn returned inf or NaN" in diagnostics.describe(skip)
         assert sess.run(fetches)[1:] == [True, True, 0]
         assert sess.run(gs) == 2
 

@@ -127,6 +127,10 @@ class Facts(object):
         gradient-derived value (gradient accumulation).
       train_updates: dict op -> variable, for optimizer apply ops and
         gradient-derived writes of trainable variables.
+      once: writes that run once, not per step: each is in a branch whose
+        predicate reads a non-trainable bool variable (a latch, such as
+        ``first_scale_measured``) that the same branch writes
+        (``Facts._find_once``): the measured first scale's assign.
       claims: dict claim (an ``Assert`` node) -> its counter variable, for
         run-time one-step-per-run claims (``Facts._find_claims``).
       bookkeeping: variables that live for one session and that no
@@ -167,6 +171,7 @@ class Facts(object):
             lambda n: nodes[n].type in CHECK_TYPES and not _is_shim_internal(n))
         self.seeds = self._find_seeds()
         self._loss_vars = {}
+        self.once = self._find_once()
         self.scale_vars = self._find_scale_vars()
         self.scale_state = self._find_scale_state()
         self.flag_vars = set(
@@ -304,13 +309,14 @@ class Facts(object):
             if not self.model.is_small_variable(var):
                 continue
             if any(self._value_checked(m) or self._branch_checked(m)
-                   for m in self.mutations.get(var, ())):
+                   for m in self.mutations.get(var, ()) if m not in self.once):
                 result.add(var)
         return result
 
     def _find_scale_state(self):
         state = set(self.scale_vars)
-        updates = [m for v in self.scale_vars for m in self.mutations.get(v, ())]
+        updates = [m for v in self.scale_vars for m in self.mutations.get(v, ())
+                   if m not in self.once]
         values = [d for m in updates for d in self.value_inputs(m)]
         read = self.model.ancestors(values, data_only=True) & self.variables
         for var in read - self.trainable - state:
@@ -321,6 +327,33 @@ class Facts(object):
             if _SCALE_STATE_NAMES.search(var):
                 state.add(var)
         return state
+
+    def _find_once(self):
+        """The writes behind a latch (``once``): ``if not done: write;
+        done = True``, where ``done`` is a non-trainable bool variable, so
+        the branch runs until it has run (its writes are left out of the
+        scale variables' and the updates' counts)."""
+        model = self.model
+        latches = set(v for v in self.variables - self.trainable
+                      if model.dtype_enum(v) == tf.bool.as_datatype_enum)
+        if not latches:
+            return set()
+        latched = {}  # (pred, value) -> whether the branch writes a latch it reads
+        once = set()
+        for name in self.target:
+            for literal in model.conditions(name):
+                if literal.kind != "cond":
+                    continue
+                key = (literal.pred, literal.value)
+                if key not in latched:
+                    read = model.ancestors([literal.pred.rsplit(":", 1)[0]], data_only=True)
+                    latched[key] = any(
+                        literal in model.conditions(write)
+                        for var in read & latches for write in self.mutations.get(var, ()))
+                if latched[key]:
+                    once.add(name)
+                    break
+        return once
 
     def seeds_of(self, name):
         """Loss nodes whose gradients a node's value derives from (through

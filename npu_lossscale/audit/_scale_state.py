@@ -162,7 +162,9 @@ def check_double_scale_updates(context):
     clashes = collections.OrderedDict()  # update-op names -> state variables
     shared = collections.OrderedDict()   # SharedState key -> state variables
     for var in sorted(facts.scale_state):
-        every = sorted(facts.mutations.get(var, ()))
+        # A write behind a latch runs once (the measured first scale), not
+        # as a second update per step.
+        every = sorted(w for w in facts.mutations.get(var, ()) if w not in facts.once)
         updates = _updates(context, every)
         update_of = dict((write, index) for index, update in enumerate(updates)
                          for write in update.writes)

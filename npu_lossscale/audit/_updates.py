@@ -121,7 +121,7 @@ def check_ungated_updates(context):
         for kind in (_IN_PLACE, _AROUND_STEP, _BESIDE))
     behind = []
     for op, var in sorted(facts.target.items()):
-        if op not in context.run or facts.gates(op):
+        if op not in context.run or facts.gates(op) or op in facts.once:
             continue
         if (var in facts.scale_state or var in facts.flag_vars or var in facts.accumulators
                 or var in context.model.collections.local):

@@ -13,6 +13,7 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import diagnostics as _diagnosis_reasons
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import seams as _seams
 
@@ -24,7 +25,8 @@ from npu_lossscale.core import overflow as _overflow
 
 
 class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over",
-                                                 "loss_flags"], defaults=(None,))):
+                                                 "loss_flags", "transformed"],
+                                     defaults=(None, None))):
     """What closing a step needs.
 
     Attributes:
@@ -41,6 +43,10 @@ class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mea
       loss_flags: for an accumulation window, ordered dict from group name
         to the count of its micro-batches whose loss was not finite; None
         when the losses themselves are at hand.
+      transformed: in the ``StepState`` of the close, ordered dict from
+        group name to the pairs its transforms returned, for the groups
+        whose transforms may turn finite values into non-finite ones (the
+        skip diagnosis tells their fault from an overflow); None before.
     """
 
 
@@ -88,7 +94,10 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
     flags = _overflow.transformed_flags(plan, flags, grads)
     decisions = Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
     state = (state if state is not None else _seams.StepState(plan, global_step))._replace(
-        closing=closing, reduced_flags=flags)
+        closing=closing._replace(transformed=collections.OrderedDict(
+            (name, pairs) for name, pairs in grads.items()
+            if _diagnosis_reasons.transform_reason(plan.group(name)) is not None)),
+        reduced_flags=flags)
     def skip_branch(scope):
         del scope
         return [op for observer in observers

@@ -219,8 +219,29 @@ def seed(loss, scale):
     return scale.value if dtype == tf.float32 else tf.cast(scale.value, dtype, name="seed")
 
 
+def times_inverse(values, inverse):
+    """``values * inverse``, exact for every floating dtype: a float16 or
+    bfloat16 tensor is multiplied in float32 and cast back, since the
+    inverse of a scale above 2**24 is 0 in float16 (below its smallest
+    subnormal) and a non-power-of-two inverse loses its low bits in either
+    narrow type; float32 and float64 multiply in their own dtype.
+
+    Args:
+      values: a floating tensor (a gradient, or a pack of them).
+      inverse: float32 scalar, one over the loss scale (or that times a
+        fused transform's factor).
+
+    Returns:
+      A tensor of ``values``' dtype.
+    """
+    dtype = values.dtype.base_dtype
+    if dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tf.cast(values, tf.float32) * inverse, dtype)
+    return values * tf.cast(inverse, dtype)
+
+
 def unscale(grads_and_vars, scale):
-    """Multiplies each gradient by the reciprocal scale, in its own dtype.
+    """Multiplies each gradient by the reciprocal scale (``times_inverse``).
 
     Args:
       grads_and_vars: (gradient, variable) pairs, no gradient None.
@@ -235,10 +256,10 @@ def unscale(grads_and_vars, scale):
     result = []
     for grad, var in grads_and_vars:
         if isinstance(grad, tf.IndexedSlices):
-            factor = tf.cast(inv_scale, grad.values.dtype.base_dtype)
-            grad = tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+            grad = tf.IndexedSlices(times_inverse(grad.values, inv_scale), grad.indices,
+                                    grad.dense_shape)
         else:
-            grad = grad * tf.cast(inv_scale, grad.dtype.base_dtype)
+            grad = times_inverse(grad, inv_scale)
         result.append((grad, var))
     return result
 
@@ -443,7 +464,7 @@ class Packing(object):
         key = (index, inv_scale.name)
         if key not in self._unscaled_packs:
             pack = self._packs[index]
-            product = pack * tf.cast(inv_scale, pack.dtype.base_dtype)
+            product = times_inverse(pack, inv_scale)
             self._unscaled_packs[key] = tf.unstack(product, name="unscaled_grads")
         return self._unscaled_packs[key]
 
@@ -470,7 +491,9 @@ def pack(plan, scaled):
 
 
 def unscale_all(plan, scales, scaled, packing):
-    """Every group's unscaled pairs, in the variable's dtype.
+    """Every group's unscaled pairs, in the variable's dtype, a group's
+    ``fused_transform`` applied in the unscale's multiply: the pairs the
+    step goes on with.
 
     Args:
       plan: the ``plan.Plan``.
@@ -492,6 +515,32 @@ def unscale_all(plan, scales, scaled, packing):
                     fused, name, inverse, fused.unscale_factor(plan.group(name), pairs, inverse)),
                                        is_unit=False)
         result[name] = packing.unscale(pairs, scale)
+    return result
+
+
+def before_transforms(plan, scales, scaled, packing, unscaled):
+    """Every group's unscaled pairs before any transform, as the hooks see
+    them (``seams.StepState.grads``).
+
+    Args:
+      plan: the ``plan.Plan``.
+      scales: the ``read_scales`` result.
+      scaled: ordered dict from group name to scaled pairs.
+      packing: the step's ``Packing``.
+      unscaled: the ``unscale_all`` result.
+
+    Returns:
+      Ordered dict from group name to pairs: ``unscaled``'s own where no
+      transform is fused, else the plain unscale, a multiply of its own
+      that runs only where a hook or a fetch reads it.
+    """
+    result = collections.OrderedDict()
+    for name, pairs in unscaled.items():
+        if fused_transform(plan, name) is not None:
+            with tf.name_scope("%s/before_transforms" % name):
+                pairs = packing.unscale(
+                    scaled[name], scales[plan.manager_use(plan.group(name).manager).name])
+        result[name] = pairs
     return result
 
 

@@ -5,7 +5,9 @@ graph-build time with its name, not deep in TensorFlow or, worse, silently.
 ``seams.StepObserver`` hooks may return nothing (None). The ops of the
 hooks that run in a branch of the gate (``StepObserver.on_skip``,
 ``SkipCondition.on_apply``) must be made by the hook itself: an op made
-before it, outside the branch, would run on every step.
+before it, outside the branch, would run on every step; so would one that
+the hook's ops wait for (``tf.group(made_before)``, a control dependency)
+or whose written value they read.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -15,6 +17,7 @@ import collections
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
+from npu_lossscale.core import graph_walk as _graph_walk
 
 
 def hooked(owner, hook, state):
@@ -57,9 +60,16 @@ def branch_ops(owner, hook, state):
         or None; or a ref variable the hook writes inside a functional If
         (TensorFlow's error, with the fix).
       ValueError: for an op the hook did not make (made before it, outside
-        the branch: it would run on every step).
+        the branch: it would run on every step), or one it made that waits
+        for such an op (a control input: ``tf.group``,
+        ``tf.control_dependencies``) or reads what one wrote (a variable
+        update's output).
     """
     graph = tf.get_default_graph()
+    # What the branch itself makes every op of the hook wait for (its
+    # pivot, the step's control dependencies): the inputs of an op made
+    # here, and never run (nothing reads it).
+    given = set(tf.no_op(name="hook_context").control_inputs)
     made_before = len(graph.get_operations())
     try:
         value = getattr(owner, hook)(state)
@@ -87,6 +97,14 @@ def branch_ops(owner, hook, state):
                 "%s.%s returned %r, an op made before the hook was called: it would run on "
                 "every step, not only in the gate's branch. Make the op inside %s (e.g. "
                 "return [tf.assign_add(self.count, 1).op])." % (owner.name, hook, op.name, hook))
+        outside = _made_before_behind(op, made, given)
+        if outside is not None:
+            raise ValueError(
+                "%s.%s returned %r, which runs %r, an op made before the hook was called "
+                "(a control dependency, tf.group, or the output of an update): it would run "
+                "on every step, not only in the gate's branch. Make that op inside %s (e.g. "
+                "return [tf.assign_add(self.count, 1).op])."
+                % (owner.name, hook, op.name, outside.name, hook))
     return list(value)
 
 
@@ -228,3 +246,29 @@ def checked_pairs(owner, group_name, given, returned, example):
                 "gradients of their variables' shapes." % (group_name, owner, grad.shape,
                                                            var.op.name, var.shape))
     return pairs
+
+
+def _made_before_behind(op, made, given):
+    """The first op outside ``made`` that ``op`` makes run, through the ops
+    of ``made``: a control input (but those of ``given``, the branch's
+    own), or the producer of a data input that writes a variable; None if
+    there is none. Reading a variable, a constant or any other value made
+    before is fine: it writes nothing."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for control in current.control_inputs:
+            if control in given:
+                continue
+            if control not in made:
+                return control
+            stack.append(control)
+        for tensor in current.inputs:
+            if tensor.op in made:
+                stack.append(tensor.op)
+            elif _graph_walk.is_update(tensor.op.type):
+                return tensor.op
+    return None

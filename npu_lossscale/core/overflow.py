@@ -14,6 +14,7 @@ from npu_lossscale import backends as _backends
 from npu_lossscale import managers as _managers
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import gradients as _gradients
+from npu_lossscale.core import graph_walk as _graph_walk
 
 
 def all_finite(grads, backend="auto"):
@@ -93,18 +94,65 @@ def condition_flags(plan, state):
     for item in plan.conditions:
         with tf.name_scope(item.name):
             flag = item.condition.flag(state)
-            if not (isinstance(flag, tf.Tensor) and flag.dtype == tf.float32
+            if _checks.is_variable(flag):  # a flag kept in a variable: its value
+                flag = flag.read_value()
+            if not (isinstance(flag, tf.Tensor) and flag.dtype.base_dtype == tf.float32
                     and flag.shape.ndims == 0):
                 raise TypeError(
                     "skip condition %r returned %r from flag(state); return a float32 scalar "
-                    "tensor (0.0 to apply)." % (item.condition.name, flag))
+                    "tensor (0.0 to apply): %s" % (item.condition.name, flag, _flag_fix(flag)))
             if flag.graph is not tf.get_default_graph():
                 raise ValueError(
                     "skip condition %r returned %r from flag(state), a tensor of another "
                     "graph. Build the flag from the step's own tensors (state.plan, "
                     "state.global_step)." % (item.condition.name, flag))
+            if not item.condition.moves_scale and _reads_a_moving_scale(flag, state):
+                raise ValueError(
+                    "skip condition %r: its flag %r is computed from the loss scale and "
+                    "moves_scale is False, so a step it skips keeps the scale and it skips "
+                    "every step. Set moves_scale = True." % (item.condition.name, flag))
             result[item.name] = tf.cast(tf.not_equal(flag, 0.0), tf.float32, name="skips")
     return result
+
+
+def _reads_a_moving_scale(flag, state):
+    """Whether ``flag`` is computed, through data inputs, from a scale
+    that can move (its snapshot, its inverse, or the manager's state
+    variables, which its own ``get_loss_scale`` reads), other than through
+    the step's gradients (``state.grads``, ``state.scaled``), which every
+    scale computes and a flag may read."""
+    sources = []
+    for use in state.plan.managers:
+        scale = (state.scales or {}).get(use.name)
+        if scale is None or not _managers.scale_moves(use.manager):
+            continue
+        sources.append(scale.value.op)
+        if scale.inverse is not None:
+            sources.append(scale.inverse.op)
+        for variable in _managers.manager_variables(use.manager):
+            if variable is state.global_step:  # held by a scheduled manager: no scale
+                continue
+            handle = getattr(variable, "handle", None)
+            sources.extend([variable.op] + ([] if handle is None else [handle.op]))
+    if not sources:
+        return False
+    gradients = set(_gradients.dense_values(grad).op
+                    for pairs in list((state.grads or {}).values())
+                    + list((state.scaled or {}).values()) for grad, _ in pairs)
+    return _graph_walk.first_reached(
+        [flag.op], lambda op: [] if op in gradients else [t.op for t in op.inputs],
+        sources) is not None
+
+
+def _flag_fix(flag):
+    """How to make ``flag`` (a skip condition's wrong flag) right."""
+    if not isinstance(flag, tf.Tensor):
+        return "e.g. tf.constant(0.0), or tf.cast(skip, tf.float32) of a bool tensor."
+    if flag.dtype.base_dtype != tf.float32:
+        return "tf.cast(flag, tf.float32)."
+    if flag.shape.ndims is None:
+        return "its shape is unknown; tf.reshape(flag, []) of a one-value tensor."
+    return "reduce it to one value, e.g. tf.reduce_max(flag)."
 
 
 def unscaled_flags(plan, before, unscaled):
@@ -144,7 +192,7 @@ def transformed_flags(plan, before, after):
       before: ordered dict from flag name to float32 flag.
       after: ordered dict from group name to the transformed pairs.
 
-    The transformed values are read themselves (``_values_flag``), not
+    The transformed values are read themselves (``values_flag``), not
     through the backend: the close may run inside an accumulation window's
     cond, where a float-status read cannot be built.
 
@@ -158,12 +206,12 @@ def transformed_flags(plan, before, after):
                    for grad, _ in after[name]]
         if tensors and item.name in result:
             with tf.name_scope("transformed"):
-                result[item.name] = result[item.name] + _values_flag(
+                result[item.name] = result[item.name] + values_flag(
                     tensors, plan.backend.reads_register)
     return result
 
 
-def _values_flag(tensors, saturation):
+def values_flag(tensors, saturation):
     """A float32 flag, 1.0 when a tensor holds an inf or a NaN, or with
     ``saturation`` a float16 tensor holds +-65504 (a saturated result on
     Ascend's register). Read from the values, so it can be built anywhere

@@ -177,7 +177,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
         scales = _gradients.read_scales(plan, after=[op for hooked in before_read
                                                      for op in hooked.ops])
     computed = _gradients_and_flags(plan, scales, given)
-    state = state._replace(scales=scales, scaled=computed.scaled, grads=computed.grads)
+    state = state._replace(scales=scales, scaled=computed.scaled, grads=computed.seen)
     flags = collections.OrderedDict(computed.flags)
     flags.update(_overflow.condition_flags(plan, state))
     state = state._replace(flags=flags)
@@ -196,7 +196,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
         else:
             closed = _close.close(plan, closing, global_step, skipped_steps, update_ops,
                                   observers, state)
-        applied, decisions, reported = closed.applied, closed.decisions, closed.grads
+        applied, decisions = closed.applied, closed.decisions
         seen = closed.state if closed.state is not None else state
     else:
         opened = _window.open_window(plan, grads, flags)
@@ -207,7 +207,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                                                        sums.loss_flags),
                                   global_step, skipped_steps, update_ops, observers, state)
             applied = _window.finish(opened, closed)
-            decisions, reported, entry_ops = closed.decisions, closed.grads, [entry]
+            decisions, entry_ops = closed.decisions, [entry]
             seen = closed.state
         else:
             this_run = _window.add_this_run(plan, opened, grads, after)
@@ -225,7 +225,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
             # This run's own decision, as without accumulation.
             decisions = _close.Decisions(flags, [g for pairs in grads.values()
                                                  for g, _ in pairs])
-            reported, entry_ops = grads, this_run.adds
+            entry_ops = this_run.adds
             window_end = this_run.seen.window_end
             window_flags = this_run.seen.sums.flags
             if any(not transform.keeps_finite for group in plan.groups
@@ -241,7 +241,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                                        plan.window.steps, this_run.seen.sums.loss_flags),
                 reduced_flags=window_flags, window_end=window_end)
     reports = [observer.report(seen) for observer in observers]
-    step = _report(plan, scales, applied, decisions, reported, window_end, accumulate_op,
+    step = _report(plan, scales, applied, decisions, state.grads, window_end, accumulate_op,
                    reports, seen)
     if not claimed:
         return step
@@ -271,7 +271,7 @@ def _gradients_and_flags(plan, scales, given):
         grads = collections.OrderedDict([(plan.groups[0].name, list(given))])
         with plan.backend.fusion_scope():
             flags = _overflow.flags(plan, grads, _gradients.Packing([]), after=())
-        return _Computed(grads, flags, collections.OrderedDict())
+        return _Computed(grads, flags, collections.OrderedDict(), grads)
     if plan.serial_reads:
         scaled, flags, after = collections.OrderedDict(), collections.OrderedDict(), []
         for item in plan.checks:
@@ -297,13 +297,18 @@ def _gradients_and_flags(plan, scales, given):
 def _unscaled(plan, scales, scaled, packing, flags):
     """The ``_Computed`` of the checked ``scaled`` gradients."""
     unscaled = _gradients.unscale_all(plan, scales, scaled, packing)
-    return _Computed(unscaled, _overflow.unscaled_flags(plan, flags, unscaled), scaled)
+    return _Computed(unscaled, _overflow.unscaled_flags(plan, flags, unscaled), scaled,
+                     _gradients.before_transforms(plan, scales, scaled, packing, unscaled))
 
 
-class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled"])):
-    """Phases 1 and 2: ordered dicts from group name to unscaled pairs, from
-    check name to float32 flag, and from group name to scaled pairs (empty
-    for given gradients)."""
+class _Computed(collections.namedtuple("_Computed", ["grads", "flags", "scaled", "seen"])):
+    """Phases 1 and 2: ordered dicts from group name to unscaled pairs (a
+    fused transform applied: ``gradients.fused_transform``), from check name
+    to float32 flag, from group name to scaled pairs (empty for given
+    gradients), and from group name to the unscaled pairs before any
+    transform, which the hooks see as ``StepState.grads`` (the pairs of
+    ``grads`` where no transform is fused; otherwise a multiply of their
+    own, which runs only where a hook or a fetch reads it)."""
 
 
 def _report(plan, scales, done, decisions, grads, window_end, accumulate_op, reports, seen):

@@ -105,6 +105,29 @@ def register_reason(name, fix, holds_scale=False):
     return REASONS.index(name)
 
 
+def transform_reason(group):
+    """The reason of a skip that ``group``'s own transforms caused, and its
+    fix: the transforms that may turn finite gradients into inf or NaN
+    (``seams.GradientTransform.keeps_finite`` False), named, e.g.
+    ``("transform_grads_fn_not_finite", ...)``; None when every transform
+    keeps finite values. ``register_reason`` takes it.
+
+    Args:
+      group: a ``core.plan.Group``.
+
+    Returns:
+      A ``(name, fix)`` pair, or None.
+    """
+    names = [transform.name for transform in group.transforms if not transform.keeps_finite]
+    if not names:
+        return None
+    which = "+".join(names)
+    return ("%s_not_finite" % which,
+            "the gradient transform %s returned inf or NaN from finite gradients and "
+            "losses: its own fault, not the loss scale's; make it keep finite values "
+            "(guard its divisions and logs). The step counted it as an overflow." % which)
+
+
 def reason_name(code):
     """``REASONS[code]``, e.g. "loss_not_finite", for an int (or numpy
     integer) ``code``: TypeError for another type, ValueError for an unknown

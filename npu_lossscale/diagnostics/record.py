@@ -27,6 +27,7 @@ from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_copy as _graph_copy
 from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import (
     GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED,
@@ -35,7 +36,8 @@ from npu_lossscale import diagnostics as _diagnostics
 
 
 class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturation",
-                                                   "loss_flags"], defaults=(None,))):
+                                                   "loss_flags", "transformed"],
+                                      defaults=(None, None))):
     """What the skip branch inspects.
 
     Attributes:
@@ -52,6 +54,9 @@ class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturatio
       loss_flags: where the losses are not at hand (an accumulation
         window), ordered dict from group name to the count of micro-batches
         whose loss was not finite; None otherwise.
+      transformed: ordered dict from group name to the pairs its transforms
+        returned, for the groups whose transforms may not keep finite
+        values (``close.Closing.transformed``); None when unknown.
     """
 
 
@@ -180,8 +185,13 @@ def _evidence(state):
     """What a diagnosis of ``state``'s close inspects (``SkipDiagnosis``)."""
     plan, closing = state.plan, state.closing
     if plan.window.steps == 1 and state.scaled:
-        return evidence_of(plan, state.scaled if plan.backend.reads_register else state.grads)
-    return Evidence(collections.OrderedDict(), closing.grads, False, closing.loss_flags)
+        # The pairs the step carries (a fused clip applied), not
+        # ``state.grads``: a tensor the skip branch reads runs on every step.
+        found = evidence_of(plan, state.scaled if plan.backend.reads_register
+                            else closing.grads)
+    else:
+        found = Evidence(collections.OrderedDict(), closing.grads, False, closing.loss_flags)
+    return found._replace(transformed=closing.transformed)
 
 
 def _global_step(global_step):
@@ -460,6 +470,7 @@ class Record(object):
             clear = tf.reduce_all(tf.equal(tf.stack([local_flags[name] for name in checks]),
                                            0.0))
             reason = tf.where(clear, tf.constant(OTHER_WORKER_OVERFLOWED, tf.int64), reason)
+        reason, groups = self._transforms_fault(plan, evidence, bad, reason, groups)
         if losses:
             reason = tf.where(tf.reduce_any(bad_losses),
                               tf.constant(LOSS_NOT_FINITE, tf.int64), reason)
@@ -477,6 +488,34 @@ class Record(object):
                           if checks else tf.constant(False))
             reason = tf.where(overflowed, reason, fired)
         return Diagnosed(reason, groups, variables)
+
+    def _transforms_fault(self, plan, evidence, bad, reason, groups):
+        """``reason`` and ``groups``, where every loss and gradient inspected
+        is finite and a group's transforms returned inf or NaN: that
+        group's transform reason (``diagnostics.transform_reason``), the
+        first such group's, and those groups marked."""
+        faults = []
+        transformed = evidence.transformed or {}
+        for name in [name for name in self.group_names if transformed.get(name)]:
+            pairs = transformed[name]
+            found = _diagnostics.transform_reason(plan.group(name))
+            if found is not None and plan.check_of(name) is not None:
+                # Read as the close's check read them (transformed_flags).
+                faults.append((name, _diagnostics.register_reason(*found), tf.greater(
+                    _overflow.values_flag([grad for grad, _ in pairs],
+                                          plan.backend.reads_register), 0.0)))
+        if not faults:
+            return reason, groups
+        clean = tf.logical_not(tf.reduce_any(bad))
+        fired = reason
+        for _, code, flagged in reversed(faults):
+            fired = tf.where(flagged, tf.constant(code, tf.int64), fired)
+        mask = np.array([[int(group == name) for name, _, _ in faults]
+                         for group in self.group_names], np.int64)
+        marked = tf.reduce_max(mask * tf.cast(tf.stack([f for _, _, f in faults]), tf.int64),
+                               axis=1)
+        return (tf.where(clean, fired, reason),
+                tf.where(clean, tf.maximum(groups, marked), groups))
 
     def write(self, diagnosed, step, substep=0):
         """The op that writes a skipped step's ``Diagnosed`` to the record.

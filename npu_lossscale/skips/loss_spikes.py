@@ -6,7 +6,12 @@ average over the steps that applied; after ``warmup`` applied steps, a loss
 above it skips the step (every group), with the reason ``loss_spike``. The
 average moves only on applied steps, so a spike never raises it. A loss
 whose average is not positive (a critic's loss around 0) is never a spike:
-the ratio has no meaning there. The average and the count are
+the ratio has no meaning there. A loss that is inf or NaN is no spike and
+never enters the average (an inf in it would hide every later spike, a NaN
+would end the comparison): a step on which a loss is not finite moves no
+average and does not count toward the warm-up; where its gradients overflow
+too, the overflow check skips it (``loss_not_finite``, the scale backs off).
+The average and the count are
 non-trainable global variables (``<scope>/loss_spikes/...``), saved with
 checkpoints, so a restart keeps them.
 """
@@ -18,6 +23,7 @@ import numbers
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
+from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_state as _graph_state
 
 #: Applied steps before a spike can skip: the average needs that many
@@ -74,8 +80,9 @@ class LossSpikes(_seams.SkipCondition):
         for group, average in zip(groups, averages):
             loss = tf.cast(group.loss, tf.float32)
             mean = average.read_value()
-            spikes.append(tf.logical_and(tf.greater(mean, 0.0),
-                                         tf.greater(loss, self.factor * mean)))
+            spikes.append(tf.logical_and(
+                tf.logical_and(tf.greater(mean, 0.0), _gradients.finite(loss)),
+                tf.greater(loss, self.factor * mean)))
         spiked = tf.logical_and(warm, tf.reduce_any(tf.stack(spikes)))
         return tf.cast(spiked, tf.float32)
 
@@ -83,14 +90,15 @@ class LossSpikes(_seams.SkipCondition):
         groups = [group for group in state.plan.groups if group.loss is not None]
         count, averages = self._variables([group.name for group in groups])
         first = tf.equal(count.read_value(), 0)
+        losses = [tf.cast(group.loss, tf.float32) for group in groups]
+        finite = tf.reduce_all(tf.stack([_gradients.finite(loss) for loss in losses]))
         ops = []
-        for group, average in zip(groups, averages):
-            loss = tf.cast(group.loss, tf.float32)
-            moved = tf.where(first, loss, self.decay * average.read_value()
-                             + (1.0 - self.decay) * loss)
-            ops.append(tf.assign(average, moved).op)
+        for loss, average in zip(losses, averages):
+            old = average.read_value()
+            moved = tf.where(first, loss, self.decay * old + (1.0 - self.decay) * loss)
+            ops.append(tf.assign(average, tf.where(finite, moved, old)).op)
         with tf.control_dependencies(ops):
-            ops.append(tf.assign_add(count, tf.ones([], tf.int64)).op)
+            ops.append(tf.assign_add(count, tf.cast(finite, tf.int64)).op)
         return ops
 
 

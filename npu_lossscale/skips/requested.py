@@ -4,7 +4,11 @@ step's own gate, to restart past a known-bad range of batches (Megatron's
 
 A collection of global steps skips the step whenever ``global_step`` (its
 value before the step's increment) is one of them; a bool scalar tensor
-skips the runs where it is True. A skipped step changes no weight, slot,
+skips the runs where it is True (a bool variable is read on each run). A
+tensor computed from a step that the loop reads out of ``global_step`` and
+feeds back needs ``count_skipped_steps=True`` as one computed from
+``global_step`` itself does, which the build cannot see (docs/features.md
+says so). A skipped step changes no weight, slot,
 gated statistic or loss scale, and is counted and diagnosed with the reason
 ``requested``.
 """
@@ -74,17 +78,17 @@ def requested_skips(steps, global_step, count_skipped_steps):
     """
     if steps is None:
         return None
-    if isinstance(steps, (tf.Tensor, tf.Variable)):
-        tensor = tf.convert_to_tensor(steps)
-        if tensor.dtype.base_dtype != tf.bool or tensor.shape.ndims != 0:
+    if isinstance(steps, tf.Tensor) or _checks.is_variable(steps):
+        if steps.dtype.base_dtype != tf.bool or steps.shape.ndims != 0:
             raise TypeError(
                 "skip_global_steps must be a bool scalar tensor or a collection of global "
                 "steps, got %r. Pass e.g. tf.equal(global_step %% 1000, 999) or "
                 "range(4000, 4100)." % (steps,))
-        if _checks.of_another_graph(tensor):
+        if _checks.of_another_graph(steps):
             raise ValueError(
                 "skip_global_steps=%r belongs to another graph. Build it in the graph of "
                 "the losses." % (steps,))
+        tensor = steps.read_value() if _checks.is_variable(steps) else steps
         if (global_step is not None and not count_skipped_steps
                 and _checks.computed_from(tensor, global_step.op)):
             raise ValueError(
