@@ -51,7 +51,7 @@ NOT_EMULATED = frozenset("""
     MemoryConfig DynamicInputConfig decorator_tf_session
     NPUOutputTensorHook TellMeStepOrLossHook
     KerasDistributeOptimizer NPUBroadcastGlobalVariablesCallback
-    npu_rnn npu_scope keras_to_npu npu_strategy npu_unary_ops
+    npu_rnn npu_scope keras_to_npu npu_unary_ops
     create_group destroy_group get_rank_size get_local_rank_size get_rank_id get_local_rank_id
     get_world_rank_from_group_rank get_group_rank_from_world_rank
     set_split_strategy_by_idx set_split_strategy_by_size
@@ -131,13 +131,27 @@ def test_npu_allreduce_mean_divides_by_rank_count(npu_shim, graph, monkeypatch, 
     assert divisor == 4.0
 
 
-def test_npu_allreduce_indexed_slices_not_emulated(npu_shim, graph):
-    # The real _npu_allreduce gathers IndexedSlices with hccl_ops.allgather,
-    # which the shim's hccl_ops does not have: a clear NotImplementedError.
+def test_npu_allreduce_gathers_indexed_slices(npu_shim, graph):
+    # npu_init.py imports npu_allreduce from estimator/npu/npu_optimizer.py,
+    # which gathers IndexedSlices with two hccl_ops.allgather calls (values
+    # and indices) and divides the values by the rank count for "mean": on
+    # one rank, the same slices.
     from npu_bridge import npu_init
-    slices = tf.IndexedSlices(tf.constant([[1.0]]), tf.constant([0]), tf.constant([2, 1]))
-    with pytest.raises(NotImplementedError, match="IndexedSlices"):
-        npu_init.npu_allreduce([slices])
+    from npu_bridge.estimator.npu import npu_optimizer
+    assert npu_init.npu_allreduce is npu_optimizer.npu_allreduce
+    slices = tf.IndexedSlices(tf.constant([[1.0], [3.0]]), tf.constant([0, 1]),
+                              tf.constant([2, 1]))
+    reduced, = npu_init.npu_allreduce([slices])
+    assert isinstance(reduced, tf.IndexedSlices)
+    types = set(op.type for op in tf.get_default_graph().get_operations())
+    assert "HcomAllGather" in types or any(
+        op.get_attr("_npu_shim_op_type") == b"HcomAllGather"
+        for op in tf.get_default_graph().get_operations()
+        if "_npu_shim_op_type" in op.node_def.attr)
+    with tf.Session() as sess:
+        values, indices = sess.run([reduced.values, reduced.indices])
+    np.testing.assert_array_equal(values, [[1.0], [3.0]])
+    np.testing.assert_array_equal(indices, [0, 1])
 
 
 def test_close_session(npu_shim, graph):

@@ -95,24 +95,16 @@ def _run(session, run, fetches, feed_dict=None, options=None, run_metadata=None)
 def _holds_iteration_op(graph, fetches):
     """Whether ``fetches`` (any structure ``session.run`` takes) name the op
     called ``IterationOp``."""
-    stack = [fetches]
-    while stack:
-        fetch = stack.pop()
-        if isinstance(fetch, dict):
-            stack.extend(fetch.values())
-        elif isinstance(fetch, (list, tuple)):
-            stack.extend(fetch)
-        elif isinstance(fetch, (tf.Operation, tf.Tensor)):
-            if fetch.graph is graph and _op_of(fetch).name == ITERATION_OP_NAME:
-                return True
-        elif isinstance(fetch, str):
-            if fetch.split(":")[0] == ITERATION_OP_NAME:
-                return True
+    for fetch in tf.nest.flatten(fetches):
+        if isinstance(fetch, str):
+            name = fetch.split(":")[0]
+        elif isinstance(fetch, (tf.Operation, tf.Tensor)) and fetch.graph is graph:
+            name = fetch.name if isinstance(fetch, tf.Operation) else fetch.op.name
+        else:
+            continue
+        if name == ITERATION_OP_NAME:
+            return True
     return False
-
-
-def _op_of(fetch):
-    return fetch if isinstance(fetch, tf.Operation) else fetch.op
 
 
 def _refuse_one_shot_iterators(graph):

@@ -9,7 +9,7 @@ defines.  The shim exports the ones that make sense on CPU:
   ExponentialUpdateLossScaleManager, NPUOptimizer, NPUDistributedOptimizer,
   npu_distributed_optimizer_wrapper, npu_tf_optimizer (=
   ``NPUDistributedOptimizer(opt)``), npu_allreduce (real home:
-  estimator/npu/npu_optimizer.py; dense tensors only, see below);
+  estimator/npu/npu_optimizer.py, see below);
 * hooks: NPUBroadcastGlobalVariablesHook, npu_hooks_append (appends
   ``NPUBroadcastGlobalVariablesHook(0, int(RANK_ID or 0))``), NpuEmptyHook,
   SetIterationsVarHook, NPUCheckpointSaverHook;
@@ -22,7 +22,7 @@ defines.  The shim exports the ones that make sense on CPU:
 * config: npu_config_proto, npu_graph_options, npu_optimizer_options,
   experimental_options, RewriterConfig, config_pb2, rewriter_config_pb2;
 * sessions: close_session(sess) (``sess.close()``);
-* modules: npu_ops, npu_plugin, util, hccl_ops, session, session_run_hook, os, and
+* modules: npu_ops, npu_plugin, npu_strategy, util, hccl_ops, session, session_run_hook, os, and
   ``tf``.  The real module does ``import tensorflow as tf`` (TF 1.15's API);
   on TF 2 the shim exports ``tensorflow.compat.v1`` under that name, so a
   script's ``tf`` stays the TF1 API after the star import.
@@ -37,19 +37,17 @@ optimizer called NpuOptimizer and skips it, so sessions made with it run
 the graph on CPU.
 
 ``npu_allreduce(values, reduction="mean", fusion=1, fusion_id=-1,
-group="hccl_world_group")`` (real semantics): a list or tuple in, a list
-out; one tensor in, one tensor out.  Each value is summed over the ranks
-with ``hccl_ops.allreduce`` (reduction "sum" for "mean") and, for "mean",
-divided by ``int(util.get_ranksize())``.  The real function gathers
-IndexedSlices with ``hccl_ops.allgather``, which the shim lacks: they raise
-NotImplementedError.
+group="hccl_world_group")`` is the real module's import from
+``estimator/npu/npu_optimizer.py``: each value summed over the ranks with
+``hccl_ops.allreduce`` (divided by the rank count for "mean"), an
+IndexedSlices gathered with two ``hccl_ops.allgather`` calls.
 
 Not emulated (they need the device, Keras session plumbing, tf.estimator
 or CANN's separate ``hccl`` package); shims/README.md lists every one of
 them: MemoryConfig, DynamicInputConfig,
 decorator_tf_session, KerasDistributeOptimizer, the other hooks
 (NPUOutputTensorHook, TellMeStepOrLossHook),
-NPUBroadcastGlobalVariablesCallback, npu_rnn, npu_scope, keras_to_npu, npu_strategy, npu_unary_ops, npu_cpu_ops,
+NPUBroadcastGlobalVariablesCallback, npu_rnn, npu_scope, keras_to_npu, npu_unary_ops, npu_cpu_ops,
 profiler, scoped_graph_manager, Keras' ``backend``, init_resource /
 shutdown_resource, get_npu_rank_id & co., the ``hccl.manage.api`` /
 ``hccl.split.api`` functions, npu_run_config_init,
@@ -84,7 +82,9 @@ from npu_bridge.estimator.npu.npu_loss_scale_manager import FixedLossScaleManage
 from npu_bridge.estimator.npu.npu_loss_scale_optimizer import NPULossScaleOptimizer  # noqa: F401
 from npu_bridge.estimator.npu.npu_optimizer import NPUDistributedOptimizer
 from npu_bridge.estimator.npu.npu_optimizer import NPUOptimizer  # noqa: F401
+from npu_bridge.estimator.npu.npu_optimizer import npu_allreduce  # noqa: F401
 from npu_bridge.estimator.npu.npu_optimizer import npu_distributed_optimizer_wrapper  # noqa: F401
+from npu_bridge.estimator.npu import npu_strategy  # noqa: F401
 from npu_bridge.hccl import hccl_ops  # noqa: F401
 
 experimental_options = {
@@ -151,27 +151,3 @@ def npu_tf_optimizer(opt):
 def close_session(sess):
     """Closes ``sess``."""
     sess.close()
-
-
-def _npu_allreduce(values, reduction, fusion, fusion_id, group):
-    mean = reduction == "mean"
-    if mean:
-        reduction = "sum"
-    size = int(util.get_ranksize())
-    reduced = []
-    for value in values:
-        if isinstance(value, tf.IndexedSlices):
-            raise NotImplementedError(
-                "npu_bridge shim: npu_allreduce of IndexedSlices (two HcomAllGather ops in "
-                "the real npu_bridge) is not emulated; pass dense tensors")
-        summed = hccl_ops.allreduce(value, reduction, fusion, fusion_id, group)
-        reduced.append(tf.div(summed, tf.cast(size, dtype=value.dtype)) if mean else summed)
-    return reduced
-
-
-def npu_allreduce(values, reduction="mean", fusion=1, fusion_id=-1, group="hccl_world_group"):
-    """Each value reduced over the ranks: a list for a list or tuple, else
-    one tensor (see the module docstring)."""
-    if isinstance(values, (list, tuple)):
-        return _npu_allreduce(values, reduction, fusion, fusion_id, group)
-    return _npu_allreduce([values], reduction, fusion, fusion_id, group)[0]
