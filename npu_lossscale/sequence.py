@@ -145,11 +145,9 @@ def build_sequence(sequence, groups, loss_fns, plan, global_step, skipped_steps,
                     count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind,
                     conditions=[item.condition for item in plan.conditions])
                 step = _step.build_step(
-                    alone, "sub-step %d (%s) of %s" % (index, name, description), None,
+                    alone, "sub-step %d (%s) of %s" % (index, name, description), global_step,
                     skipped_steps, update_ops,
-                    observers=[_record.SkipDiagnosis(record, substep=index,
-                                                     global_step=global_step)],
-                    claimed=False)
+                    observers=[_record.SkipDiagnosis(record, substep=index)], substep=True)
         moved.extend(state for state in _step.moved_state(alone, None)
                      if all(state.key is not seen.key for seen in moved))
         substeps.append(SubStep(index, name, step))

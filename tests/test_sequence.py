@@ -224,3 +224,30 @@ def test_the_audit_finds_no_race_and_no_double_update_in_a_sequence(npu_shim):
                   if op.type == "NoOp" and op.name.startswith("loss_scale/clear_status")]
         assert len(clears) == len(SEQUENCE)
         assert [finding.code for finding in nl.audit(fetches=[train.update_op])] == []
+
+
+def test_clipping_and_requested_skips_work_per_sub_step(graph):
+    """A group's clip_norm clips each of its sub-steps; skip_global_steps
+    skips every sub-step of the runs it names, holding the scale
+    (count_skipped_steps=True moves the global step each run)."""
+    w = tf.Variable(0.0, name="w")
+    scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(initial_scale=4.0),
+                                        backend="is_finite")
+    # d(loss)/dw = -100 until w reaches 100: clipped to a norm of 1, each
+    # sub-step moves w by exactly 1.
+    scaler.add(lambda: -100.0 * w, tf.train.GradientDescentOptimizer(1.0), var_list=[w],
+               name="net", clip_norm=1.0)
+    step = tf.train.get_or_create_global_step()
+    train = scaler.build(global_step=step, count_skipped_steps=True, skip_global_steps=[1],
+                         sequence=["net", "net"])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train.update_op)
+        assert sess.run([w, step, train.skipped_steps]) == [2.0, 1, 0]
+        sess.run(train.update_op)  # global step 1: both sub-steps skip
+        assert sess.run([w, step, train.skipped_steps, train.loss_scale]) == [2.0, 2, 2, 4.0]
+        recent = diagnostics.read_recent_skips(sess, train)
+        assert [(skip.reason, skip.substep) for skip in recent] == [
+            ("requested", 0), ("requested", 1)]
+        sess.run(train.update_op)
+        assert sess.run(w) == 4.0

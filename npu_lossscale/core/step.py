@@ -138,7 +138,7 @@ def plan_step(groups, manager, options, global_step, api):
 
 
 def build_step(plan, description, global_step, skipped_steps=None, update_ops=(),
-               counters=None, given=None, observers=(), claimed=True):
+               counters=None, given=None, observers=(), substep=False):
     """Builds one step op of ``plan``, phase after phase.
 
     Args:
@@ -155,22 +155,26 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
       given: for a one-group plan, the group's unscaled (gradient, variable)
         pairs, checked and applied as they are (no scale, no backprop).
       observers: the ``seams.StepObserver``s of the step.
-      claimed: whether the step op claims the state it moves (phase 5);
-        False for a sub-step of a sequence, which claims once for all its
-        sub-steps (``moved_state``).
+      substep: whether the step is a sub-step of a sequence
+        (``build(sequence=...)``): it reads ``global_step`` (its skip
+        conditions and record do) but leaves its increment, and the claim of
+        the state it moves (``moved_state``), to the sequence, which does
+        each once for all its sub-steps.
 
     Returns:
       A ``Step``.
     """
     with _graph_state.building():
         return _build_step(plan, description, global_step, skipped_steps, update_ops,
-                           counters, given, observers, claimed)
+                           counters, given, observers, substep)
 
 
 def _build_step(plan, description, global_step, skipped_steps, update_ops, counters, given,
-                observers, claimed):
+                observers, substep):
     """``build_step``, inside ``graph_state.building``."""
     state = _seams.StepState(plan, global_step)
+    if substep:
+        global_step = None  # the sequence advances it, once
     before_read = [_hooks.hooked(observer, "before_scale_read", state) for observer in observers]
     scales = collections.OrderedDict()
     if given is None:
@@ -243,7 +247,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     reports = [observer.report(seen) for observer in observers]
     step = _report(plan, scales, applied, decisions, state.grads, window_end, accumulate_op,
                    reports, seen)
-    if not claimed:
+    if substep:
         return step
     # With mode "chief" the workers move nothing: the chief's sync op does.
     states = [] if plan.mode == "chief" else moved_state(plan, counters)

@@ -83,17 +83,13 @@ class SkipDiagnosis(_seams.StepObserver):
       record: the builder's ``Record``.
       substep: the index of the step's sub-step in a sequence
         (``build(sequence=...)``), written with each skip; 0 otherwise.
-      global_step: the variable whose value the record writes, when the
-        step is built without it (a sequence's sub-steps, which leave the
-        global step to the sequence); None: the step's own.
     """
 
     name = "skip_diagnosis"
 
-    def __init__(self, record, substep=0, global_step=None):
+    def __init__(self, record, substep=0):
         self.record = record
         self.substep = substep
-        self._global_step = global_step
         self._branch = None  # the last on_skip's _Branch, for report()
 
     def on_skip(self, state):
@@ -104,8 +100,7 @@ class SkipDiagnosis(_seams.StepObserver):
             # True on every run that gets here (flags are >= 0, and one is
             # set); a value, not a constant, so that nothing folds it.
             skipped = tf.greater(tf.add_n(flags), 0.0)
-            step = _global_step(state.global_step if self._global_step is None
-                                else self._global_step)
+            step = _global_step(state.global_step)
             if not _at_top_level(flags[0].graph):
                 # Inside a cond's branch (the "cond" gate): the diagnosis
                 # and the write make one If there, and the report its own.
