@@ -13,7 +13,6 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import diagnostics as _diagnosis_reasons
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import seams as _seams
 
@@ -96,7 +95,7 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
     state = (state if state is not None else _seams.StepState(plan, global_step))._replace(
         closing=closing._replace(transformed=collections.OrderedDict(
             (name, pairs) for name, pairs in grads.items()
-            if _diagnosis_reasons.transform_reason(plan.group(name)) is not None)),
+            if any(not transform.keeps_finite for transform in plan.group(name).transforms))),
         reduced_flags=flags)
     def skip_branch(scope):
         del scope
