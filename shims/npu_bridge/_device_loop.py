@@ -93,17 +93,22 @@ def _run(session, run, fetches, feed_dict=None, options=None, run_metadata=None)
 
 
 def _holds_iteration_op(graph, fetches):
-    """Whether ``fetches`` (any structure ``session.run`` takes) name the op
-    called ``IterationOp``."""
-    for fetch in tf.nest.flatten(fetches):
-        if isinstance(fetch, str):
-            name = fetch.split(":")[0]
+    """Whether ``fetches`` (any structure ``session.run`` takes, a
+    MonitoredSession's dict keyed by its hooks included) name the op called
+    ``IterationOp``."""
+    stack = [fetches]
+    while stack:
+        fetch = stack.pop()
+        if isinstance(fetch, dict):
+            stack.extend(fetch.values())
+        elif isinstance(fetch, (list, tuple)):
+            stack.extend(fetch)
+        elif isinstance(fetch, str):
+            if fetch.split(":")[0] == ITERATION_OP_NAME:
+                return True
         elif isinstance(fetch, (tf.Operation, tf.Tensor)) and fetch.graph is graph:
-            name = fetch.name if isinstance(fetch, tf.Operation) else fetch.op.name
-        else:
-            continue
-        if name == ITERATION_OP_NAME:
-            return True
+            if (fetch if isinstance(fetch, tf.Operation) else fetch.op).name == ITERATION_OP_NAME:
+                return True
     return False
 
 
