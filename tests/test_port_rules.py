@@ -381,3 +381,107 @@ def test_a_call_too_long_under_its_parenthesis_takes_a_hanging_indent():
     new, _ = _port(source)
     assert ("    scaler = nl.MultiOptimizerLossScale(\n        nl.%s)\n" % manager) in new
     assert all(len(line) <= 99 for line in new.splitlines() if "scaler = " in line)
+
+
+MANAGER = "ExponentialUpdateLossScaleManager(2 ** 15, 1000)"
+
+
+@pytest.mark.parametrize("wrapped", ["inline", "named"])
+def test_a_manager_name_bound_again_keeps_one_manager_per_wrapper(wrapped):
+    """Pix2Pix's authors bind `loss_scale_manager` again before G's wrapper:
+    two managers under one name. Each group keeps the one its wrapper read
+    (the scaler D's, G's add() the second), and both are mapped."""
+    if wrapped == "inline":
+        wrappers = ("d_train = NPULossScaleOptimizer(tf.train.AdamOptimizer(), "
+                    "loss_scale_manager).minimize(d_loss, var_list=d_vars)\n",
+                    "g_train = NPULossScaleOptimizer(tf.train.AdamOptimizer(), "
+                    "loss_scale_manager).minimize(g_loss, var_list=g_vars)\n")
+    else:
+        wrappers = ("d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), "
+                    "loss_scale_manager)\n" + D_MIN,
+                    "g_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), "
+                    "loss_scale_manager)\n" + G_MIN)
+    source = (HEAD + "loss_scale_manager = %s\n" % MANAGER + wrappers[0]
+              + "loss_scale_manager = %s\n" % MANAGER + wrappers[1]
+              + "sess.run(d_train)\nsess.run(g_train)\n")
+    new, entries = _port(source)
+    d_add = 'scaler.add(d_loss, %s, var_list=d_vars, name="d_train")\n' % (
+        "tf.train.AdamOptimizer()" if wrapped == "inline" else "d_opt")
+    g_add = ('scaler.add(g_loss, %s, var_list=g_vars, name="g_train",\n'
+             '           loss_scale_manager=loss_scale_manager)\n' % (
+                 "tf.train.AdamOptimizer()" if wrapped == "inline" else "g_opt"))
+    if wrapped == "named":
+        g_add = g_add.replace(",\n           loss", ", loss")
+    assert ("loss_scale_manager = nl.%s\n" % MANAGER + ("" if wrapped == "inline" else
+                                                         "d_opt = tf.train.AdamOptimizer()\n")
+            + "scaler = nl.MultiOptimizerLossScale(loss_scale_manager)\n" + d_add
+            + "loss_scale_manager = nl.%s\n" % MANAGER + ("" if wrapped == "inline" else
+                                                         "g_opt = tf.train.AdamOptimizer()\n")
+            + g_add) in new
+    rules = [e.rule for e in entries]
+    assert "manager-per-group" in rules and "manager-once-per-step" not in rules
+    assert _rules(entries, CHANGED).count(("manager-mapped", 4)) == 1
+    assert ("manager-mapped", 6 if wrapped == "inline" else 7) in _rules(entries, CHANGED)
+    assert "manager-unused" not in rules and "manager-kept" not in rules
+
+
+def test_a_manager_name_bound_again_before_the_minimize_names_the_edit():
+    """D's wrapper reads the first manager, but the name holds the second
+    where the builder would read it: refused, with the edit to make."""
+    source = (HEAD + "loss_scale_manager = %s\n" % MANAGER
+              + "d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), loss_scale_manager)\n"
+              + "loss_scale_manager = %s\n" % MANAGER
+              + "g_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), loss_scale_manager)\n"
+              + D_MIN + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert new == source
+    [entry] = [e for e in entries if e.kind == BY_HAND]
+    assert (entry.rule, entry.line) == ("unmovable", 5)
+    assert "line 6 binds again" in entry.message and "d_manager = ..." in entry.message
+
+
+@pytest.mark.parametrize("binding", [
+    "d_manager = g_manager = %s\n" % MANAGER,
+    "d_manager = %s\ng_manager = d_manager\n" % MANAGER])
+def test_one_manager_under_two_names_is_one_shared_manager(binding):
+    """Issue 44, 13: two names for one manager object are one scale, updated
+    once a step by the builder (it was taken for two, kept as unknown)."""
+    source = (HEAD + binding
+              + "d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), d_manager)\n"
+              + "g_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), g_manager)\n"
+              + D_MIN + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert "nl.%s\n" % MANAGER in new and "loss_scale_manager=" not in new
+    assert 'scaler.add(g_loss, g_opt, var_list=g_vars, name="g_train")\n' in new
+    rules = [e.rule for e in entries]
+    assert "manager-per-group" not in rules and "manager-kept" not in rules
+    assert "manager-once-per-step" in rules
+
+
+def test_a_manager_bound_in_a_branch_is_named_at_each_add():
+    """Which assignment a read gets is not provable through an if: each
+    group names its manager (right whether they are one object or two)."""
+    source = (HEAD + "m = %s\nif shared:\n    m = FixedLossScaleManager(8)\n" % MANAGER
+              + "d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), m)\n"
+              + "g_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), m)\n"
+              + D_MIN + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert ('scaler = nl.MultiOptimizerLossScale(m)\n' in new
+            and 'name="g_train", loss_scale_manager=m)\n' in new)
+    assert "manager-once-per-step" not in [e.rule for e in entries]
+
+
+def test_update_ops_left_around_the_builder_are_a_by_hand_item():
+    """A tf.control_dependencies block that holds the minimize calls through
+    an if stays around build(): its updates run on skipped steps too. The
+    report says the skip is not atomic, and the builder entry says so."""
+    source = (HEAD + "with tf.control_dependencies(update_ops):\n    if FLAGS.train:\n"
+              + "".join("        " + line for line in (D_OPT, G_OPT, D_MIN, G_MIN)) + JOINT)
+    new, entries = _port(source)
+    assert "with tf.control_dependencies(update_ops):\n    if FLAGS.train:\n" in new
+    assert "        train = scaler.build()\n" in new
+    assert _rules(entries, BY_HAND) == [("update-ops-not-atomic", 4)]
+    message = [e.message for e in entries if e.rule == "update-ops-not-atomic"][0]
+    assert "skip is not atomic" in message and "batch-norm statistics" in message
+    builder = [e.message for e in entries if e.rule == "builder"][0]
+    assert "run on skipped steps too" in builder and "line 4" in builder

@@ -24,7 +24,7 @@ import collections
 import libcst as cst
 import libcst.matchers as _matchers
 
-from npu_lossscale.port import _names
+from npu_lossscale.port import _flow, _names
 from npu_lossscale.port._find import bind_args as _bind
 from npu_lossscale.port._find import last_name as _last_name
 from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE, Entry
@@ -256,8 +256,7 @@ class _Planner(object):
         if wrapper.kind == _names.GRAPH_REWRITE:
             self.graph_rewrite_note(wrapper)
         for minimize in minimizes:
-            owner = s.owner(s.block(s.statement(minimize.call)))
-            if isinstance(owner, cst.With) and self.control_dependencies(owner) is not None:
+            for owner in self.dependencies_around(s.statement(minimize.call)):
                 self.left_alone(owner, "update-ops-ungated",
                                 "The drop-in keeps tf.control_dependencies(%s) around the "
                                 "minimize: those updates still run on skipped steps, as before. "
@@ -344,15 +343,13 @@ class _Planner(object):
             text = self.mapped_manager(expr)
             return None if text is None else ManagerUse(text, None, statement)
         if isinstance(expr, cst.Name):
-            assignments = s.assignments(expr) or []
-            key = assignments[0] if len(assignments) == 1 else expr.value
-            value = s.assigned_value(assignments[0]) if len(assignments) == 1 else None
+            value = self.manager_value(expr)
             if isinstance(value, cst.Call) and value in s.managers:
                 if self.map_in_place(value) is None:
                     return None
-                return ManagerUse(expr.value, key, statement)
-            self.manager_kept(expr)
-            return ManagerUse(expr.value, key, statement)
+            else:
+                self.manager_kept(expr)
+            return ManagerUse(expr.value, value, statement)
         self.manager_kept(expr)
         if statement is not None:
             self.refuse(expr, "manager-unfollowed",
@@ -360,6 +357,31 @@ class _Planner(object):
                         "move: bind it to a name first." % self.code(expr), SECTION_MANAGERS)
             return None
         return ManagerUse(self.code(expr), None, None)
+
+    def manager_value(self, name):
+        """The expression a manager's name holds where the wrapper reads it:
+        the value of the assignment that read gets, through aliases
+        (``g_manager = d_manager``, ``d_manager = g_manager = Manager()``);
+        None when the order of statements does not prove which one it is
+        (then each group names its manager, and no two are taken for one).
+
+        Two wrappers share a manager exactly when their values are the same
+        node: a name bound twice (``loss_scale_manager = ...`` before each
+        wrapper, as Pix2Pix has it) holds two managers."""
+        s = self.s
+        seen = []
+        while isinstance(name, cst.Name) and not any(name is n for n in seen):
+            seen.append(name)
+            assignment = _flow.reaching_assignment(s, name)
+            if assignment is None:
+                return None
+            value = _flow.assigned_value(s, assignment)
+            if value is None:
+                return None
+            if not isinstance(value, cst.Name):
+                return value
+            name = value
+        return None
 
     def manager_kept(self, expr):
         self.left_alone(expr, "manager-kept",
@@ -490,6 +512,17 @@ class _Planner(object):
             return
         self.note_between(groups, body[index[id(tops[0])] + 1:index[id(tops[-1])]], tops)
         self.write_builder(groups, mode, tops)
+        for owner in self.dependencies_around(tops[0]):
+            self.by_hand(owner, "update-ops-not-atomic",
+                         "tf.control_dependencies(%s) here stays around build() (the tool "
+                         "lifts only a block that holds nothing but minimize calls): every "
+                         "run, skipped ones too, runs those updates, so a skipped step still "
+                         "changes them (batch-norm statistics): the skip is not atomic. To gate "
+                         "them, move the block's other statements out of it (or the minimize "
+                         "calls into a tf.control_dependencies(%s) of their own, side by side), "
+                         "then run the tool again on the original script."
+                         % ((self.code(self.control_dependencies(owner)),) * 2),
+                         SECTION_UPDATE_OPS)
         self.add_import()
 
     def group(self, minimize, wrappers, scaled):
@@ -533,6 +566,18 @@ class _Planner(object):
         if isinstance(owner, cst.With) and self.control_dependencies(owner) is not None:
             return owner, self.control_dependencies(owner)
         return statement, None
+
+    def dependencies_around(self, statement):
+        """The ``with tf.control_dependencies(...)`` statements around the
+        block that holds ``statement``, innermost first, up to its function:
+        those whose ops every run of what is built inside runs."""
+        s, found = self.s, []
+        node = s.parent(statement)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            if isinstance(node, cst.With) and self.control_dependencies(node) is not None:
+                found.append(node)
+            node = s.parent(node)
+        return found
 
     def control_dependencies(self, with_node):
         """X of ``with tf.control_dependencies(X):`` (the only item), else None."""
@@ -840,10 +885,26 @@ class _Planner(object):
                 target = index[id(tops[0])] if group is groups[0] else here
                 if start is None or not all(self.stable(expr, body, start, target, top_ids)
                                             for expr in _manager_reads(group.wrapper)):
-                    self.refuse(group.wrapper.call, "unmovable",
-                                "This wrapper's manager moves to the builder, past lines that "
-                                "may change its arguments: bind the manager to a name first.",
-                                SECTION_MANAGERS)
+                    self.refuse_unmovable_manager(group, body, start, target)
+
+    def refuse_unmovable_manager(self, group, body, start, target):
+        """A wrapper's manager that would not mean the same where the builder
+        reads it: the edit that lets the tool go on."""
+        scale = group.wrapper.scale
+        if isinstance(scale, cst.Name) and start is not None:
+            again = [st for st in body[start + 1:target] if scale.value in _flow.assigned(st)]
+            if again:
+                self.refuse(group.wrapper.call, "unmovable",
+                            "This wrapper reads the manager %s, which line %d binds again "
+                            "before %s's minimize, where the builder reads it: give each "
+                            "manager a name of its own (e.g. %s_manager = ... and this wrapper "
+                            "reading it), then run the tool again."
+                            % (scale.value, self.s.line(again[0]), group.name,
+                               _group_name(group).split("_")[0]), SECTION_MANAGERS)
+                return
+        self.refuse(group.wrapper.call, "unmovable",
+                    "This wrapper's manager moves to the builder, past lines that may change "
+                    "its arguments: bind the manager to a name first.", SECTION_MANAGERS)
 
     def note_between(self, groups, between, tops):
         """Lists the statements between the first and the last ``minimize``
@@ -878,10 +939,11 @@ class _Planner(object):
         between = [st for st in body[start + 1:end] if id(st) not in tops]
         if not between:
             return True
-        if _calls(expr):
+        if _flow.calls(expr):
             return False
-        read = _read_names(expr)
-        return not any(read & (_assigned(st) | (_read_names(st) if _calls(st) else set()))
+        read = _flow.read_names(expr)
+        return not any(read & (_flow.assigned(st) | (_flow.read_names(st) if _flow.calls(st)
+                                                     else set()))
                        for st in between)
 
     def write_builder(self, groups, mode, tops):
@@ -995,10 +1057,15 @@ class _Planner(object):
     def report_builder(self, groups, scaler, train, per_group):
         names = ", ".join(g.name for g in groups)
         first = groups[0]
+        around = self.dependencies_around(first.top)
         self.changed(first.top, "builder",
                      "One %s.MultiOptimizerLossScale (%s) for the %d optimizers (%s): one "
-                     "overflow check per step, and every group applies or none does."
-                     % (self.alias, scaler, len(groups), names), SECTION_PORTING)
+                     "overflow check per step, and every group applies or none does%s."
+                     % (self.alias, scaler, len(groups), names,
+                        "; the updates of the tf.control_dependencies block around it (line "
+                        "%d) run on skipped steps too, as before (by hand: "
+                        "update-ops-not-atomic)" % self.s.line(around[0]) if around else ""),
+                     SECTION_PORTING)
         own = [g for g in groups[1:] if not _shares(first, g)]
         if own:
             self.changed(first.top, "manager-per-group",
@@ -1155,98 +1222,9 @@ def _is_docstring(statement):
                                                      cst.ConcatenatedString)))
 
 
-class _Collect(cst.CSTVisitor):
-    """Names read, names bound, and calls made in a piece of code."""
-
-    def __init__(self):
-        super(_Collect, self).__init__()
-        self.read, self.bound, self.calls = set(), set(), 0
-
-    def visit_Call(self, node):
-        self.calls += 1
-
-    def visit_Attribute(self, node):
-        node.value.visit(self)
-        return False  # the attribute's own name is not a variable
-
-    def visit_Arg(self, node):
-        node.value.visit(self)
-        return False  # nor is a keyword
-
-    def visit_Name(self, node):
-        self.read.add(node.value)
-
-    def _bind(self, target):
-        for name in _target_names(target):
-            self.bound.add(name)
-
-    def visit_AssignTarget(self, node):
-        self._bind(node.target)
-
-    def visit_AugAssign(self, node):
-        self._bind(node.target)
-
-    def visit_AnnAssign(self, node):
-        self._bind(node.target)
-
-    def visit_For(self, node):
-        self._bind(node.target)
-
-    def visit_WithItem(self, node):
-        if node.asname is not None:
-            self._bind(node.asname.name)
-
-    def visit_ImportAlias(self, node):
-        name = node.asname.name if node.asname is not None else node.name
-        self._bind(name if isinstance(name, cst.Name) else _root(name))
-
-    def visit_FunctionDef(self, node):
-        self.bound.add(node.name.value)
-
-    def visit_ClassDef(self, node):
-        self.bound.add(node.name.value)
-
-
-def _root(node):
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return node
-
-
-def _target_names(target):
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        names = []
-        for element in target.elements:
-            names.extend(_target_names(element.value))
-        return names
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return []
-
-
-def _collect(node):
-    collector = _Collect()
-    node.visit(collector)
-    return collector
-
-
 #: Calls between two ``minimize`` calls that read nothing a ``minimize``
 #: makes (its variables are not trainable).
 _NOT_READING_THE_GRAPH = frozenset(["tensorflow.trainable_variables", "print", "len"])
-
-
-def _calls(expr):
-    return _collect(expr).calls > 0
-
-
-def _read_names(expr):
-    return _collect(expr).read
-
-
-def _assigned(statement):
-    return _collect(statement).bound
 
 
 def _call_text(head, args, column):
