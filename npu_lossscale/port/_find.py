@@ -160,11 +160,16 @@ class Scanner(cst.CSTVisitor):
 
     def visit_Import(self, node):
         for alias in node.names:
-            if _dotted_name(alias.name).split(".")[0] == _names.LIBRARY:
+            if _names.is_library_module(_dotted_name(alias.name)):
                 self._library(node)
 
     def visit_ImportFrom(self, node):
-        if _module_name(node).split(".")[0] == _names.LIBRARY:
+        module = _module_name(node)
+        if module == _names.LIBRARY and not isinstance(node.names, cst.ImportStar):
+            if any(_names.is_library_module(module + "." + _dotted_name(alias.name))
+                   for alias in node.names):
+                self._library(node)
+        elif _names.is_library_module(module):
             self._library(node)
 
     def _library(self, node):

@@ -113,6 +113,18 @@ GLOBAL_STEP_GETTERS = frozenset(["tensorflow.train.get_or_create_global_step",
                                  "tensorflow.train.get_global_step"])
 #: The library itself: a script that imports it is (being) ported already.
 LIBRARY = "npu_lossscale"
+#: The library's tools, which an unported script may import (the audit of
+#: its graph): importing them is not a port.
+TOOL_MODULES = ("npu_lossscale.audit", "npu_lossscale.port")
+
+
+def is_library_module(name):
+    """True when importing module ``name`` (or a name of the package, as
+    ``npu_lossscale.X``) makes a script one that uses the library: the
+    package or its modules, not its tools."""
+    if name.split(".")[0] != LIBRARY:
+        return False
+    return not any(name == tool or name.startswith(tool + ".") for tool in TOOL_MODULES)
 
 
 def normalise(name):

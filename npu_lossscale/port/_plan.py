@@ -220,6 +220,8 @@ class _Planner(object):
                         "The result of this %s call is dropped: port it by hand."
                         % _names.WRAPPER_TITLES[wrapper.kind], SECTION_PORT)
             return
+        if self.refuse_on_object(wrapper):
+            return
         minimizes = self.wrapper_minimizes(wrapper)
         if len(minimizes) > 1:
             self.refuse_reused(minimizes)
@@ -270,6 +272,37 @@ class _Planner(object):
                                 "it too, port the script to one MultiOptimizerLossScale by "
                                 "hand.", SECTION_PORTING)
         self.add_import()
+
+    def refuse_on_object(self, wrapper):
+        """Refuses a wrapper built in a class or kept in an object's
+        attribute or item (``self.opt = Wrapper(...)``): the tool cannot count
+        the objects made nor follow the ``minimize`` calls made through them.
+        Returns True when refused."""
+        s = self.s
+        parent = s.parent(wrapper.call)
+        stored = [self.code(t.target) for t in getattr(parent, "targets", ())
+                  if isinstance(parent, cst.Assign) and not isinstance(t.target, cst.Name)]
+        node, method, klass = wrapper.call, None, None
+        while node is not None and klass is None:
+            node = s.parent(node)
+            if isinstance(node, cst.FunctionDef) and method is None:
+                method = node.name.value
+            elif isinstance(node, cst.ClassDef):
+                klass = node.name.value
+        if not stored and klass is None:
+            return False
+        where = ("in %s of class %s" % ("method %s()" % method if method else "the body",
+                                        klass) if klass else "")
+        kept = "kept in %s" % ", ".join(stored) if stored else ""
+        self.refuse(wrapper.call, "wrapper-on-object",
+                    "This %s is built %s: the tool cannot count the objects made nor follow "
+                    "the minimize calls made through them. Port it by hand: "
+                    "nl.LossScaleOptimizer(opt, manager) in its place is the drop-in when each "
+                    "object is minimized once per step; for several optimizers, one "
+                    "nl.MultiOptimizerLossScale." % (_names.WRAPPER_TITLES[wrapper.kind],
+                                                     " and ".join(w for w in (where, kept) if w)),
+                    SECTION_PORT)
+        return True
 
     def wrapper_name(self, wrapper):
         """``(name, references)``: the ``cst.Name`` a wrapper call is
@@ -702,6 +735,8 @@ class _Planner(object):
                     "compute_gradients", "apply_gradients"):
                 self.refuse_gradients(reference, target.value)
                 return
+        if self.refuse_on_object(wrapper):
+            return
         if s.loop_around(wrapper.call) is not None:
             self.refuse(wrapper.call, "built-in-loop",
                         "This %s is built in a loop or comprehension: the tool cannot tell the "
