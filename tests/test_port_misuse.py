@@ -128,3 +128,16 @@ def test_a_wrapper_built_in_a_class_or_kept_in_an_object_is_refused(body):
     assert entry.rule == "wrapper-on-object" and "nl.LossScaleOptimizer" in entry.message
     assert ("class Model" in body) == ("method __init__() of class Model" in entry.message)
     assert "unscaled-beside" not in [e.rule for e in entries if e.kind == LEFT_ALONE]
+
+
+def test_wrappers_in_a_method_minimized_there_are_followed():
+    """The guard refuses what the tool cannot follow, not every class: a
+    method that builds its wrappers as local names and minimizes them there
+    (a GAN class's build_model) is ported."""
+    body = "".join("        " + line for line in TWO.splitlines(True)[3:7])
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "class GAN(object):\n    def train(self, sess, d_loss, g_loss, d_vars, g_vars):\n"
+              + body + "        sess.run([d_train, g_train])\n")
+    new, entries = port_source(source, "t.py")
+    assert "wrapper-on-object" not in [e.rule for e in entries]
+    assert "        scaler = nl.MultiOptimizerLossScale(" in new

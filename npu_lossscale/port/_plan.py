@@ -274,10 +274,11 @@ class _Planner(object):
         self.add_import()
 
     def refuse_on_object(self, wrapper):
-        """Refuses a wrapper built in a class or kept in an object's
-        attribute or item (``self.opt = Wrapper(...)``): the tool cannot count
-        the objects made nor follow the ``minimize`` calls made through them.
-        Returns True when refused."""
+        """Refuses a wrapper kept in an object's attribute or item
+        (``self.opt = Wrapper(...)``), or built in a class and minimized
+        nowhere the tool sees: the tool cannot count the objects made nor
+        follow the ``minimize`` calls made through them. Returns True when
+        refused."""
         s = self.s
         parent = s.parent(wrapper.call)
         stored = [self.code(t.target) for t in getattr(parent, "targets", ())
@@ -289,8 +290,8 @@ class _Planner(object):
                 method = node.name.value
             elif isinstance(node, cst.ClassDef):
                 klass = node.name.value
-        if not stored and klass is None:
-            return False
+        if not stored and (klass is None or self.wrapper_minimizes(wrapper)):
+            return False  # a local name in a method, minimized there, is followed
         where = ("in %s of class %s" % ("method %s()" % method if method else "the body",
                                         klass) if klass else "")
         kept = "kept in %s" % ", ".join(stored) if stored else ""
