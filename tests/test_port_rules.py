@@ -59,10 +59,22 @@ REFUSALS = [
     ("control-dependencies-mixed", HEAD + D_OPT + G_OPT + D_MIN
      + "with tf.control_dependencies(updates):\n    " + G_MIN + "    x = 1\n" + JOINT,
      [("control-dependencies-mixed", 9)]),
-    ("control-dependencies-mixed: the optimizers made in the block", HEAD
-     + "with tf.control_dependencies(updates):\n    " + D_OPT + "    " + G_OPT + "    " + D_MIN
-     + "    " + G_MIN + JOINT,
-     [("control-dependencies-mixed", 5), ("control-dependencies-mixed", 6)]),
+    ("constructor-unmovable: an argument that makes an op", HEAD
+     + "with tf.control_dependencies(updates):\n    "
+     + D_OPT.replace("AdamOptimizer()", "AdamOptimizer(tf.train.exponential_decay(lr, gs, 100, "
+                     "0.9))") + "    " + G_OPT + "    " + D_MIN + "    " + G_MIN + JOINT,
+     [("constructor-unmovable", 5)]),
+    ("constructor-unmovable: a name read before it moves", HEAD
+     + "with tf.control_dependencies(updates):\n    m = FixedLossScaleManager(8)\n"
+     + "    d_train = NPULossScaleOptimizer(tf.train.AdamOptimizer(), m).minimize(d_loss, "
+     "var_list=d_vars)\n    m = FixedLossScaleManager(16)\n"
+     + "    g_train = NPULossScaleOptimizer(tf.train.AdamOptimizer(), m).minimize(g_loss, "
+     "var_list=g_vars)\n" + JOINT, [("constructor-unmovable", 7)]),
+    ("train-op-rebound: a read between the optimizer and the train op", HEAD
+     + "d_optim = tf.train.AdamOptimizer()\nprint(d_optim)\n"
+     + "d_optim = NPULossScaleOptimizer(d_optim, FixedLossScaleManager(8)).minimize(d_loss, "
+     "var_list=d_vars)\n" + G_OPT + G_MIN + "sess.run([d_optim, g_train])\n",
+     [("train-op-rebound", 5)]),
     ("blocks-differ", HEAD + D_OPT + D_MIN + "if FLAGS.train_g:\n    " + G_OPT + "    "
      + G_MIN + JOINT, [("blocks-differ", 5), ("blocks-differ", 8)]),
     ("unmovable", HEAD + D_OPT + G_OPT
@@ -485,3 +497,53 @@ def test_update_ops_left_around_the_builder_are_a_by_hand_item():
     assert "skip is not atomic" in message and "batch-norm statistics" in message
     builder = [e.message for e in entries if e.rule == "builder"][0]
     assert "run on skipped steps too" in builder and "line 4" in builder
+
+
+def test_optimizers_made_in_the_update_ops_block_move_above_it():
+    """TF's batch-norm idiom and ModelZoo's DCGAN: the optimizers, the
+    manager and the wrappers made inside the UPDATE_OPS block, each name
+    rebound from its optimizer to its train op. Making them makes no op the
+    block orders: they move above it, the block's ops become build()'s
+    update_ops, and each name is its group's op."""
+    manager = ("    loss_scale_manager = ExponentialUpdateLossScaleManager(init_loss_scale=2**32,\n"
+               "                                                           incr_every_n_steps=1000)"
+               "  # shared\n")
+    source = (HEAD + "update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)\n"
+              "with tf.control_dependencies(update_ops):  # batch norm\n"
+              "    d_optim = tf.train.AdamOptimizer(lr, beta1=0.5)\n" + manager
+              + "    d_optim = NPULossScaleOptimizer(d_optim, loss_scale_manager).minimize(\n"
+              "        d_loss, var_list=d_vars)\n"
+              "    # the generator\n    g_optim = tf.train.AdamOptimizer(lr, beta1=0.5)\n"
+              "    g_optim = NPULossScaleOptimizer(g_optim, loss_scale_manager).minimize(\n"
+              "        g_loss, var_list=g_vars)\n"
+              "for step in range(steps):\n    sess.run([d_optim, d_sum])\n"
+              "    sess.run([g_optim, g_sum])\n")
+    new, entries = _port(source)
+    assert new == (
+        "import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n"
+        "import npu_lossscale as nl\n\n"
+        "update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)\n"
+        "# batch norm\n"
+        "d_optim = tf.train.AdamOptimizer(lr, beta1=0.5)\n"
+        "loss_scale_manager = nl.ExponentialUpdateLossScaleManager(init_loss_scale=2**32,\n"
+        "                                                          incr_every_n_steps=1000)"
+        "  # shared\n"
+        "# the generator\ng_optim = tf.train.AdamOptimizer(lr, beta1=0.5)\n"
+        "scaler = nl.MultiOptimizerLossScale(loss_scale_manager)\n"
+        'scaler.add(d_loss, d_optim, var_list=d_vars, name="d_optim")\n'
+        'scaler.add(g_loss, g_optim, var_list=g_vars, name="g_optim")\n'
+        'train = scaler.build(per_group_ops=True, update_ops={"g_optim": update_ops})\n'
+        'd_optim = train.per_group["d_optim"]\ng_optim = train.per_group["g_optim"]\n'
+        "for step in range(steps):\n    sess.run([d_optim, d_sum])\n"
+        "    sess.run([g_optim, g_sum])\n")
+    # Both runs ran the block's ops; per-group, an op is one group's.
+    assert _rules(entries, BY_HAND) == [("update-ops-one-group", 5)]
+    message = [e.message for e in entries if e.rule == "update-ops-one-group"][0]
+    assert "here g_optim's applied runs only" in message
+    assert [line for rule, line in _rules(entries, CHANGED) if rule == "constructor-moved"] == [
+        6, 7, 12]
+    moved = [e.message for e in entries if e.rule == "constructor-moved"]
+    assert "initializers no longer wait for the block's updates" in moved[1]
+    assert "makes no op that the block orders" in moved[0]
+    gated = [e.message for e in entries if e.rule == "update-ops-gated"]
+    assert gated and "ran on skipped steps too" in gated[0]

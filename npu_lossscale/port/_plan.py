@@ -113,6 +113,7 @@ class _Planner(object):
         taken = scanner.names
         self.alias = "nl" if "nl" not in taken else "npu_lossscale"
         self.mapped = set()  # manager calls already mapped
+        self.moving = {}  # a control_dependencies top -> its statements moving above it
         self.seen = set()  # wrappers a minimize was traced to
 
     # -- report -------------------------------------------------------------------
@@ -642,29 +643,21 @@ class _Planner(object):
             return self.refuse_unfollowed(minimize)
         if not isinstance(receiver, cst.Name):
             return self.refuse_unfollowed(minimize)
-        assignments = s.assignments(receiver)
-        body = list(s.block(top).body)
-        position = _position(body, top)
-        places = []
-        for assignment in assignments or ():
-            statement = s.statement(assignment.node)
-            places.append((_position(body, statement), assignment, statement))
-        inner = s.block(s.statement(minimize.call))
-        beside = [(assignment, statement) for _, assignment, statement in places
-                  if top is not s.statement(minimize.call) and s.block(statement) is inner]
-        if beside:  # made inside the minimize's tf.control_dependencies block
-            for assignment, statement in beside:
-                if s.assigned_value(assignment) in wrappers:
-                    self.seen.add(s.assigned_value(assignment))
-                self.refuse_mixed_block(statement)
-            return None
+        own = s.statement(minimize.call)
+        target = _assign_target(own, minimize.call)
+        assignments = [a for a in s.assignments(receiver) or () if a.node is not target]
+        places = [(self.order(s.statement(a.node), top), a, s.statement(a.node))
+                  for a in assignments]
+        position = self.order(own, top)
         if not places or any(p is None or p >= position
                              or not isinstance(statement, cst.SimpleStatementLine)
                              for p, _, statement in places):
             return self.refuse_unfollowed(minimize)
         _, source, statement = max(places, key=lambda p: p[0])
         value = s.assigned_value(source)
-        allowed = [receiver]
+        allowed = [receiver] + (s.references([a for a in s.assignments(receiver)
+                                                if a.node is target]) if target is not None
+                                and target.value == receiver.value else [])
         wrapper = wrappers.get(value)
         if wrapper is not None:
             self.seen.add(value)
@@ -679,6 +672,21 @@ class _Planner(object):
                 self.refuse_other_use(receiver.value, reference)
                 return None
         return wrapper, (statement if wrapper is not None else None), receiver.value
+
+    def order(self, statement, top):
+        """Where ``statement`` runs in the builder's block, as a sortable
+        pair: ``(index, -1)`` for a statement of that block, ``(index of
+        top, index inside)`` for one inside ``top``'s control_dependencies
+        block; None elsewhere."""
+        s = self.s
+        body = list(s.block(top).body)
+        outer = _position(body, statement)
+        if outer is not None:
+            return (outer, -1)
+        if top is not statement and isinstance(top, cst.With) and s.block(
+                statement) is top.body:
+            return (_position(body, top), _position(list(top.body.body), statement))
+        return None
 
     def refuse_mixed_block(self, statement):
         """Once per statement: it shares a ``tf.control_dependencies`` block
@@ -810,11 +818,14 @@ class _Planner(object):
                             "global_step is passed to %d minimize calls: it advanced once per "
                             "optimizer. The builder advances it once per step: decide by "
                             "hand." % len(steps), SECTION_GLOBAL_STEP)
-        inner = collections.defaultdict(list)  # a wrapped optimizer's name -> its groups
+        inner = collections.OrderedDict()  # a wrapped optimizer's assignment -> its groups
         for group in groups:
             if group.wrapper is not None and isinstance(group.wrapper.optimizer, cst.Name):
-                inner[group.wrapper.optimizer.value].append(group)
-        for name, sharing in inner.items():
+                optimizer = group.wrapper.optimizer
+                key = _flow.reaching_assignment(s, optimizer) or optimizer.value
+                inner.setdefault(key, []).append(group)
+        for sharing in inner.values():
+            name = sharing[0].wrapper.optimizer.value
             if len(sharing) > 1:
                 for group in sharing:
                     self.refuse(group.wrapper.call, "optimizer-reused",
@@ -842,15 +853,131 @@ class _Planner(object):
                     self.refuse(minimize.name, "op-name-used",
                                 "This train op's name %s is used elsewhere in the script: the "
                                 "builder's op has another name." % self.code(minimize.name))
-            assignments = s.assignments(_target(group)) or ()
-            if len(assignments) != 1:
-                self.refuse(minimize.call, "train-op-rebound",
-                            "%s is assigned more than once: the tool cannot tell which value "
-                            "each session.run fetches." % group.name)
-            if group.top is not group.statement:
-                for statement in group.top.body.body:
-                    if not any(statement is g.statement for g in groups):
-                        self.refuse_mixed_block(statement)
+            self.train_op_assignments(group)
+        for top in _unique_nodes([g.top for g in groups if g.top is not g.statement]):
+            self.check_block(top, groups)
+
+    def train_op_assignments(self, group):
+        """The assignments of a group's train op name that its fetches read:
+        the ``minimize``'s own, also when the name held the group's optimizer
+        just before (``d_optim = Adam(...)``, then ``d_optim =
+        Wrapper(d_optim, m).minimize(...)``: ModelZoo's DCGAN), in the same
+        block with no other read in between. None (refused) for any other
+        second binding."""
+        s = self.s
+        target = _target(group)
+        assignments = s.assignments(target) or []
+        own = [a for a in assignments if a.node is target]
+        others = [a for a in assignments if a.node is not target]
+        if own and not others:
+            return own
+        optimizer = group.wrapper.optimizer if group.wrapper is not None else (
+            group.minimize.receiver)
+        before = (_flow.reaching_assignment(s, optimizer)
+                  if isinstance(optimizer, cst.Name) and optimizer.value == target.value
+                  else None)
+        if own and others == [before] and s.block(s.statement(before.node)) is s.block(
+                group.statement):
+            later = s.references(own)
+            stray = [r for r in s.references([before])
+                     if r is not optimizer and not any(r is l for l in later)]
+            if not stray:
+                return own
+            self.refuse(stray[0], "train-op-rebound",
+                        "%s is read here between the optimizer it holds (line %d) and the train "
+                        "op it is bound to (line %d): the tool cannot tell which one this read "
+                        "wants. Give the optimizer a name of its own (e.g. %s_opt), then run the "
+                        "tool again." % (group.name, s.line(before.node), s.line(group.statement),
+                                         group.name), SECTION_PORT)
+            return None
+        self.refuse(group.minimize.call, "train-op-rebound",
+                    "%s is assigned more than once: the tool cannot tell which value each "
+                    "session.run fetches. Give the train op a name no other line binds, then "
+                    "run the tool again." % group.name)
+        return None
+
+    def check_block(self, top, groups):
+        """A ``tf.control_dependencies`` block of ``minimize`` calls: its
+        constructor statements (optimizers, wrappers, managers, with inert
+        arguments) move above it (``self.moving``); any other statement is
+        refused."""
+        statements = list(top.body.body)
+        stays = [st for st in statements if any(st is g.statement for g in groups)]
+        moving = []
+        for index, statement in enumerate(statements):
+            if any(statement is st for st in stays):
+                continue
+            kind = self.constructor(statement)
+            if kind is None:
+                self.refuse_mixed_block(statement)
+                continue
+            if kind != "inert":
+                self.refuse(statement, "constructor-unmovable",
+                            "This constructor inside the tf.control_dependencies block takes "
+                            "%s, which may make ops that the block orders after its updates: "
+                            "the tool will not move it above the block. Compute it above the "
+                            "block (e.g. lr = ...), then run the tool again." % kind,
+                            SECTION_UPDATE_OPS)
+                continue
+            jumped = [st for st in statements[:index] if any(st is k for k in stays)]
+            bound, read = _flow.assigned(statement), _flow.read_names(statement)
+            clash = [st for st in jumped
+                     if bound & (_flow.assigned(st) | _flow.read_names(st))
+                     or read & _flow.assigned(st)]
+            if clash:
+                self.refuse(statement, "constructor-unmovable",
+                            "This constructor would move above the tf.control_dependencies "
+                            "block, past line %d, which reads or binds a name it binds or reads "
+                            "(%s): give that name one meaning in the block, then run the tool "
+                            "again." % (self.s.line(clash[0]), ", ".join(sorted(
+                                (bound & (_flow.assigned(clash[0])
+                                          | _flow.read_names(clash[0])))
+                                | (read & _flow.assigned(clash[0]))))), SECTION_UPDATE_OPS)
+                continue
+            moving.append(statement)
+        if moving:
+            self.moving[top] = moving
+
+    def constructor(self, statement):
+        """What a statement is to ``check_block``: "inert" for ``name =``
+        (or ``a = b =``) an optimizer's, a wrapper's or a manager's
+        constructor whose arguments make no op (names, attributes, literals,
+        such constructors); the text of the first argument that may make one
+        for such a constructor otherwise; None for any other statement."""
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            return None
+        assign = statement.body[0]
+        if not (isinstance(assign, cst.Assign)
+                and all(isinstance(t.target, cst.Name) for t in assign.targets)
+                and self.is_constructor(assign.value)):
+            return None
+        for arg in assign.value.args:
+            bad = self.op_making(arg.value)
+            if bad is not None:
+                return self.code(bad)
+        return "inert"
+
+    def is_constructor(self, node):
+        name = self.s.call_name(node) if isinstance(node, cst.Call) else None
+        return bool(name) and (_names.is_tf_optimizer(name) or name in _names.WRAPPERS
+                               or name in _names.MANAGERS)
+
+    def op_making(self, expr):
+        """The first part of a constructor's argument that may make an op
+        (a call, a subscript, arithmetic on names), or None."""
+        if isinstance(expr, (cst.Name, cst.SimpleString, cst.ConcatenatedString)) or _is_number(
+                expr):
+            return None
+        if isinstance(expr, cst.Attribute):
+            return self.op_making(expr.value) if isinstance(expr.value, (
+                cst.Name, cst.Attribute)) else expr
+        if isinstance(expr, cst.Call) and self.is_constructor(expr):
+            for arg in expr.args:
+                bad = self.op_making(arg.value)
+                if bad is not None:
+                    return bad
+            return None
+        return expr
 
     def fetch_mode(self, groups):
         """"joint" or "per_group", from how the script's ``session.run``
@@ -858,7 +985,7 @@ class _Planner(object):
         s = self.s
         sites = collections.OrderedDict()
         for group in groups:
-            assignments = s.assignments(_target(group))
+            assignments = self.train_op_assignments(group)
             for reference in s.references(assignments):
                 site = s.fetch_site(reference)
                 if site is None:
@@ -918,6 +1045,8 @@ class _Planner(object):
             origin = group.manager.origin
             if origin is not None:
                 start = index.get(id(origin))
+                if start is None and any(origin is st for st in self.moving.get(group.top, ())):
+                    start = here  # moves above its block, where the group's add goes
                 target = index[id(tops[0])] if group is groups[0] else here
                 if start is None or not all(self.stable(expr, body, start, target, top_ids)
                                             for expr in _manager_reads(group.wrapper)):
@@ -1011,21 +1140,73 @@ class _Planner(object):
         build_text = _call_text("%s = %s.build" % (train, scaler), build_args, column)
         bindings = ["%s = %s.%s" % (g.name, train, "per_group[%s]" % _quote(_group_name(g))
                                      if per_group else "update_op") for g in groups]
+        self.unwrap(groups)
         for top in tops:
             inner = [top] if isinstance(top, cst.SimpleStatementLine) else list(top.body.body)
+            moving = self.moving.get(top, [])
             self.statements[top] = _statements(
                 [scaler_text] if top is tops[0] else [],
-                [(adds[id(st)], st) for st in inner],
-                [build_text] + bindings if top is tops[-1] else [], top, column)
+                [(adds[id(st)], st) for st in inner if not any(st is m for m in moving)],
+                [build_text] + bindings if top is tops[-1] else [], top, column,
+                self.moved(moving))
         for group in groups:
             self.report_group(group, scaler, per_group)
-        self.unwrap(groups)
         self.report_builder(groups, scaler, train, per_group)
 
+    def moved(self, statements):
+        """The statements that move above their control_dependencies block,
+        with the plan's edits inside them (a manager mapped, a wrapper
+        removed), no comment dropped (see ``_statements``' ``moved``). Their
+        continuation lines follow them: libcst writes a block's indentation
+        before each."""
+        found, pending = [], []
+        for statement in statements:
+            if statement in self.statements:  # a removed `opt = Wrapper(opt)`
+                pending.extend(lost_comments(statement, []))
+                found.extend(self.statements.pop(statement))
+                continue
+            new = statement.visit(_Apply(self.replace))  # its continuation lines follow
+            lost = pending + lost_comments(statement, [new])
+            pending = []
+            found.append(new.with_changes(leading_lines=list(new.leading_lines) + lost))
+        if pending:  # the removed statements' comments go on the next one
+            found.append(pending)
+        for statement in statements:
+            manager = self.s.call_name(statement.body[0].value) in _names.MANAGERS
+            self.changed(statement, "constructor-moved",
+                         "This line moves above its tf.control_dependencies block, with the "
+                         "builder: %s" % (
+                             "a manager's variables' initializers no longer wait for the "
+                             "block's updates (inside it, running the initializer ran those "
+                             "updates and needed their feeds)." if manager else
+                             "making an optimizer or a wrapper makes no op that the block "
+                             "orders."), SECTION_UPDATE_OPS)
+        return found
+
     def update_ops_text(self, groups, per_group):
+        """``build()``'s update_ops: one list for the joint step, or a dict
+        by group with per-group ops, where an op can be one group's only:
+        ops that several groups' minimize calls ran with go to the last of
+        them (a point to decide, ``update-ops-one-group``)."""
         if per_group:
-            items = ["%s: %s" % (_quote(_group_name(g)), self.code(g.update_ops))
-                     for g in groups if g.update_ops is not None]
+            holders = collections.OrderedDict()  # the ops' text -> the groups that ran them
+            for group in groups:
+                if group.update_ops is not None:
+                    holders.setdefault(self.code(group.update_ops), []).append(group)
+            for text, sharing in holders.items():
+                if len(sharing) > 1:
+                    self.by_hand(sharing[0].top, "update-ops-one-group",
+                                 "%s ran with each of %s's runs, skipped ones too; with "
+                                 "per-group ops the builder runs an update op in one group's "
+                                 "step, here %s's applied runs only. If each network's "
+                                 "statistics should move with its own runs, split them: "
+                                 "build(..., update_ops={%s}) with each network's ops (e.g. "
+                                 "tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope))."
+                                 % (text, ", ".join(g.name for g in sharing), sharing[-1].name,
+                                    ", ".join("%s: ..." % _quote(_group_name(g))
+                                              for g in sharing)), SECTION_UPDATE_OPS)
+            items = ["%s: %s" % (_quote(_group_name(sharing[-1])), text)
+                     for text, sharing in holders.items()]
             return "{%s}" % ", ".join(items) if items else ""
         texts = _unique_texts([self.code(g.update_ops) for g in groups
                                if g.update_ops is not None])
@@ -1087,7 +1268,9 @@ class _Planner(object):
             self.changed(group.top, "update-ops-gated",
                          "with tf.control_dependencies(%s) around %s's minimize is build("
                          "update_ops=...): those updates now run only on applied steps, never "
-                         "on skipped ones." % (self.code(group.update_ops), group.name),
+                         "on skipped ones (with the wrappers they ran on skipped steps too: "
+                         "batch-norm statistics no longer take a skipped step's batch)."
+                         % (self.code(group.update_ops), group.name),
                          SECTION_UPDATE_OPS)
 
     def report_builder(self, groups, scaler, train, per_group):
@@ -1160,6 +1343,22 @@ class _Planner(object):
 
 
 # -- helpers ----------------------------------------------------------------------
+
+def lost_comments(original, replacements):
+    """The comments of ``original`` that none of ``replacements`` holds, as
+    comment lines to put above them: a removed statement's, and those inside
+    a call the port rewrote (after an argument, inside its parentheses), so
+    that no comment of the script is dropped."""
+    kept = collections.Counter(comment.value for node in replacements
+                               for comment in _matchers.findall(node, _matchers.Comment()))
+    lost = []
+    for comment in _matchers.findall(original, _matchers.Comment()):
+        if kept[comment.value] > 0:
+            kept[comment.value] -= 1
+        else:
+            lost.append(cst.EmptyLine(comment=cst.Comment(comment.value)))
+    return lost
+
 
 def _group_name(group):
     """The builder's name for a group: its train op's name, less a leading
@@ -1291,7 +1490,7 @@ def _wrapped(start, indent, args, column):
     return "\n".join(lines)
 
 
-def _statements(prefix, mains, suffix, top, column):
+def _statements(prefix, mains, suffix, top, column, moved=()):
     """The statements that replace ``top``, carrying its comments.
 
     Args:
@@ -1303,8 +1502,13 @@ def _statements(prefix, mains, suffix, top, column):
       top: the statement replaced; its leading comments and, for a ``with``,
         its header's comment go above the first new statement.
       column: the indentation of ``top``'s block.
+      moved: statements (nodes) before all of them: those moving out of
+        ``top``'s block, and last, a list of comment lines for the statement
+        after them when the last of them were removed.
     """
-    statements = [_parse_at(text, column) for text in prefix]
+    comments = moved[-1] if moved and isinstance(moved[-1], list) else []
+    moved = list(moved[:-1] if comments else moved)
+    statements = moved + [_parse_at(text, column) for text in prefix]
     for text, original in mains:
         statement = _parse_at(text, column)
         changes = {}
@@ -1314,6 +1518,10 @@ def _statements(prefix, mains, suffix, top, column):
             changes["trailing_whitespace"] = original.trailing_whitespace
         statements.append(statement.with_changes(**changes))
     statements.extend(_parse_at(text, column) for text in suffix)
+    if comments:
+        after = statements[len(moved)]
+        statements[len(moved)] = after.with_changes(
+            leading_lines=comments + list(after.leading_lines))
     leading = list(top.leading_lines)
     if isinstance(top, cst.With) and top.body.header.comment is not None:
         leading.append(cst.EmptyLine(comment=top.body.header.comment))
@@ -1336,6 +1544,17 @@ def _parse_expression_at(text, column):
     for a statement of a block indented ``column``."""
     statement = _parse_at("_ = " + text, column)
     return statement.body[0].value
+
+
+class _Apply(cst.CSTTransformer):
+    """The plan's node replacements, inside a statement the plan moves."""
+
+    def __init__(self, replace):
+        super(_Apply, self).__init__()
+        self._replace = replace
+
+    def on_leave(self, original_node, updated_node):
+        return self._replace.get(original_node, updated_node)
 
 
 class _Shift(cst.CSTTransformer):

@@ -11,10 +11,8 @@ to the statement after it.
 from __future__ import absolute_import, division, print_function
 
 import ast
-import collections
 
 import libcst as cst
-import libcst.matchers as _matchers
 from libcst.metadata import MetadataWrapper
 
 from npu_lossscale.port import _find, _plan
@@ -52,16 +50,16 @@ class _Rewriter(cst.CSTTransformer):
         if original_node in plan.statements:
             new = list(plan.statements[original_node])
             if not new:
-                self._pending.extend(_lost_comments(original_node, []))
+                self._pending.extend(_plan.lost_comments(original_node, []))
                 return cst.RemovalSentinel.REMOVE
-            lost = _lost_comments(original_node, new)
+            lost = _plan.lost_comments(original_node, new)
             if carried or lost:
                 new[0] = new[0].with_changes(
                     leading_lines=carried + lost + list(new[0].leading_lines))
             return cst.FlattenSentinel(new)
         if isinstance(original_node, cst.SimpleStatementLine) and not original_node.deep_equals(
                 updated_node):
-            lost = _lost_comments(original_node, [updated_node])
+            lost = _plan.lost_comments(original_node, [updated_node])
             if lost:  # a rewritten call's comments: above its statement
                 updated_node = updated_node.with_changes(
                     leading_lines=list(updated_node.leading_lines) + lost)
@@ -70,22 +68,6 @@ class _Rewriter(cst.CSTTransformer):
         if before or after:
             return cst.FlattenSentinel(list(before) + [updated_node] + list(after))
         return updated_node
-
-
-def _lost_comments(original, replacements):
-    """The comments of ``original`` that none of ``replacements`` holds, as
-    comment lines to put above them: a removed statement's, and those inside
-    a call the port rewrote (after an argument, inside its parentheses), so
-    that no comment of the script is dropped."""
-    kept = collections.Counter(comment.value for node in replacements
-                               for comment in _matchers.findall(node, _matchers.Comment()))
-    lost = []
-    for comment in _matchers.findall(original, _matchers.Comment()):
-        if kept[comment.value] > 0:
-            kept[comment.value] -= 1
-        else:
-            lost.append(cst.EmptyLine(comment=cst.Comment(comment.value)))
-    return lost
 
 
 def port_source(source, path):
