@@ -6,6 +6,7 @@ No TensorFlow: the command's paths, encodings and refusals are source work.
 """
 
 import os
+import sys
 
 import pytest
 
@@ -141,3 +142,45 @@ def test_wrappers_in_a_method_minimized_there_are_followed():
     new, entries = port_source(source, "t.py")
     assert "wrapper-on-object" not in [e.rule for e in entries]
     assert "        scaler = nl.MultiOptimizerLossScale(" in new
+
+
+def test_a_failed_checks_report_shows_the_exception_message(tmp_path):
+    """A TF error's message comes before the stack traces of its ops, which
+    filled the report's tail: the exception's lines come first."""
+    from npu_lossscale.port import _check  # pylint: disable=import-outside-toplevel
+    script = tmp_path / "train.py"
+    frames = "".join('    File "x.py", line %d, in f\\n' % n for n in range(40))
+    script.write_text(
+        "import sys\n"
+        "sys.stderr.write('Traceback (most recent call last):\\n%s"
+        "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution "
+        "error:\\n\\nDetected at node z:\\n%sNode: z\\nYou must feed a value for placeholder "
+        "tensor z\\n\\nOriginal stack trace for z:\\n%s')\n"
+        "sys.exit(1)\n" % (frames, frames, frames))
+    result = _check.run_check("%s train.py" % sys.executable, str(script), 60)
+    assert result.returncode == 1
+    lines = result.output_tail.splitlines()
+    assert lines[0].startswith("tensorflow.python.framework.errors_impl.InvalidArgumentError")
+    assert "You must feed a value for placeholder tensor z" in lines
+    assert lines[-1] == '    File "x.py", line 39, in f'  # and the output's last lines
+
+
+@pytest.mark.parametrize("head,after", [
+    ("import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+     "import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n",
+     "from npu_bridge.npu_init import *\n"),
+    ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\nimport matplotlib\n"
+     "matplotlib.use('Agg')\n", "matplotlib.use('Agg')\n")])
+def test_the_added_import_does_not_split_matplotlib_from_its_use(head, after):
+    source = head + "\n" + TWO.split("\n\n", 1)[1]
+    new, _ = port_source(source, "t.py")
+    assert after + "import npu_lossscale as nl\n" in new
+
+
+def test_a_star_import_inside_try_is_recognised():
+    source = TWO.replace("from npu_bridge.npu_init import *\n",
+                         "try:\n    from npu_bridge.npu_init import *\nexcept ImportError:\n"
+                         "    pass\n")
+    new, entries = port_source(source, "t.py")
+    assert "nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8))" in new
+    assert ("npu-init-import", 3) in [(e.rule, e.line) for e in entries if e.kind == LEFT_ALONE]

@@ -149,9 +149,7 @@ class Scanner(cst.CSTVisitor):
 
     def visit_Module(self, node):
         self.module = node
-        for statement in node.body:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                continue
+        for statement in _import_statements(node.body):
             for small in statement.body:
                 if (isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar)
                         and _module_name(small) in _names.NPU_STAR_MODULES):
@@ -337,6 +335,19 @@ class Scanner(cst.CSTVisitor):
         if parent.keyword is not None:
             return call if parent.keyword.value == "fetches" else None
         return call if call.args[0] is parent else None
+
+
+def _import_statements(body):
+    """The simple statements of a module's body, and those of its top-level
+    ``try:`` blocks (``try: from npu_bridge.npu_init import *`` with a
+    fallback for machines without it), where its imports are."""
+    found = []
+    for statement in body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            found.append(statement)
+        elif isinstance(statement, cst.Try):
+            found.extend(_import_statements(statement.body.body))
+    return found
 
 
 def _dotted_name(node):

@@ -1329,6 +1329,10 @@ class _Planner(object):
         for index, top in enumerate(body):
             if _is_import(top):
                 anchor = top
+            elif anchor is not None and _is_call_statement(top):
+                # matplotlib.use("Agg") before pyplot's import, sys.path.insert(...):
+                # part of the imports, which the added one must not split
+                anchor = top
             elif not (index == 0 and _is_docstring(top)):
                 break
         if anchor is not None:
@@ -1448,6 +1452,13 @@ def _is_number(node):
 def _is_import(statement):
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body)
+
+
+def _is_call_statement(statement):
+    """True for a line of calls alone (``matplotlib.use("Agg")``)."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+        for small in statement.body)
 
 
 def _is_docstring(statement):
