@@ -547,3 +547,16 @@ def test_optimizers_made_in_the_update_ops_block_move_above_it():
     assert "makes no op that the block orders" in moved[0]
     gated = [e.message for e in entries if e.rule == "update-ops-gated"]
     assert gated and "ran on skipped steps too" in gated[0]
+
+
+def test_a_group_of_every_train_op_is_the_joint_step():
+    """`training_op = tf.group(D_solver, G_solver)` fetched in one run: the
+    group of every train op is update_op (it was fetch-unmapped)."""
+    source = (HEAD + D_OPT + G_OPT + D_MIN + G_MIN
+              + "training_op = tf.group(d_train, g_train)\nsess.run(training_op)\n")
+    new, entries = _port(source)
+    assert ("train = scaler.build()\nd_train = train.update_op\ng_train = train.update_op\n"
+            "training_op = tf.group(d_train, g_train)\n") in new
+    assert _rules(entries, BY_HAND) == []
+    mixed = source + "sess.run(d_train)\n"
+    assert new != mixed and ("fetch-mixed", 10) in _rules(_port(mixed)[1], BY_HAND)

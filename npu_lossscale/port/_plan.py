@@ -987,7 +987,7 @@ class _Planner(object):
         for group in groups:
             assignments = self.train_op_assignments(group)
             for reference in s.references(assignments):
-                site = s.fetch_site(reference)
+                site = s.fetch_site(reference) or self.group_site(reference)
                 if site is None:
                     self.refuse(reference, "fetch-unmapped",
                                 "%s is used here outside a session.run fetch (a list, a "
@@ -1023,6 +1023,17 @@ class _Planner(object):
         if self.reasons:
             return None
         return "per_group" if single else "joint"
+
+    def group_site(self, reference):
+        """The ``tf.group(...)`` call that takes ``reference`` as a positional
+        argument, or None. A group of every train op is the one step for
+        all groups (``update_op``), as a run that fetches them together."""
+        arg = self.s.parent(reference)
+        call = self.s.parent(arg) if isinstance(arg, cst.Arg) else None
+        if (isinstance(call, cst.Call) and arg.keyword is None and not arg.star
+                and self.s.call_name(call) == _names.GROUP):
+            return call
+        return None
 
     def check_moves(self, groups, body, index, tops):
         """Refuses expressions that would not mean the same at ``build()``
