@@ -560,3 +560,47 @@ def test_a_group_of_every_train_op_is_the_joint_step():
     assert _rules(entries, BY_HAND) == []
     mixed = source + "sess.run(d_train)\n"
     assert new != mixed and ("fetch-mixed", 10) in _rules(_port(mixed)[1], BY_HAND)
+
+
+def _scoped(name, manager_line, extra=""):
+    return ("loss_scale_manager = %s\n" % manager_line
+            + "with tf.name_scope(\"%s_train\"):\n" % name
+            + "    %s_tvars = [v for v in tf.trainable_variables() if v.name.startswith(\"%s\")]\n"
+            % (name, name)
+            + "    %s_optim = tf.train.AdamOptimizer(lr, beta1)\n" % name
+            + "    %s_optim = NPULossScaleOptimizer(%s_optim, loss_scale_manager)\n" % (name, name)
+            + "    %s_train = %s_optim.minimize(%s_loss, var_list=%s_tvars)\n" % ((name,) * 4)
+            + extra)
+
+
+def test_wrappers_in_name_scopes_are_followed():
+    """Pix2Pix: each network's optimizer, wrapper and minimize in its own
+    tf.name_scope, a manager bound to one name before each. The scopes stay
+    (op names made there stay); build() goes after the last one."""
+    source = (HEAD + _scoped("discrim", MANAGER) + _scoped("gen", MANAGER)
+              + "sess.run([discrim_train, gen_train])\n")
+    new, entries = _port(source)
+    assert ('with tf.name_scope("discrim_train"):\n'
+            '    discrim_tvars = [v for v in tf.trainable_variables() if v.name.startswith('
+            '"discrim")]\n'
+            "    discrim_optim = tf.train.AdamOptimizer(lr, beta1)\n"
+            "    scaler = nl.MultiOptimizerLossScale(loss_scale_manager)\n"
+            '    scaler.add(discrim_loss, discrim_optim, var_list=discrim_tvars, '
+            'name="discrim_train")\n'
+            "loss_scale_manager = nl.%s\n" % MANAGER) in new
+    assert ('    scaler.add(gen_loss, gen_optim, var_list=gen_tvars, name="gen_train",\n'
+            "               loss_scale_manager=loss_scale_manager)\n"
+            "train = scaler.build()\ndiscrim_train = train.update_op\n"
+            "gen_train = train.update_op\nsess.run([discrim_train, gen_train])\n") in new
+    assert _rules(entries, BY_HAND) == []
+    assert "manager-per-group" in [e.rule for e in entries]
+
+
+def test_a_train_op_read_inside_its_name_scope_is_refused():
+    """A read there would run before build(), which goes after the block."""
+    source = (HEAD + _scoped("discrim", MANAGER)
+              + _scoped("gen", MANAGER, "    tf.summary.scalar('x', tf.size(gen_train))\n")
+              + "sess.run([discrim_train, gen_train])\n")
+    new, entries = _port(source)
+    assert new == source
+    assert ("fetch-unmapped", 16) in _rules(entries, BY_HAND)

@@ -525,8 +525,9 @@ class _Planner(object):
                 self.refuse_unused(wrapper)
         if self.reasons:
             return
-        block = s.block(groups[0].top)
-        if any(s.block(g.top) is not block for g in groups):
+        anchors = [self.anchor(g.top) for g in groups]
+        block = s.block(anchors[0])
+        if any(s.block(a) is not block for a in anchors):
             lines = ", ".join(str(s.line(g.minimize.call)) for g in groups)
             for group in groups:
                 self.refuse(group.minimize.call, "blocks-differ",
@@ -540,13 +541,17 @@ class _Planner(object):
         if mode is None:
             return
         tops = _unique_nodes([g.top for g in groups])
+        outer = _unique_nodes(anchors)
         body = list(block.body)
         index = dict((id(statement), i) for i, statement in enumerate(body))
-        self.check_moves(groups, body, index, tops)
+        scoped = self.scoped_statements(groups, outer)
+        self.check_moves(groups, body, index, outer, scoped)
         if self.reasons:
             return
-        self.note_between(groups, body[index[id(tops[0])] + 1:index[id(tops[-1])]], tops)
-        self.write_builder(groups, mode, tops)
+        first = s.line(groups[0].minimize.call)
+        self.note_between(groups, body[index[id(outer[0])] + 1:index[id(outer[-1])]]
+                          + [st for st in scoped if s.line(st) > first], tops)
+        self.write_builder(groups, mode, tops, outer[-1])
         for owner in self.dependencies_around(tops[0]):
             self.by_hand(owner, "update-ops-not-atomic",
                          "tf.control_dependencies(%s) here stays around build() (the tool "
@@ -648,7 +653,7 @@ class _Planner(object):
         assignments = [a for a in s.assignments(receiver) or () if a.node is not target]
         places = [(self.order(s.statement(a.node), top), a, s.statement(a.node))
                   for a in assignments]
-        position = self.order(own, top)
+        position = self.order(own, own)
         if not places or any(p is None or p >= position
                              or not isinstance(statement, cst.SimpleStatementLine)
                              for p, _, statement in places):
@@ -674,19 +679,53 @@ class _Planner(object):
         return wrapper, (statement if wrapper is not None else None), receiver.value
 
     def order(self, statement, top):
-        """Where ``statement`` runs in the builder's block, as a sortable
-        pair: ``(index, -1)`` for a statement of that block, ``(index of
-        top, index inside)`` for one inside ``top``'s control_dependencies
-        block; None elsewhere."""
+        """Where ``statement`` runs before the statements of ``top``'s block,
+        as a sortable tuple of indices from the builder's block down (a
+        statement of an enclosing block, or of ``top``'s own
+        control_dependencies block); None for a statement elsewhere (a
+        branch, another function)."""
         s = self.s
-        body = list(s.block(top).body)
-        outer = _position(body, statement)
-        if outer is not None:
-            return (outer, -1)
-        if top is not statement and isinstance(top, cst.With) and s.block(
-                statement) is top.body:
-            return (_position(body, top), _position(list(top.body.body), statement))
-        return None
+        mine = self.statement_path(statement)
+        theirs = self.statement_path(top)
+        if isinstance(top, cst.With) and top is not statement:
+            theirs = theirs + [(top.body, None)]  # the block it holds
+        if mine is None or theirs is None or len(mine) > len(theirs):
+            return None
+        for depth, (block, _) in enumerate(mine):
+            if block is not theirs[depth][0]:
+                return None
+            if depth < len(mine) - 1 and mine[depth][1] != theirs[depth][1]:
+                return None
+        return tuple(index for _, index in mine)
+
+    def statement_path(self, statement):
+        """``[(block, index), ...]`` from the outermost block of
+        ``statement``'s function (or module) down to ``statement``, or None
+        when a part of it is no plain block (an ``else``, a one-line
+        suite)."""
+        s, found, node = self.s, [], statement
+        while True:
+            block = s.parent(node)
+            if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+                return None
+            found.append((block, _position(list(block.body), node)))
+            owner = None if isinstance(block, cst.Module) else s.parent(block)
+            if owner is None or isinstance(owner, (cst.FunctionDef, cst.ClassDef)):
+                return list(reversed(found))
+            node = owner
+
+    def anchor(self, top):
+        """The statement of the builder's block that holds ``top``: ``top``,
+        or the outermost ``with tf.name_scope(...)`` around it (wrappers and
+        minimize calls in name scopes, as Pix2Pix has them: the scopes stay,
+        so op names inside them stay)."""
+        s, node = self.s, top
+        while True:
+            owner = s.owner(s.block(node))
+            if not (isinstance(owner, cst.With) and len(owner.items) == 1
+                    and s.call_name(owner.items[0].item) == _names.NAME_SCOPE):
+                return node
+            node = owner
 
     def refuse_mixed_block(self, statement):
         """Once per statement: it shares a ``tf.control_dependencies`` block
@@ -1035,15 +1074,59 @@ class _Planner(object):
             return call
         return None
 
-    def check_moves(self, groups, body, index, tops):
+    def scoped_statements(self, groups, outer):
+        """The statements inside the ``with tf.name_scope(...)`` blocks that
+        hold the groups, other than the port's own (the minimize calls, the
+        wrappers, the constructors that move); refuses a train op read
+        there (it would run before ``build()``, which goes after the
+        block)."""
+        s = self.s
+        ours = [g.top for g in groups] + [g.wrapper_statement for g in groups
+                                          if g.wrapper_statement is not None]
+        found = []
+        for anchor in outer:
+            if any(anchor is g.top for g in groups):
+                continue
+            for statement in _matchers.findall(anchor.body, _matchers.SimpleStatementLine()):
+                if not any(s.statement(statement) is o or _inside(s, statement, o)
+                           for o in ours):
+                    found.append(statement)
+        for group in groups:
+            for reference in s.references(self.train_op_assignments(group) or []):
+                if any(_inside(s, reference, anchor) for anchor in outer
+                       if anchor is not group.top):
+                    self.refuse(reference, "fetch-unmapped",
+                                "%s is read here, inside the tf.name_scope block, before "
+                                "build() (which goes after the block): move this line after the "
+                                "block, then run the tool again." % group.name, SECTION_PORT)
+        return found
+
+    def check_moves(self, groups, body, index, tops, scoped=()):
         """Refuses expressions that would not mean the same at ``build()``
-        (or at the scaler) as where the script evaluates them."""
+        (or at the scaler) as where the script evaluates them.
+
+        Args:
+          groups: the ``Group``s.
+          body, index: the builder's block's statements, and their indices.
+          tops: the statements of that block that hold the groups.
+          scoped: the other statements inside the name scopes among
+            ``tops``, which may run between any two places.
+        """
         end = index[id(tops[-1])] + 1
         # The port's own statements: the minimize calls' and the wrappers'.
         top_ids = set(id(t) for t in tops) | set(
             id(g.wrapper_statement) for g in groups if g.wrapper_statement is not None)
         for group in groups:
-            here = index[id(group.top)]
+            here = index[id(self.anchor(group.top))]
+            for expr in [group.minimize.global_step, group.update_ops] + (
+                    _manager_reads(group.wrapper) if group.manager.origin is not None else []):
+                if expr is not None and scoped and not self.stable(
+                        expr, list(scoped), -1, len(scoped), set()):
+                    self.refuse(expr, "unmovable",
+                                "This argument moves to the builder, past lines inside the "
+                                "tf.name_scope blocks that may change it: bind it to a name "
+                                "before the first block, and leave it as it is until the "
+                                "last.", SECTION_PORT)
             moving = [(group.minimize.global_step, "global_step", SECTION_GLOBAL_STEP),
                       (group.update_ops, "control_dependencies", SECTION_UPDATE_OPS)]
             for expr, what, section in moving:
@@ -1056,8 +1139,10 @@ class _Planner(object):
             origin = group.manager.origin
             if origin is not None:
                 start = index.get(id(origin))
-                if start is None and any(origin is st for st in self.moving.get(group.top, ())):
-                    start = here  # moves above its block, where the group's add goes
+                if start is None and (
+                        any(origin is st for st in self.moving.get(group.top, ()))
+                        or _inside(self.s, origin, body[here])):
+                    start = here  # in the group's name scope, or moving above its block
                 target = index[id(tops[0])] if group is groups[0] else here
                 if start is None or not all(self.stable(expr, body, start, target, top_ids)
                                             for expr in _manager_reads(group.wrapper)):
@@ -1094,10 +1179,12 @@ class _Planner(object):
         for statement in between:
             if id(statement) in ours:
                 continue
-            called = [s.call_name(call) or ""
-                      for call in _matchers.findall(statement, _matchers.Call())]
+            calls = _matchers.findall(statement, _matchers.Call())
+            called = [s.call_name(call) or "" for call in calls]
             if all(name in _NOT_READING_THE_GRAPH or _names.is_tf_optimizer(name)
-                   or name in _names.WRAPPERS or name in _names.MANAGERS for name in called):
+                   or name in _names.WRAPPERS or name in _names.MANAGERS
+                   or _last_name(call) in _STRING_METHODS
+                   for name, call in zip(called, calls)):
                 continue
             self.by_hand(statement, "between-minimizes",
                          "This statement runs between the minimize calls (lines %d and %d). "
@@ -1122,8 +1209,17 @@ class _Planner(object):
                                                      else set()))
                        for st in between)
 
-    def write_builder(self, groups, mode, tops):
-        """The builder's statements, and the report of each change."""
+    def write_builder(self, groups, mode, tops, last):
+        """The builder's statements, and the report of each change.
+
+        Args:
+          groups: the ``Group``s.
+          mode: "joint" or "per_group".
+          tops: the statements the groups' lines replace.
+          last: the statement of the builder's block that holds the last
+            group: its top, or the name scope around it (``build()`` goes
+            after that block).
+        """
         s = self.s
         scaler, train = _fresh(s.names, "scaler"), _fresh(s.names, "train")
         first = groups[0]
@@ -1136,7 +1232,7 @@ class _Planner(object):
                     "name=" + _quote(_group_name(group))]
             if group is not first and not _shares(first, group):
                 args.append("loss_scale_manager=" + group.manager.code)
-            adds[id(group.statement)] = _call_text("%s.add" % scaler, args, column)
+            adds[id(group.statement)] = _call_text("%s.add" % scaler, args, s.column(group.top))
         scaler_text = _call_text("%s = %s.MultiOptimizerLossScale" % (scaler, self.alias),
                                  [first.manager.code], column)
         build_args = []
@@ -1152,14 +1248,19 @@ class _Planner(object):
         bindings = ["%s = %s.%s" % (g.name, train, "per_group[%s]" % _quote(_group_name(g))
                                      if per_group else "update_op") for g in groups]
         self.unwrap(groups)
+        scoped = last is not tops[-1]
         for top in tops:
             inner = [top] if isinstance(top, cst.SimpleStatementLine) else list(top.body.body)
             moving = self.moving.get(top, [])
             self.statements[top] = _statements(
                 [scaler_text] if top is tops[0] else [],
                 [(adds[id(st)], st) for st in inner if not any(st is m for m in moving)],
-                [build_text] + bindings if top is tops[-1] else [], top, column,
-                self.moved(moving))
+                [build_text] + bindings if top is tops[-1] and not scoped else [], top,
+                s.column(top), self.moved(moving))
+        if scoped:  # after the name scope's block, at its indentation
+            self.after.setdefault(last, []).extend(
+                _parse_at(text, s.column(last)) for text in [_call_text(
+                    "%s = %s.build" % (train, scaler), build_args, s.column(last))] + bindings)
         for group in groups:
             self.report_group(group, scaler, per_group)
         self.report_builder(groups, scaler, train, per_group)
@@ -1375,6 +1476,15 @@ def lost_comments(original, replacements):
     return lost
 
 
+def _inside(scanner, node, ancestor):
+    """True when ``node`` is ``ancestor`` or inside it."""
+    while node is not None:
+        if node is ancestor:
+            return True
+        node = scanner.parent(node)
+    return False
+
+
 def _group_name(group):
     """The builder's name for a group: its train op's name, less a leading
     "_" (a group's name is a TF name scope, which cannot start with one)."""
@@ -1482,6 +1592,12 @@ def _is_docstring(statement):
 #: Calls between two ``minimize`` calls that read nothing a ``minimize``
 #: makes (its variables are not trainable).
 _NOT_READING_THE_GRAPH = frozenset(["tensorflow.trainable_variables", "print", "len"])
+
+
+#: Methods of names' strings (``var.name.startswith("g")`` in a list of
+#: variables): they read no graph.
+_STRING_METHODS = frozenset(["startswith", "endswith", "split", "lower", "upper", "replace",
+                             "format", "join", "strip"])
 
 
 def _call_text(head, args, column):
