@@ -604,3 +604,45 @@ def test_a_train_op_read_inside_its_name_scope_is_refused():
     new, entries = _port(source)
     assert new == source
     assert ("fetch-unmapped", 16) in _rules(entries, BY_HAND)
+
+
+PRECISION = ("if FLAGS.precision_mode == 'allow_mix_precision':\n"
+             "    d_train = NPULossScaleOptimizer(d_opt, FixedLossScaleManager(8)).minimize(\n"
+             "        d_loss, var_list=d_vars)\n"
+             "    g_train = NPULossScaleOptimizer(g_opt, FixedLossScaleManager(8)).minimize(\n"
+             "        g_loss, var_list=g_vars)\n"
+             "else:\n"
+             "    d_train = d_opt.minimize(d_loss, var_list=d_vars)\n"
+             "    g_train = g_opt.minimize(g_loss, var_list=g_vars)\n")
+
+
+def test_a_precision_if_else_is_ported_in_its_loss_scaled_branch():
+    """fp16 wrappers in one branch, plain minimize calls in the other (it was
+    mixed-scaling): the loss-scaled branch gets the builder, the other
+    stays, the condition too."""
+    source = (HEAD + "d_opt = tf.train.AdamOptimizer()\ng_opt = tf.train.AdamOptimizer()\n"
+              + PRECISION + "sess.run(d_train)\nsess.run(g_train)\n")
+    new, entries = _port(source)
+    assert new.endswith(
+        "if FLAGS.precision_mode == 'allow_mix_precision':\n"
+        "    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8))\n"
+        '    scaler.add(d_loss, d_opt, var_list=d_vars, name="d_train")\n'
+        '    scaler.add(g_loss, g_opt, var_list=g_vars, name="g_train",\n'
+        "               loss_scale_manager=nl.FixedLossScaleManager(8))\n"
+        "    train = scaler.build(per_group_ops=True)\n"
+        '    d_train = train.per_group["d_train"]\n    g_train = train.per_group["g_train"]\n'
+        "else:\n" + PRECISION.split("else:\n")[1] + "sess.run(d_train)\nsess.run(g_train)\n")
+    assert ("branch-unscaled", 12) in _rules(entries, LEFT_ALONE)
+    assert _rules(entries, BY_HAND) == []
+    assert new.count("import npu_lossscale as nl\n") == 1
+
+
+def test_a_precision_branch_the_tool_cannot_prove_leaves_the_file_as_it_was():
+    """One branch refused: the whole file stays (a partial port would mix a
+    builder's step and a wrapper's)."""
+    source = (HEAD + "d_opt = tf.train.AdamOptimizer()\ng_opt = tf.train.AdamOptimizer()\n"
+              + PRECISION.replace("var_list=g_vars)\nelse", "var_list=g_vars, gate_gradients=0)"
+                                  "\nelse") + "sess.run(d_train)\nsess.run(g_train)\n")
+    new, entries = _port(source)
+    assert new == source
+    assert _rules(entries, BY_HAND) == [("minimize-arguments", 9)]

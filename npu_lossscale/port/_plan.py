@@ -65,6 +65,14 @@ Plan = collections.namedtuple("Plan", ["replace", "statements", "before", "after
 #:     manager built inside the wrapper), else None.
 ManagerUse = collections.namedtuple("ManagerUse", ["code", "key", "origin"])
 
+#: A part of a module the plan ports on its own.
+#:
+#: Attributes:
+#:   branch: the ``cst.If`` whose branches are ported one by one, or None
+#:     (the whole module).
+#:   block: the branch's ``IndentedBlock``, or None.
+Arm = collections.namedtuple("Arm", ["branch", "block"])
+
 #: One ``minimize`` call that becomes a builder group.
 #:
 #: Attributes:
@@ -115,6 +123,8 @@ class _Planner(object):
         self.mapped = set()  # manager calls already mapped
         self.moving = {}  # a control_dependencies top -> its statements moving above it
         self.seen = set()  # wrappers a minimize was traced to
+        self.arm = Arm(None, None)  # the part being ported (see arms())
+        self.minimizes, self.wrappers = scanner.minimizes, scanner.wrappers
 
     # -- report -------------------------------------------------------------------
 
@@ -158,12 +168,24 @@ class _Planner(object):
                 self.left_alone(s.library_import, "already-ported",
                                 "The script already imports npu_lossscale: nothing to port.")
             return
-        if not s.wrappers:
-            self.unscaled()
-        elif len(s.wrappers) == 1 and self.runs_once(s.wrappers[0].call):
-            self.drop_in(s.wrappers[0])
-        else:
-            self.builder(scaled=True)
+        for arm in self.arms():
+            self.arm = arm
+            self.minimizes = [m for m in s.minimizes if arm.block is None
+                              or _inside(s, m.call, arm.block)]
+            self.wrappers = [w for w in s.wrappers if arm.block is None
+                             or _inside(s, w.call, arm.block)]
+            if arm.block is not None and not self.wrappers:
+                self.left_alone(arm.block.body[0], "branch-unscaled",
+                                "This branch of the if (line %d) trains without loss scaling "
+                                "(the script's float32 or plain mode): it stays as it is, and "
+                                "the branch that scales is ported." % s.line(arm.branch),
+                                SECTION_PORTING)
+            elif not self.wrappers:
+                self.unscaled()
+            elif len(self.wrappers) == 1 and self.runs_once(self.wrappers[0].call):
+                self.drop_in(self.wrappers[0])
+            else:
+                self.builder(scaled=True)
         self.entries.extend(self.reasons)
         if self.reasons:
             self.replace, self.statements, self.before, self.after = {}, {}, {}, {}
@@ -174,6 +196,32 @@ class _Planner(object):
                 self.left_alone(call, "manager-unused",
                                 "This %s's manager feeds no wrapper the tool rewrote, so it "
                                 "stays as it is." % s.managers[call].origin, SECTION_MANAGERS)
+
+    def arms(self):
+        """The parts of the module to port one at a time: the whole module
+        (one ``Arm`` whose block is None), or, when every ``minimize`` and
+        wrapper is inside one ``if`` statement with ``minimize`` calls in
+        more than one of its branches (a precision ``if/else``: loss scaling
+        in one branch, plain ``minimize`` in the other; or the spellings of
+        a ``RANK_SIZE`` test), each branch; the condition stays."""
+        s = self.s
+        whole = [Arm(None, None)]
+        nodes = [m.call for m in s.minimizes] + [w.call for w in s.wrappers]
+        if not s.minimizes:
+            return whole
+        branch = s.parent(s.statement(s.minimizes[0].call))
+        while branch is not None and not isinstance(branch, (cst.If, cst.FunctionDef)):
+            branch = s.parent(branch)
+        while isinstance(branch, cst.If):
+            blocks = _branch_blocks(branch)
+            holding = [b for b in blocks if any(_inside(s, m.call, b) for m in s.minimizes)]
+            if (len(holding) > 1 and all(_inside(s, n, branch) for n in nodes)
+                    and all(any(_inside(s, n, b) for b in blocks) for n in nodes)):
+                return [Arm(branch, b) for b in holding]
+            branch = s.parent(branch)
+            while branch is not None and not isinstance(branch, (cst.If, cst.FunctionDef)):
+                branch = s.parent(branch)
+        return whole
 
     def runs_once(self, node, outer=()):
         """True when ``node`` is built once per graph: in no loop, and in no
@@ -202,7 +250,7 @@ class _Planner(object):
     def unscaled(self):
         """No loss-scale wrapper: several ``minimize`` ops become one builder
         with a dynamic scale; a single one is left alone."""
-        minimizes = self.s.minimizes
+        minimizes = self.minimizes
         if len(minimizes) == 1:
             self.left_alone(minimizes[0].call, "unscaled-single",
                             "One minimize without loss scaling: nothing to port. For float16 "
@@ -266,7 +314,7 @@ class _Planner(object):
                                 "To skip them too, port to MultiOptimizerLossScale with "
                                 "build(update_ops=...)." % self.code(self.control_dependencies(
                                     owner)), SECTION_UPDATE_OPS)
-        for minimize in s.minimizes:
+        for minimize in self.minimizes:
             if minimize not in minimizes:
                 self.left_alone(minimize.call, "unscaled-beside",
                                 "This minimize has no loss scaling and stays as it is. To scale "
@@ -323,7 +371,7 @@ class _Planner(object):
         """The ``minimize`` calls made on ``wrapper``'s object (inline, or
         through the name it is assigned to)."""
         receivers = [wrapper.call] + self.wrapper_name(wrapper)[1]
-        return [m for m in self.s.minimizes if any(m.receiver is r for r in receivers)]
+        return [m for m in self.minimizes if any(m.receiver is r for r in receivers)]
 
     def handed_to_functions(self, wrapper):
         """The calls of the script's own functions that take the name
@@ -512,15 +560,15 @@ class _Planner(object):
     def builder(self, scaled):
         """Several optimizers: one ``MultiOptimizerLossScale``."""
         s = self.s
-        wrappers = dict((w.call, w) for w in s.wrappers)
+        wrappers = dict((w.call, w) for w in self.wrappers)
         groups, used = [], set()
-        for minimize in s.minimizes:
+        for minimize in self.minimizes:
             group = self.group(minimize, wrappers, scaled)
             if group is not None:
                 groups.append(group)
                 if group.wrapper is not None:
                     used.add(group.wrapper.call)
-        for wrapper in s.wrappers:
+        for wrapper in self.wrappers:
             if wrapper.call not in used and wrapper.call not in self.seen:
                 self.refuse_unused(wrapper)
         if self.reasons:
@@ -907,7 +955,8 @@ class _Planner(object):
         target = _target(group)
         assignments = s.assignments(target) or []
         own = [a for a in assignments if a.node is target]
-        others = [a for a in assignments if a.node is not target]
+        others = [a for a in assignments if a.node is not target
+                  and not self.in_other_branch(a.node)]
         if own and not others:
             return own
         optimizer = group.wrapper.optimizer if group.wrapper is not None else (
@@ -934,6 +983,14 @@ class _Planner(object):
                     "session.run fetches. Give the train op a name no other line binds, then "
                     "run the tool again." % group.name)
         return None
+
+    def in_other_branch(self, node):
+        """True when ``node`` is in a branch of the ``if`` being ported one
+        branch at a time, other than the current one (it never runs with
+        the current branch's lines)."""
+        arm = self.arm
+        return (arm.branch is not None and _inside(self.s, node, arm.branch)
+                and not _inside(self.s, node, arm.block))
 
     def check_block(self, top, groups):
         """A ``tf.control_dependencies`` block of ``minimize`` calls: its
@@ -1432,7 +1489,10 @@ class _Planner(object):
     # -- the import ----------------------------------------------------------------
 
     def add_import(self):
-        """``import npu_lossscale as nl`` after the module's leading imports."""
+        """``import npu_lossscale as nl`` after the module's leading imports
+        (once, however many branches are ported)."""
+        if any(e.rule == "import-added" for e in self.entries):
+            return
         body = self.s.module.body
         text = ("import npu_lossscale as nl" if self.alias == "nl"
                 else "import npu_lossscale")
@@ -1474,6 +1534,17 @@ def lost_comments(original, replacements):
         else:
             lost.append(cst.EmptyLine(comment=cst.Comment(comment.value)))
     return lost
+
+
+def _branch_blocks(if_node):
+    """The blocks of an ``if``'s branches: its body, each ``elif``'s, and
+    the ``else``'s."""
+    blocks = [if_node.body]
+    orelse = if_node.orelse
+    while orelse is not None:
+        blocks.append(orelse.body)
+        orelse = orelse.orelse if isinstance(orelse, cst.If) else None
+    return [b for b in blocks if isinstance(b, cst.IndentedBlock)]
 
 
 def _inside(scanner, node, ancestor):
