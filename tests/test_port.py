@@ -31,6 +31,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from conftest import REPO, SKIPPED_STEPS
+import npu_lossscale as nl
 from npu_lossscale.port import REPORT_SUFFIX, main, port
 from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE
 
@@ -450,3 +451,20 @@ def test_the_report_fails_on_a_failed_check():
     assert report.check_failed()
     assert "  exit status 2\n  | Traceback ...\n  no training session.run was audited" in (
         report.format())
+
+
+def test_a_sync_replicas_drop_in_builds(graph, npu_shim):
+    """The drop-in with ours inside builds (TF's own class there is a
+    TypeError at minimize)."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "w = tf.Variable([1.0])\nloss = tf.reduce_sum(w * w)\n"
+              "gs = tf.train.get_or_create_global_step()\n"
+              "opt = NPULossScaleOptimizer(tf.train.SyncReplicasOptimizer(\n"
+              "    tf.train.AdamOptimizer(), replicas_to_aggregate=2), FixedLossScaleManager(8))\n"
+              "train = opt.minimize(loss, gs)\n")
+    new, _ = port_source(source, "t.py")
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    assert scope["train"].graph is tf.get_default_graph()
+    assert isinstance(scope["opt"].inner_optimizer, nl.SyncReplicasOptimizer)

@@ -646,3 +646,27 @@ def test_a_precision_branch_the_tool_cannot_prove_leaves_the_file_as_it_was():
     new, entries = _port(source)
     assert new == source
     assert _rules(entries, BY_HAND) == [("minimize-arguments", 9)]
+
+
+@pytest.mark.parametrize("form", ["named", "inline", "around"])
+def test_a_sync_replicas_drop_in_takes_ours_and_counts_skipped_steps(form):
+    """TF's SyncReplicasOptimizer inside the one wrapper becomes
+    nl.SyncReplicasOptimizer (TF's own is refused there with a TypeError);
+    around it, it stays. Either way count_skipped_steps=True, without which a
+    skip stalls every worker (NLS012)."""
+    sync = "tf.train.SyncReplicasOptimizer(tf.train.AdamOptimizer(), replicas_to_aggregate=2)"
+    manager = "FixedLossScaleManager(8)"
+    if form == "named":
+        lines = "sync = %s\nopt = NPULossScaleOptimizer(sync, %s)\n" % (sync, manager)
+    elif form == "inline":
+        lines = "opt = NPULossScaleOptimizer(%s, %s)\n" % (sync, manager)
+    else:
+        lines = ("opt = tf.train.SyncReplicasOptimizer(NPULossScaleOptimizer("
+                 "tf.train.AdamOptimizer(), %s), 2)\n" % manager)
+    source = HEAD + "gs = tf.train.get_or_create_global_step()\n" + lines + (
+        "train = opt.minimize(loss, gs)\nsess.run(train)\n")
+    new, entries = _port(source)
+    assert "count_skipped_steps=True" in new
+    assert ("nl.SyncReplicasOptimizer(" in new) == (form != "around")
+    assert ("tf.train.SyncReplicasOptimizer(" in new) == (form == "around")
+    assert "sync-replicas-mapped" in [e.rule for e in entries if e.kind == CHANGED]

@@ -110,6 +110,7 @@ DISTRIBUTED = frozenset([
 
 CONTROL_DEPENDENCIES = "tensorflow.control_dependencies"
 GROUP = "tensorflow.group"
+SYNC_REPLICAS = "tensorflow.train.SyncReplicasOptimizer"
 NAME_SCOPE = "tensorflow.name_scope"
 GLOBAL_STEP_GETTERS = frozenset(["tensorflow.train.get_or_create_global_step",
                                  "tensorflow.train.get_global_step"])

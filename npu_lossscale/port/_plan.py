@@ -38,6 +38,7 @@ SECTION_PER_GROUP_SCALES = 'README "Per-group loss scales"'
 SECTION_LSO = 'README "LossScaleOptimizer"'
 SECTION_GRAPH_REWRITE = 'README "Graph-rewrite mixed precision"'
 SECTION_DATA_PARALLEL = 'README "Data parallelism"'
+SECTION_SYNC_REPLICAS = 'docs/distributed.md "Parameter servers"'
 SECTION_BUILDER = 'README "MultiOptimizerLossScale" (add(..., transform_grads_fn=...))'
 SECTION_PORT = 'docs/port.md "What it leaves to you"'
 
@@ -293,9 +294,29 @@ class _Planner(object):
         manager = self.manager_of(wrapper, None)
         if manager is None:
             return
+        sync = self.sync_replicas(wrapper)
         args = [self.code(wrapper.optimizer), manager.code]
+        if sync is not None and sync is _inner_value(s, wrapper.optimizer):
+            ours = sync.with_changes(func=cst.parse_expression(
+                "%s.SyncReplicasOptimizer" % self.alias))
+            if sync is wrapper.optimizer:
+                args[0] = self.code(ours)
+            else:
+                self.replace[sync] = ours
         if wrapper.distributed is not None:
             args.append("is_distributed=" + self.code(wrapper.distributed))
+        if sync is not None:
+            args.append("count_skipped_steps=True")
+            inside = sync is _inner_value(s, wrapper.optimizer)
+            self.changed(sync, "sync-replicas-mapped",
+                         "%s; the drop-in passes count_skipped_steps=True: the workers' tokens "
+                         "are global_step, and a skip that held it back would drop every later "
+                         "push, the workers waiting forever." % (
+                             "tf.train.SyncReplicasOptimizer inside the loss scaling is %s."
+                             "SyncReplicasOptimizer, the same arguments (its chief applies "
+                             "through the step's decision)" % self.alias if inside else
+                             "tf.train.SyncReplicasOptimizer around the loss scaling stays"),
+                         SECTION_SYNC_REPLICAS)
         column = s.column(wrapper.call)
         text = _call_text("%s.LossScaleOptimizer" % self.alias, args, column)
         self.replace[wrapper.call] = _parse_expression_at(text,
@@ -321,6 +342,21 @@ class _Planner(object):
                                 "it too, port the script to one MultiOptimizerLossScale by "
                                 "hand.", SECTION_PORTING)
         self.add_import()
+
+    def sync_replicas(self, wrapper):
+        """The ``tf.train.SyncReplicasOptimizer(...)`` call inside a wrapper
+        (its optimizer, or the one assignment of its optimizer's name) or
+        around it (the wrapper as its first argument), or None."""
+        s = self.s
+        inner = _inner_value(s, wrapper.optimizer)
+        if s.call_name(inner) == _names.SYNC_REPLICAS:
+            return inner
+        arg = s.parent(wrapper.call)
+        call = s.parent(arg) if isinstance(arg, cst.Arg) else None
+        if (isinstance(call, cst.Call) and s.call_name(call) == _names.SYNC_REPLICAS
+                and call.args and call.args[0] is arg):
+            return call
+        return None
 
     def refuse_on_object(self, wrapper):
         """Refuses a wrapper kept in an object's attribute or item
@@ -1534,6 +1570,15 @@ def lost_comments(original, replacements):
         else:
             lost.append(cst.EmptyLine(comment=cst.Comment(comment.value)))
     return lost
+
+
+def _inner_value(scanner, expr):
+    """``expr``, or the value of the one assignment its name reads."""
+    if isinstance(expr, cst.Name):
+        assignment = _flow.reaching_assignment(scanner, expr)
+        value = _flow.assigned_value(scanner, assignment) if assignment is not None else None
+        return value if value is not None else expr
+    return expr
 
 
 def _branch_blocks(if_node):
