@@ -670,3 +670,12 @@ def test_a_sync_replicas_drop_in_takes_ours_and_counts_skipped_steps(form):
     assert ("nl.SyncReplicasOptimizer(" in new) == (form != "around")
     assert ("tf.train.SyncReplicasOptimizer(" in new) == (form == "around")
     assert "sync-replicas-mapped" in [e.rule for e in entries if e.kind == CHANGED]
+
+
+def test_a_manager_bound_again_inside_a_name_scope_before_its_minimize_is_refused():
+    scope = _scoped("gen", MANAGER).replace(
+        "    gen_train =", "    loss_scale_manager = FixedLossScaleManager(8)\n    gen_train =")
+    source = HEAD + _scoped("discrim", MANAGER) + scope + "sess.run([discrim_train, gen_train])\n"
+    new, entries = _port(source)
+    assert new == source
+    assert [rule for rule, _ in _rules(entries, BY_HAND)] == ["unmovable"]

@@ -1209,12 +1209,20 @@ class _Planner(object):
         # The port's own statements: the minimize calls' and the wrappers'.
         top_ids = set(id(t) for t in tops) | set(
             id(g.wrapper_statement) for g in groups if g.wrapper_statement is not None)
+        s = self.s
         for group in groups:
             here = index[id(self.anchor(group.top))]
-            for expr in [group.minimize.global_step, group.update_ops] + (
-                    _manager_reads(group.wrapper) if group.manager.origin is not None else []):
-                if expr is not None and scoped and not self.stable(
-                        expr, list(scoped), -1, len(scoped), set()):
+            line = s.line(group.top)
+            spans = [(e, line, None) for e in (group.minimize.global_step, group.update_ops)]
+            if group.manager.origin is not None:
+                read = s.line(groups[0].top if group is groups[0] else group.top)
+                spans += [(e, s.line(group.manager.origin), read)
+                          for e in _manager_reads(group.wrapper)]
+            for expr, first, last in spans:  # lines of the scopes between
+                between = [st for st in scoped
+                           if s.line(st) > first and (last is None or s.line(st) < last)]
+                if expr is not None and between and not self.stable(
+                        expr, between, -1, len(between), set()):
                     self.refuse(expr, "unmovable",
                                 "This argument moves to the builder, past lines inside the "
                                 "tf.name_scope blocks that may change it: bind it to a name "
