@@ -63,6 +63,10 @@ RUNNABLE = {
     "pix2pix_name_scopes.py": (True, ["builder", "manager-mapped", "manager-per-group",
                                       "update-ops-gated", "minimize-to-add", "wrapper-removed",
                                       "train-ops-bound"]),
+    "cyclegan_contrib_monitored.py": (False, ["builder", "manager-mapped", "manager-per-group",
+                                              "update-ops-gated", "global-step-to-build",
+                                              "minimize-to-add", "wrapper-removed",
+                                              "train-ops-bound"]),
 }
 
 #: The training runs of one step, each skipped once in the poisoned step.
@@ -151,7 +155,8 @@ def test_ported_script_trains_and_skips_an_overflow_atomically(ported, tmp_path,
     statistics = [n for n in model if "moving" in n]
     assert bool(statistics) == (name in ("contrib_update_ops.py", "npu_single.py",
                                          "modelzoo_dcgan_alternating.py",
-                                         "pix2pix_name_scopes.py"))
+                                         "pix2pix_name_scopes.py",
+                                         "cyclegan_contrib_monitored.py"))
     for variable in weights + statistics:  # the next step applied, with its updates
         assert not np.array_equal(states[3][variable], states[2][variable]), variable
         assert np.all(np.isfinite(states[3][variable])), variable
