@@ -479,3 +479,29 @@ def test_a_sync_replicas_drop_in_builds(graph, npu_shim):
     exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
     assert scope["train"].graph is tf.get_default_graph()
     assert isinstance(scope["opt"].inner_optimizer, nl.SyncReplicasOptimizer)
+
+
+def test_npu_tf_optimizer_around_the_wrappers_becomes_the_hccl_engine(graph, npu_shim):
+    """npu_tf_optimizer(NPULossScaleOptimizer(opt, m, is_distributed=True))
+    per network (the converter's spelling): the port's builder takes
+    distributed="hccl"; it builds and applies a step on one device."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "d_w = tf.Variable([1.0])\ng_w = tf.Variable([2.0])\n"
+              "d_loss = tf.reduce_sum(d_w * d_w)\ng_loss = tf.reduce_sum(g_w * g_w)\n"
+              "d_opt = npu_tf_optimizer(NPULossScaleOptimizer(tf.train.GradientDescentOptimizer("
+              "0.5), FixedLossScaleManager(8), is_distributed=True))\n"
+              "g_opt = npu_tf_optimizer(NPULossScaleOptimizer(tf.train.GradientDescentOptimizer("
+              "0.5), FixedLossScaleManager(8), is_distributed=True))\n"
+              "d_train = d_opt.minimize(d_loss, var_list=[d_w])\n"
+              "g_train = g_opt.minimize(g_loss, var_list=[g_w])\n"
+              "def step(sess):\n    sess.run([d_train, g_train])\n")
+    new, entries = port_source(source, "t.py")
+    assert 'nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), distributed="hccl")' in new
+    assert "distributed-mapped" in [e.rule for e in entries]
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        scope["step"](sess)
+        assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]  # w - 0.5 * 2w

@@ -82,8 +82,12 @@ REFUSALS = [
      + "summary = make_summary()\n" + G_MIN + JOINT, [("unmovable", 6)]),
     ("distributed", HEAD
      + "d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), FixedLossScaleManager(8),\n"
-     + "                              is_distributed=True)\n" + G_OPT + D_MIN + G_MIN + JOINT,
-     [("distributed", 5)]),
+     + "                              is_distributed=FLAGS.distributed)\n" + G_OPT + D_MIN
+     + G_MIN + JOINT, [("distributed", 5)]),
+    ("distributed: the wrappers reduce in different ways", HEAD
+     + "d_opt = npu_tf_optimizer(NPULossScaleOptimizer(tf.train.AdamOptimizer(), "
+     "FixedLossScaleManager(8)))\n" + G_OPT + D_MIN + G_MIN + JOINT,
+     [("distributed", 4), ("distributed", 5)]),
     ("distributed: the wrapped optimizer", HEAD
      + "d_opt = NPULossScaleOptimizer(NPUDistributedOptimizer(tf.train.AdamOptimizer()),\n"
      + "                              FixedLossScaleManager(8))\n" + G_OPT + D_MIN + G_MIN
@@ -679,3 +683,27 @@ def test_a_manager_bound_again_inside_a_name_scope_before_its_minimize_is_refuse
     new, entries = _port(source)
     assert new == source
     assert [rule for rule, _ in _rules(entries, BY_HAND)] == ["unmovable"]
+
+
+
+@pytest.mark.parametrize("layer,engine", [
+    ("npu_tf_optimizer(%s)", 'distributed="hccl")'),
+    ("%s", 'distributed="hccl",\n                                    allreduce_gradients=False)'),
+    ("npu_distributed_optimizer_wrapper(%s)", 'distributed="hccl",\n'
+     '                                    allreduce_gradients=False)')])
+def test_npu_bridges_distributed_layers_map_to_the_builders_engine(layer, engine):
+    """npu_tf_optimizer around the wrapper averaged the gradients (it is
+    NPUDistributedOptimizer): distributed="hccl". is_distributed=True alone
+    summed the overflow decision only: allreduce_gradients=False too.
+    npu_distributed_optimizer_wrapper, inert on one device, stays around the
+    optimizer."""
+    wrapper = ("NPULossScaleOptimizer(tf.train.AdamOptimizer(), FixedLossScaleManager(8), "
+               "is_distributed=True)")
+    lines = "".join("%s_opt = %s\n" % (n, layer % wrapper) for n in ("d", "g"))
+    new, entries = _port(HEAD + lines + D_MIN + G_MIN + JOINT)
+    assert "scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), " + engine in new
+    kept = "npu_distributed_optimizer_wrapper" in layer
+    assert ("d_opt = npu_distributed_optimizer_wrapper(tf.train.AdamOptimizer())\n" in new) == kept
+    assert "npu_tf_optimizer" not in new and "NPULossScaleOptimizer" not in new
+    assert "distributed-mapped" in [e.rule for e in entries if e.kind == CHANGED]
+    assert _rules(entries, BY_HAND) == []

@@ -108,6 +108,16 @@ DISTRIBUTED = frozenset([
     "tensorflow.train.SyncReplicasOptimizer",
 ])
 
+#: npu_bridge's distributed layers a script puts around a loss-scale
+#: wrapper: "averaging" ones average the gradients across devices on any
+#: launch (``npu_tf_optimizer`` is ``NPUDistributedOptimizer``), "inert" ones
+#: only when several devices run (``npu_distributed_optimizer_wrapper``).
+LAYERS = {
+    "npu_bridge.npu_init.npu_tf_optimizer": "averaging",
+    "npu_bridge.npu_init.npu_distributed_optimizer_wrapper": "inert",
+    "npu_bridge.estimator.npu.npu_optimizer.npu_distributed_optimizer_wrapper": "inert",
+}
+
 CONTROL_DEPENDENCIES = "tensorflow.control_dependencies"
 GROUP = "tensorflow.group"
 SYNC_REPLICAS = "tensorflow.train.SyncReplicasOptimizer"

@@ -123,6 +123,7 @@ class _Planner(object):
         self.alias = "nl" if "nl" not in taken else "npu_lossscale"
         self.mapped = set()  # manager calls already mapped
         self.moving = {}  # a control_dependencies top -> its statements moving above it
+        self.layers = {}  # a wrapper call -> npu_bridge's distributed layers around it
         self.seen = set()  # wrappers a minimize was traced to
         self.arm = Arm(None, None)  # the part being ported (see arms())
         self.minimizes, self.wrappers = scanner.minimizes, scanner.wrappers
@@ -619,6 +620,7 @@ class _Planner(object):
                             "functions: one builder needs them side by side." % lines)
             return
         self.check_groups(groups)
+        self.check_engines(groups)
         if self.reasons:
             return
         mode = self.fetch_mode(groups)
@@ -721,12 +723,13 @@ class _Planner(object):
         s = self.s
         receiver = minimize.receiver
         if isinstance(receiver, cst.Call):
+            receiver = self.peel(receiver)
             if receiver in wrappers:
                 wrapper = wrappers[receiver]
                 self.seen.add(receiver)
                 if wrapper.optimizer is None:
                     return self.refuse_arguments(wrapper)
-                return wrapper, None, self.code(wrapper.optimizer)
+                return wrapper, None, self.unwrapped_text(wrapper)
             if _names.is_tf_optimizer(s.call_name(receiver)):
                 return None, None, self.code(receiver)
             return self.refuse_unfollowed(minimize)
@@ -743,7 +746,7 @@ class _Planner(object):
                              for p, _, statement in places):
             return self.refuse_unfollowed(minimize)
         _, source, statement = max(places, key=lambda p: p[0])
-        value = s.assigned_value(source)
+        value = self.peel(s.assigned_value(source))
         allowed = [receiver] + (s.references([a for a in s.assignments(receiver)
                                                 if a.node is target]) if target is not None
                                 and target.value == receiver.value else [])
@@ -761,6 +764,40 @@ class _Planner(object):
                 self.refuse_other_use(receiver.value, reference)
                 return None
         return wrapper, (statement if wrapper is not None else None), receiver.value
+
+    def peel(self, value):
+        """A loss-scale wrapper inside npu_bridge's distributed layers
+        (``npu_tf_optimizer(NPULossScaleOptimizer(...))``): the wrapper call,
+        its layers recorded (``self.layers``); any other value as it is."""
+        found, node = [], value
+        while (isinstance(node, cst.Call) and self.s.call_name(node) in _names.LAYERS
+               and len(node.args) == 1 and node.args[0].keyword is None
+               and not node.args[0].star):
+            found.append(node)
+            node = node.args[0].value
+        if found and isinstance(node, cst.Call) and any(w.call is node for w in self.s.wrappers):
+            self.layers[node] = found
+            return node
+        return value
+
+    def unwrapped_text(self, wrapper):
+        """What the wrapper, and its distributed layers, give way to: the
+        optimizer it wrapped, inside the layers that are inert on one device
+        (npu_tf_optimizer's averaging is the builder's distributed="hccl")."""
+        text = self.code(wrapper.optimizer)
+        for layer in reversed(self.layers.get(wrapper.call, [])):
+            if _names.LAYERS[self.s.call_name(layer)] == "inert":
+                text = "%s(%s)" % (self.code(layer.func), text)
+        return text
+
+    def engine(self, wrapper):
+        """``(averaged, summed)``: whether a wrapper's gradients were averaged
+        across devices (an averaging layer around it) and its overflow
+        decision summed (``is_distributed=True``)."""
+        layers = self.layers.get(wrapper.call, [])
+        averaged = any(_names.LAYERS[self.s.call_name(l)] == "averaging" for l in layers)
+        summed = isinstance(wrapper.distributed, cst.Name) and wrapper.distributed.value == "True"
+        return averaged, summed
 
     def order(self, statement, top):
         """Where ``statement`` runs before the statements of ``top``'s block,
@@ -904,11 +941,12 @@ class _Planner(object):
             return None
         distributed = wrapper.distributed
         if distributed is not None and not (isinstance(distributed, cst.Name)
-                                            and distributed.value == "False"):
+                                            and distributed.value in ("False", "True")):
             self.refuse(distributed, "distributed",
                         "is_distributed=%s: the builder's cross-device check is "
-                        "MultiOptimizerLossScale(..., distributed=\"hccl\"); port it by hand."
-                        % self.code(distributed), SECTION_DATA_PARALLEL)
+                        "MultiOptimizerLossScale(..., distributed=\"hccl\"), on or off for the "
+                        "whole script: write True or False here (or port it by hand), then "
+                        "run the tool again." % self.code(distributed), SECTION_DATA_PARALLEL)
             return None
         inner = wrapper.optimizer
         if isinstance(inner, cst.Name):
@@ -979,6 +1017,24 @@ class _Planner(object):
             self.train_op_assignments(group)
         for top in _unique_nodes([g.top for g in groups if g.top is not g.statement]):
             self.check_block(top, groups)
+
+    def check_engines(self, groups):
+        """Refuses groups whose wrappers reduced across devices in different
+        ways: the builder's ``distributed=`` is one for all its groups."""
+        engines = collections.OrderedDict()
+        for group in groups:
+            if group.wrapper is not None:
+                engines.setdefault(self.engine(group.wrapper), []).append(group)
+        if len(engines) > 1:
+            for group in groups:
+                self.refuse(group.wrapper.call, "distributed",
+                            "The wrappers reduce across devices in different ways (%s): the "
+                            "builder's distributed=... is one for all groups. Give every "
+                            "wrapper the same is_distributed and npu_tf_optimizer layer, then "
+                            "run the tool again." % "; ".join(
+                                "%s: %s" % (", ".join(g.name for g in sharing),
+                                            _engine_words(engine))
+                                for engine, sharing in engines.items()), SECTION_DATA_PARALLEL)
 
     def train_op_assignments(self, group):
         """The assignments of a group's train op name that its fetches read:
@@ -1334,8 +1390,18 @@ class _Planner(object):
             if group is not first and not _shares(first, group):
                 args.append("loss_scale_manager=" + group.manager.code)
             adds[id(group.statement)] = _call_text("%s.add" % scaler, args, s.column(group.top))
+        averaged, summed = self.engine(first.wrapper) if first.wrapper is not None else (
+            False, False)
+        engine = (['distributed="hccl"'] if averaged else
+                  ['distributed="hccl"', "allreduce_gradients=False"] if summed else [])
         scaler_text = _call_text("%s = %s.MultiOptimizerLossScale" % (scaler, self.alias),
-                                 [first.manager.code], column)
+                                 [first.manager.code] + engine, column)
+        if engine:
+            self.changed(first.top, "distributed-mapped",
+                         "The wrappers %s: the builder does it with %s, and sums the overflow "
+                         "decision across devices, so every device applies or skips a step "
+                         "alike." % (_engine_words((averaged, summed)), ", ".join(engine)),
+                         SECTION_DATA_PARALLEL)
         build_args = []
         stepped = [g for g in groups if g.minimize.global_step is not None]
         if stepped:
@@ -1439,8 +1505,19 @@ class _Planner(object):
                              "%s is gone: group %s gets the optimizer it wrapped."
                              % (title, _quote(_group_name(group))), SECTION_PORTING)
                 continue
-            target = _assign_target(statement, wrapper.call)
-            if isinstance(wrapper.optimizer, cst.Name) and target is not None and (
+            layers = self.layers.get(wrapper.call, [])
+            outer = layers[0] if layers else wrapper.call
+            target = _assign_target(statement, outer)
+            text = self.unwrapped_text(wrapper)
+            if layers and not (target is not None and text == target.value):
+                self.replace[outer] = cst.parse_expression(text)
+                self.changed(wrapper.call, "wrapper-removed",
+                             "%s and npu_bridge's %s around it are gone: %s is %s, and the "
+                             "builder scales group %s." % (
+                                 title, ", ".join(self.code(l.func) for l in layers),
+                                 group.optimizer, text, _quote(_group_name(group))),
+                             SECTION_PORTING)
+            elif isinstance(wrapper.optimizer, cst.Name) and target is not None and (
                     wrapper.optimizer.value == target.value):
                 self.statements[statement] = []
                 self.changed(wrapper.call, "wrapper-removed",
@@ -1578,6 +1655,14 @@ def lost_comments(original, replacements):
         else:
             lost.append(cst.EmptyLine(comment=cst.Comment(comment.value)))
     return lost
+
+
+def _engine_words(engine):
+    averaged, summed = engine
+    return ("averaged the gradients across devices (npu_tf_optimizer)%s"
+            % (" and summed the overflow decision (is_distributed=True)" if summed else "")
+            if averaged else "summed the overflow decision across devices (is_distributed="
+            "True)" if summed else "reduced nothing across devices")
 
 
 def _inner_value(scanner, expr):
