@@ -707,3 +707,13 @@ def test_npu_bridges_distributed_layers_map_to_the_builders_engine(layer, engine
     assert "npu_tf_optimizer" not in new and "NPULossScaleOptimizer" not in new
     assert "distributed-mapped" in [e.rule for e in entries if e.kind == CHANGED]
     assert _rules(entries, BY_HAND) == []
+
+
+@pytest.mark.parametrize("source", [r[1] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_every_refusal_says_the_edit_that_lifts_it(source):
+    """Issue 46, point 4: the loop "edit, run again" converges only if each
+    by-hand item says what to change (or that the port is the user's)."""
+    _, entries = _port(source)
+    for entry in entries:
+        if entry.kind == BY_HAND:
+            assert "run the tool again" in entry.message or "by hand" in entry.message, entry

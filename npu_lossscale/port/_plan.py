@@ -268,7 +268,8 @@ class _Planner(object):
         s = self.s
         if isinstance(s.parent(wrapper.call), cst.Expr):
             self.refuse(wrapper.call, "wrapper-unfollowed",
-                        "The result of this %s call is dropped: port it by hand."
+                        "The result of this %s call is dropped: assign it (opt = ...) and minimize "
+                        "that, then run the tool again, or port it by hand."
                         % _names.WRAPPER_TITLES[wrapper.kind], SECTION_PORT)
             return
         if self.refuse_on_object(wrapper):
@@ -288,8 +289,8 @@ class _Planner(object):
             return
         if wrapper.optimizer is None or wrapper.others:
             self.refuse(wrapper.call, "wrapper-arguments",
-                        "This %s call has arguments the tool does not know (%s): port it by "
-                        "hand." % (_names.WRAPPER_TITLES[wrapper.kind],
+                        "This %s call has arguments the tool does not know (%s): drop those "
+                        "that are defaults, then run the tool again, or port it by hand." % (_names.WRAPPER_TITLES[wrapper.kind],
                                    self.code(wrapper.call)), SECTION_LSO)
             return
         manager = self.manager_of(wrapper, None)
@@ -456,7 +457,9 @@ class _Planner(object):
             return self.tf_loss_scale(wrapper, statement)
         if expr is None:
             self.refuse(wrapper.call, "wrapper-arguments",
-                        "This %s call has no loss-scale manager: port it by hand."
+                        "This %s call has no loss-scale manager: pass one as its second argument "
+                        "(e.g. ExponentialUpdateLossScaleManager(2 ** 15, 1000)), then run the tool "
+                        "again, or port it by hand."
                         % _names.WRAPPER_TITLES[wrapper.kind], SECTION_MANAGERS)
             return None
         if isinstance(expr, cst.Call) and expr in s.managers:
@@ -474,7 +477,8 @@ class _Planner(object):
         if statement is not None:
             self.refuse(expr, "manager-unfollowed",
                         "The manager %s is built inside the wrapper by a call the tool cannot "
-                        "move: bind it to a name first." % self.code(expr), SECTION_MANAGERS)
+                        "move: bind it to a name on the line above the wrapper (m = ...; "
+                        "Wrapper(opt, m)), then run the tool again." % self.code(expr), SECTION_MANAGERS)
             return None
         return ManagerUse(self.code(expr), None, None)
 
@@ -551,8 +555,11 @@ class _Planner(object):
         bound, others = _bind(call, known)
         if others:
             self.refuse(call, "manager-arguments",
-                        "This %s manager has arguments the tool does not know (%s)."
-                        % (mapping.origin, self.code(call)), SECTION_MANAGERS)
+                        "This %s manager has arguments the tool does not know (%s): the tool "
+                        "maps %s. Drop the others if they are defaults, then run the tool "
+                        "again, or pass our manager by hand."
+                        % (mapping.origin, self.code(call), ", ".join(
+                            theirs for theirs, _ in mapping.keywords)), SECTION_MANAGERS)
             return None
         args = []
         for theirs in known:
@@ -578,8 +585,11 @@ class _Planner(object):
         _, others = _bind(call, [theirs for theirs, _ in mapping.keywords])
         if others or mapping.origin == "tensorflow":
             self.refuse(call, "manager-arguments",
-                        "This %s manager has arguments the tool does not know (%s)."
-                        % (mapping.origin, self.code(call)), SECTION_MANAGERS)
+                        "This %s manager has arguments the tool does not know (%s): the tool "
+                        "maps %s. Drop the others if they are defaults, then run the tool "
+                        "again, or pass our manager by hand."
+                        % (mapping.origin, self.code(call), ", ".join(
+                            theirs for theirs, _ in mapping.keywords)), SECTION_MANAGERS)
             return None
         func = cst.parse_expression("%s.%s" % (self.alias, mapping.ours))
         shift = len(self.code(func)) - len(self.code(call.func))
@@ -617,7 +627,9 @@ class _Planner(object):
             for group in groups:
                 self.refuse(group.minimize.call, "blocks-differ",
                             "The minimize calls (lines %s) are in different blocks or "
-                            "functions: one builder needs them side by side." % lines)
+                            "functions: one builder needs them side by side. Put them in one "
+                            "block (with tf.name_scope(...) blocks side by side count as one), "
+                            "then run the tool again." % lines)
             return
         self.check_groups(groups)
         self.check_engines(groups)
@@ -658,13 +670,16 @@ class _Planner(object):
         target = _assign_target(statement, minimize.call)
         if target is None:
             self.refuse(minimize.call, "train-op-unfollowed",
-                        "This minimize's train op is not assigned to a plain name "
-                        "(`name = opt.minimize(...)`), so the tool cannot follow its fetches.")
+                        "This minimize's train op is not assigned to a plain name, so the tool "
+                        "cannot follow its fetches: assign it (name = opt.minimize(...)) and fetch "
+                        "that name, then run the tool again.")
             return None
         if s.loop_around(minimize.call) is not None:
             self.refuse(minimize.call, "built-in-loop",
                         "This minimize runs in a loop or comprehension: the tool cannot tell "
-                        "the optimizers apart. Write one scaler.add() per optimizer.", SECTION_PORT)
+                        "the optimizers apart. Unroll it (one optimizer and one minimize per "
+                        "network, side by side), then run the tool again, or write one "
+                        "scaler.add() per optimizer by hand.", SECTION_PORT)
             return None
         top, update_ops = self.top_of(statement)
         source = self.optimizer_source(minimize, top, wrappers)
@@ -674,7 +689,9 @@ class _Planner(object):
         if scaled and wrapper is None:
             self.refuse(minimize.call, "mixed-scaling",
                         "This minimize has no loss-scale wrapper while others have: the tool "
-                        "will not guess its scale. Port the script by hand.")
+                        "will not guess its scale. Wrap its optimizer as the others are "
+                        "(NPULossScaleOptimizer(opt, manager)), then run the tool again, or port "
+                        "the script by hand.")
             return None
         if wrapper is not None:
             manager = self.wrapper_checks(wrapper, wrapper_statement)
@@ -856,18 +873,25 @@ class _Planner(object):
             return
         self.refuse(statement, "control-dependencies-mixed",
                     "This statement shares a tf.control_dependencies block with a minimize: "
-                    "the tool cannot lift the minimize out of it.", SECTION_UPDATE_OPS)
+                    "the tool cannot lift the minimize out of it. Move it above or below the "
+                    "with block (which may then hold only the minimize calls and the "
+                    "optimizers', wrappers' and managers' constructors), then run the tool "
+                    "again.", SECTION_UPDATE_OPS)
 
     def refuse_unfollowed(self, minimize):
         self.refuse(minimize.call, "optimizer-unfollowed",
                     "The tool cannot tell which optimizer %s is: built in another function, "
-                    "a loop, a branch, or passed in. Write one scaler.add() per optimizer."
+                    "a loop, a branch, or passed in. Bind it once (name = "
+                    "tf.train.AdamOptimizer(...), then name = NPULossScaleOptimizer(name, m) if "
+                    "it is scaled) in this block or one around it, before this line, then run "
+                    "the tool again; or write one scaler.add() per optimizer by hand."
                     % self.code(minimize.receiver), SECTION_PORT)
         return None
 
     def refuse_arguments(self, wrapper):
         self.refuse(wrapper.call, "wrapper-arguments",
-                    "This %s call has no optimizer argument the tool can read."
+                    "This %s call has no optimizer argument the tool can read: pass the "
+                    "optimizer as its first argument, then run the tool again."
                     % _names.WRAPPER_TITLES[wrapper.kind])
         return None
 
@@ -878,12 +902,16 @@ class _Planner(object):
             self.refuse(reference, "optimizer-reused",
                         "%s is minimized again here: one optimizer object for two minimize "
                         "calls (its Adam beta powers advance once per call; ModelZoo "
-                        "BicycleGAN). Give each minimize its own optimizer." % name, SECTION_PORT)
+                        "BicycleGAN). Give each minimize its own optimizer, then run the tool "
+                        "again." % name, SECTION_PORT)
         elif method in ("compute_gradients", "apply_gradients"):
             self.refuse_gradients(reference, name)
         else:
             self.refuse(reference, "optimizer-used-elsewhere",
-                        "%s is also used here, where the tool cannot follow it." % name,
+                        "%s is also used here, where the tool cannot follow it: read the "
+                        "optimizer only in its minimize (bind the inner optimizer to a name of "
+                        "its own for other uses), then run the tool again, or port it by hand."
+                        % name,
                         SECTION_PORT)
 
     def refuse_gradients(self, node, name):
@@ -909,25 +937,31 @@ class _Planner(object):
         if s.loop_around(wrapper.call) is not None:
             self.refuse(wrapper.call, "built-in-loop",
                         "This %s is built in a loop or comprehension: the tool cannot tell the "
-                        "optimizers apart. Write one scaler.add() per optimizer." % title,
+                        "optimizers apart. Unroll it (one wrapper per network, side by side), "
+                        "then run the tool again, or write one scaler.add() per optimizer by "
+                        "hand." % title,
                         SECTION_PORT)
         elif s.function_of(wrapper.call) is not None and not (
                 isinstance(s.parent(wrapper.call), cst.Assign)
                 and len(s.parent(wrapper.call).targets) == 1):
             self.refuse(wrapper.call, "optimizer-through-function",
                         "This %s is made in function %s() and handed on: the tool cannot "
-                        "follow it. Write one scaler.add() per optimizer."
+                        "follow it. Make it where it is minimized (inline the function), then "
+                        "run the tool again, or write one scaler.add() per optimizer by hand."
                         % (title, s.function_of(wrapper.call).name.value), SECTION_PORT)
         elif not self.runs_once(wrapper.call):
             self.refuse(wrapper.call, "built-in-loop",
                         "This %s is built in a function that may run more than once (called "
                         "from several places or from a loop): the tool cannot tell the "
-                        "optimizers apart. Write one scaler.add() per optimizer." % title,
+                        "optimizers apart. Make each network's wrapper where it is minimized, "
+                        "side by side, then run the tool again, or write one scaler.add() per "
+                        "optimizer by hand." % title,
                         SECTION_PORT)
         else:
             self.refuse(wrapper.call, "wrapper-unfollowed",
-                        "The tool cannot find the minimize of this %s. Write one scaler.add() "
-                        "per optimizer." % title, SECTION_PORT)
+                        "The tool cannot find the minimize of this %s: minimize it in this "
+                        "file, in the block where it is made, then run the tool again, or write "
+                        "one scaler.add() per optimizer by hand." % title, SECTION_PORT)
 
     def wrapper_checks(self, wrapper, wrapper_statement):
         """Refuses what the builder cannot take from a wrapper; returns its
@@ -935,7 +969,8 @@ class _Planner(object):
         s = self.s
         if wrapper.others:
             self.refuse(wrapper.call, "wrapper-arguments",
-                        "This %s call has arguments the tool does not know (%s)."
+                        "This %s call has arguments the tool does not know (%s): drop those that "
+                        "are defaults, then run the tool again, or port it by hand."
                         % (_names.WRAPPER_TITLES[wrapper.kind],
                            ", ".join(self.code(a) for a in wrapper.others)))
             return None
@@ -964,8 +999,10 @@ class _Planner(object):
         if s.call_name(inner) in _names.DISTRIBUTED:
             self.refuse(wrapper.optimizer, "distributed",
                         "The wrapped optimizer averages gradients across workers (%s): the "
-                        "builder does that with distributed=...; port it by hand."
-                        % self.code(inner.func), SECTION_DATA_PARALLEL)
+                        "builder does that itself, with distributed=\"hccl\". Put "
+                        "npu_tf_optimizer(...) around the wrapper instead of %s inside it (the "
+                        "tool maps it), then run the tool again, or port it by hand."
+                        % (self.code(inner.func), self.code(inner.func)), SECTION_DATA_PARALLEL)
             return None
         return self.manager_of(wrapper, wrapper_statement)
 
@@ -977,8 +1014,9 @@ class _Planner(object):
             for group in steps:
                 self.refuse(group.minimize.global_step, "global-step-twice",
                             "global_step is passed to %d minimize calls: it advanced once per "
-                            "optimizer. The builder advances it once per step: decide by "
-                            "hand." % len(steps), SECTION_GLOBAL_STEP)
+                            "optimizer. The builder advances it once per step: pass it to one "
+                            "minimize (the one whose runs count your steps), then run the tool "
+                            "again." % len(steps), SECTION_GLOBAL_STEP)
         inner = collections.OrderedDict()  # a wrapped optimizer's assignment -> its groups
         for group in groups:
             if group.wrapper is not None and isinstance(group.wrapper.optimizer, cst.Name):
@@ -992,28 +1030,33 @@ class _Planner(object):
                     self.refuse(group.wrapper.call, "optimizer-reused",
                                 "%s is wrapped for %d minimize calls (%s): one optimizer object "
                                 "whose Adam beta powers advance once per call (ModelZoo "
-                                "BicycleGAN). Give each minimize its own optimizer."
-                                % (name, len(sharing), ", ".join(g.name for g in sharing)),
+                                "BicycleGAN). Give each minimize its own optimizer, then run the tool "
+                                "again." % (name, len(sharing), ", ".join(g.name for g in sharing)),
                                 SECTION_PORT)
         for group in groups:
             minimize = group.minimize
             if minimize.loss is None:
                 self.refuse(minimize.call, "minimize-arguments",
-                            "This minimize has no loss argument the tool can read.")
+                            "This minimize has no loss argument the tool can read: pass the "
+                            "loss as its first argument, then run the tool again.")
             if minimize.others:
                 self.refuse(minimize.call, "minimize-arguments",
-                            "This minimize passes %s, which scaler.add() does not take."
-                            % ", ".join(self.code(a) for a in minimize.others))
+                            "This minimize passes %s, which scaler.add() does not take: drop "
+                            "them if they are defaults, then run the tool again, or port it by "
+                            "hand." % ", ".join(self.code(a) for a in minimize.others))
             if minimize.var_list is None:
                 self.refuse(minimize.call, "var-list-missing",
                             "This minimize has no var_list: with several optimizers each "
-                            "group needs its own variables.")
+                            "group needs its own variables. Pass var_list=... (e.g. "
+                            "tf.trainable_variables(\"generator\")), then run the tool again.")
             if minimize.name is not None:
                 value = getattr(minimize.name, "evaluated_value", None)
                 if not isinstance(minimize.name, cst.SimpleString) or s.strings[value] > 1:
                     self.refuse(minimize.name, "op-name-used",
                                 "This train op's name %s is used elsewhere in the script: the "
-                                "builder's op has another name." % self.code(minimize.name))
+                                "builder's op has another name. Reach the op through its variable "
+                                "there, drop name=..., then run the tool again."
+                                % self.code(minimize.name))
             self.train_op_assignments(group)
         for top in _unique_nodes([g.top for g in groups if g.top is not g.statement]):
             self.check_block(top, groups)
@@ -1180,7 +1223,8 @@ class _Planner(object):
                     self.refuse(reference, "fetch-unmapped",
                                 "%s is used here outside a session.run fetch (a list, a "
                                 "function, a control dependency): the tool cannot map it to a "
-                                "builder op." % group.name, SECTION_PORT)
+                                "builder op. Fetch it in session.run (or group every train op "
+                                "in one tf.group), then run the tool again." % group.name, SECTION_PORT)
                 else:
                     sites.setdefault(site, set()).add(group.name)
         if self.reasons:
@@ -1200,14 +1244,16 @@ class _Planner(object):
             if fetched != names and len(fetched) != 1:
                 self.refuse(site, "fetch-unmapped",
                             "This session.run fetches %s but not %s: neither one step for all "
-                            "groups nor one group's step." % (", ".join(sorted(fetched)),
+                            "groups nor one group's step. Fetch every train op in one run, or one per "
+                            "run, then run the tool again." % (", ".join(sorted(fetched)),
                                                               ", ".join(sorted(names - fetched))),
                             SECTION_PORT)
         if joint and single:
             for site in joint + single:
                 self.refuse(site, "fetch-mixed",
-                            "Some session.run calls fetch every train op and others one: bind "
-                            "update_op and per_group ops by hand.", SECTION_PORT)
+                            "Some session.run calls fetch every train op and others one: fetch "
+                            "them the same way in every run (all together, or one per run), then "
+                            "run the tool again, or bind update_op and per_group ops by hand.", SECTION_PORT)
         if self.reasons:
             return None
         return "per_group" if single else "joint"
@@ -1283,7 +1329,7 @@ class _Planner(object):
                                 "This argument moves to the builder, past lines inside the "
                                 "tf.name_scope blocks that may change it: bind it to a name "
                                 "before the first block, and leave it as it is until the "
-                                "last.", SECTION_PORT)
+                                "last, then run the tool again.", SECTION_PORT)
             moving = [(group.minimize.global_step, "global_step", SECTION_GLOBAL_STEP),
                       (group.update_ops, "control_dependencies", SECTION_UPDATE_OPS)]
             for expr, what, section in moving:
@@ -1292,7 +1338,8 @@ class _Planner(object):
                                 "This %s argument moves to build(), after lines the script "
                                 "runs in between that may change it (a new value, or a call "
                                 "that reads it): bind it to a name before the first minimize, "
-                                "and leave it as it is until the last." % what, section)
+                                "and leave it as it is until the last, then run the tool "
+                                "again." % what, section)
             origin = group.manager.origin
             if origin is not None:
                 start = index.get(id(origin))
@@ -1322,7 +1369,8 @@ class _Planner(object):
                 return
         self.refuse(group.wrapper.call, "unmovable",
                     "This wrapper's manager moves to the builder, past lines that may change "
-                    "its arguments: bind the manager to a name first.", SECTION_MANAGERS)
+                    "its arguments: bind the manager to a name above the first minimize (m = "
+                    "Manager(...)), then run the tool again.", SECTION_MANAGERS)
 
     def note_between(self, groups, between, tops):
         """Lists the statements between the first and the last ``minimize``
