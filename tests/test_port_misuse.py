@@ -184,3 +184,15 @@ def test_a_star_import_inside_try_is_recognised():
     new, entries = port_source(source, "t.py")
     assert "nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8))" in new
     assert ("npu-init-import", 3) in [(e.rule, e.line) for e in entries if e.kind == LEFT_ALONE]
+
+
+def test_the_checks_report_says_whether_a_skip_is_atomic():
+    from npu_lossscale.port._report import (AuditedRun, CheckResult,  # pylint: disable=import-outside-toplevel
+                                            Report)
+    report = Report()
+    report.check = CheckResult("python t.py", 0, [
+        AuditedRun(["u"], [("NLS011-double-scale-update", "info", "m")]),
+        AuditedRun(["v"], [("NLS005-ungated-update", "error", "bn")])], "")
+    text = report.format()
+    assert "    skips: atomic as far as the audit sees (no NLS001/NLS005/NLS008/NLS009" in text
+    assert "    skips: NOT atomic (NLS005): a skipped run still changes state" in text
