@@ -505,3 +505,38 @@ def test_npu_tf_optimizer_around_the_wrappers_becomes_the_hccl_engine(graph, npu
         sess.run(tf.global_variables_initializer())
         scope["step"](sess)
         assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]  # w - 0.5 * 2w
+
+
+@pytest.mark.parametrize("rank_size", [None, "1"])
+def test_a_rank_size_spelling_ports_and_trains_on_one_device(graph, npu_shim, monkeypatch,
+                                                             rank_size):
+    """Pix2Pix's `if RANK_SIZE > 1:` between npu_tf_optimizer(wrapper) and
+    the wrapper: on one device the builder's engine is None, and a step
+    applies both groups."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    if rank_size is None:
+        monkeypatch.delenv("RANK_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("RANK_SIZE", rank_size)
+    lines = []
+    for name, value in (("d", 1.0), ("g", 2.0)):
+        lines += ["%s_w = tf.Variable([%s])" % (name, value),
+                  "%s_loss = tf.reduce_sum(%s_w * %s_w)" % (name, name, name),
+                  "%s_opt = tf.train.GradientDescentOptimizer(0.5)" % name,
+                  "if int(os.getenv('RANK_SIZE', '1')) > 1:",
+                  "    %s_opt = npu_tf_optimizer(NPULossScaleOptimizer(%s_opt, "
+                  "FixedLossScaleManager(8), is_distributed=True))" % (name, name),
+                  "else:",
+                  "    %s_opt = NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8))"
+                  % (name, name),
+                  "%s_train = %s_opt.minimize(%s_loss, var_list=[%s_w])" % ((name,) * 4)]
+    source = ("import os\nimport tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              + "\n".join(lines) + "\ndef step(sess):\n    sess.run([d_train, g_train])\n")
+    new, _ = port_source(source, "t.py")
+    assert "if int(" not in new.split("scaler = ")[0].split("import npu_lossscale as nl")[1]
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        scope["step"](sess)
+        assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]

@@ -717,3 +717,49 @@ def test_every_refusal_says_the_edit_that_lifts_it(source):
     for entry in entries:
         if entry.kind == BY_HAND:
             assert "run the tool again" in entry.message or "by hand" in entry.message, entry
+
+
+def _spelled(name, test="int(os.getenv('RANK_SIZE', '1')) > 1", other=None):
+    return ("%s_opt = tf.train.AdamOptimizer()\n" % name
+            + "if %s:\n" % test
+            + "    %s_opt = npu_tf_optimizer(NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8),"
+            " is_distributed=True))\n" % (name, name)
+            + "else:\n"
+            + "    %s_opt = NPULossScaleOptimizer(%s, FixedLossScaleManager(8))\n"
+            % (name, other or name + "_opt"))
+
+
+def test_a_rank_size_if_between_wrapper_spellings_becomes_the_builders_engine():
+    """Pix2Pix's RANK_SIZE test: npu_tf_optimizer around the wrapper on
+    several devices, the wrapper alone on one. The if goes; its test picks
+    the builder's engine (it was wrapper-unfollowed)."""
+    source = (HEAD.replace("import tensorflow", "import os\nimport tensorflow") + _spelled("d")
+              + D_MIN + _spelled("g") + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert ("d_opt = tf.train.AdamOptimizer()\n"
+            "scaler = nl.MultiOptimizerLossScale(\n"
+            "    nl.FixedLossScaleManager(8),\n"
+            "    distributed=\"hccl\" if int(os.getenv('RANK_SIZE', '1')) > 1 else None)\n"
+            'scaler.add(d_loss, d_opt, var_list=d_vars, name="d_train")\n'
+            "g_opt = tf.train.AdamOptimizer()\n") in new
+    assert "npu_tf_optimizer" not in new and "if int(" not in new.split("scaler =")[0]
+    assert _rules(entries, BY_HAND) == []
+    assert "distributed-mapped" in [e.rule for e in entries if e.kind == CHANGED]
+
+
+@pytest.mark.parametrize("variant,rule", [
+    ("rebound", "unmovable"), ("another optimizer", "optimizer-unfollowed")])
+def test_a_rank_size_if_the_tool_cannot_prove_is_refused(variant, rule):
+    """The test's name bound again before the builder reads it; branches
+    that wrap different optimizers."""
+    head = HEAD.replace("import tensorflow", "import os\nimport tensorflow")
+    if variant == "rebound":
+        source = (head + "rank_size = int(os.getenv('RANK_SIZE', '1'))\n"
+                  + _spelled("d", "rank_size > 1") + D_MIN + "rank_size = 2\n"
+                  + _spelled("g", "rank_size > 1") + G_MIN + JOINT)
+    else:
+        source = (head + _spelled("d", other="tf.train.GradientDescentOptimizer(0.1)") + D_MIN
+                  + _spelled("g") + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert new == source
+    assert rule in [r for r, _ in _rules(entries, BY_HAND)]

@@ -74,6 +74,13 @@ ManagerUse = collections.namedtuple("ManagerUse", ["code", "key", "origin"])
 #:   block: the branch's ``IndentedBlock``, or None.
 Arm = collections.namedtuple("Arm", ["branch", "block"])
 
+#: An ``if``/``else`` whose branches spell one wrapper two ways.
+#:
+#: Attributes:
+#:   node: the ``cst.If``.
+#:   wrappers: the ``_find.Wrapper`` of its body, then of its ``else``.
+Spelling = collections.namedtuple("Spelling", ["node", "wrappers"])
+
 #: One ``minimize`` call that becomes a builder group.
 #:
 #: Attributes:
@@ -124,6 +131,7 @@ class _Planner(object):
         self.mapped = set()  # manager calls already mapped
         self.moving = {}  # a control_dependencies top -> its statements moving above it
         self.layers = {}  # a wrapper call -> npu_bridge's distributed layers around it
+        self.spelled = {}  # a wrapper call -> the ``Spelling`` it is the if-branch of
         self.seen = set()  # wrappers a minimize was traced to
         self.arm = Arm(None, None)  # the part being ported (see arms())
         self.minimizes, self.wrappers = scanner.minimizes, scanner.wrappers
@@ -758,8 +766,14 @@ class _Planner(object):
         places = [(self.order(s.statement(a.node), top), a, s.statement(a.node))
                   for a in assignments]
         position = self.order(own, own)
+        spell = self.spelling_if(assignments, wrappers)
+        if spell is not None:  # the if stands for its two assignments
+            branch = [a for a in assignments if _inside(s, a.node, spell.node)]
+            places = [p for p in places if not any(p[1] is a for a in branch)] + [
+                (self.order(spell.node, top), branch[0], spell.node)]
         if not places or any(p is None or p >= position
-                             or not isinstance(statement, cst.SimpleStatementLine)
+                             or not (isinstance(statement, cst.SimpleStatementLine)
+                                     or spell is not None and statement is spell.node)
                              for p, _, statement in places):
             return self.refuse_unfollowed(minimize)
         _, source, statement = max(places, key=lambda p: p[0])
@@ -772,8 +786,10 @@ class _Planner(object):
             self.seen.add(value)
             if wrapper.optimizer is None:
                 return self.refuse_arguments(wrapper)
-            if isinstance(wrapper.optimizer, cst.Name):
-                allowed.append(wrapper.optimizer)
+            for spelled in (spell.wrappers if spell is not None else [wrapper]):
+                self.seen.add(spelled.call)
+                if isinstance(spelled.optimizer, cst.Name):
+                    allowed.append(spelled.optimizer)
         elif not _names.is_tf_optimizer(s.call_name(value)):
             return self.refuse_unfollowed(minimize)
         for reference in s.references(assignments):
@@ -781,6 +797,49 @@ class _Planner(object):
                 self.refuse_other_use(receiver.value, reference)
                 return None
         return wrapper, (statement if wrapper is not None else None), receiver.value
+
+    def spelling_if(self, assignments, wrappers):
+        """The ``if``/``else`` that chooses between two spellings of one
+        wrapper (a ``RANK_SIZE`` test: ``npu_tf_optimizer(NPULossScaleOptimizer(
+        opt, m, is_distributed=True))`` on several devices, ``NPULossScaleOptimizer(
+        opt, m)`` on one), each branch that one assignment alone, as a
+        ``Spelling``; None for any other binding. Both spellings wrap the same
+        optimizer with the same manager; their distributed layers may differ
+        (``engine`` reads them)."""
+        s = self.s
+        node = None
+        for assignment in assignments:
+            owner = s.owner(s.block(s.statement(assignment.node)))
+            owner = s.parent(owner) if isinstance(owner, cst.Else) else owner
+            if isinstance(owner, cst.If):
+                node = owner
+        if not (isinstance(node, cst.If) and isinstance(node.orelse, cst.Else)):
+            return None
+        assignments = [a for a in assignments if _inside(s, a.node, node)]
+        if len(assignments) != 2:
+            return None
+        statements = [s.statement(a.node) for a in assignments]
+        blocks = [node.body, node.orelse.body]
+        if not all(isinstance(b, cst.IndentedBlock) and len(b.body) == 1 for b in blocks):
+            return None
+        order = [[a for a, st in zip(assignments, statements) if st is b.body[0]]
+                 for b in blocks]
+        if not all(len(found) == 1 for found in order):
+            return None
+        found = [wrappers.get(self.peel(s.assigned_value(a[0]))) for a in order]
+        if any(w is None or w.optimizer is None for w in found):
+            return None
+        first, second = found
+        if not (first.kind == second.kind and first.scale is not None
+                and second.scale is not None
+                and self.code(first.optimizer) == self.code(second.optimizer)
+                and self.code(first.scale) == self.code(second.scale)
+                and self.unwrapped_text(first) == self.unwrapped_text(second)
+                and not first.others and not second.others):
+            return None
+        spell = Spelling(node, found)
+        self.spelled[first.call] = self.spelled[second.call] = spell
+        return spell
 
     def peel(self, value):
         """A loss-scale wrapper inside npu_bridge's distributed layers
@@ -810,7 +869,19 @@ class _Planner(object):
     def engine(self, wrapper):
         """``(averaged, summed)``: whether a wrapper's gradients were averaged
         across devices (an averaging layer around it) and its overflow
-        decision summed (``is_distributed=True``)."""
+        decision summed (``is_distributed=True``); for a wrapper spelled two
+        ways under an ``if``, ``(test, engine of the if's, engine of the
+        else's)``."""
+        spell = self.spelled.get(wrapper.call)
+        if spell is not None:
+            first, second = (self.plain_engine(w) for w in spell.wrappers)
+            if first != second:
+                return (self.code(spell.node.test), first, second)
+            return first
+        return self.plain_engine(wrapper)
+
+    def plain_engine(self, wrapper):
+        """``(averaged, summed)`` of one spelling (see ``engine``)."""
         layers = self.layers.get(wrapper.call, [])
         averaged = any(_names.LAYERS[self.s.call_name(l)] == "averaging" for l in layers)
         summed = isinstance(wrapper.distributed, cst.Name) and wrapper.distributed.value == "True"
@@ -1068,6 +1139,17 @@ class _Planner(object):
         for group in groups:
             if group.wrapper is not None:
                 engines.setdefault(self.engine(group.wrapper), []).append(group)
+        for engine, sharing in engines.items():
+            if len(engine) == 3 and (sum(map(any, engine[1:])) != 1
+                                     or any(e == (False, True) for e in engine[1:])):
+                for group in sharing:
+                    self.refuse(group.wrapper.call, "distributed",
+                                "The if/else (`if %s:`) spells this wrapper with %s and %s: the "
+                                "builder's distributed=... can follow a test between averaging "
+                                "across devices (npu_tf_optimizer) and one device, not this. "
+                                "Spell both branches alike, then run the tool again, or port it "
+                                "by hand." % (engine[0], _engine_words(engine[1]),
+                                              _engine_words(engine[2])), SECTION_DATA_PARALLEL)
         if len(engines) > 1:
             for group in groups:
                 self.refuse(group.wrapper.call, "distributed",
@@ -1340,6 +1422,10 @@ class _Planner(object):
                                 "that reads it): bind it to a name before the first minimize, "
                                 "and leave it as it is until the last, then run the tool "
                                 "again." % what, section)
+            spell = self.spelled.get(group.wrapper.call) if group.wrapper is not None else None
+            if spell is not None and spell.node in [body[i] for i in index.values()]:
+                self.check_test(spell.node.test, body, index[id(spell.node)],
+                                index[id(self.anchor(groups[0].top))])
             origin = group.manager.origin
             if origin is not None:
                 start = index.get(id(origin))
@@ -1371,6 +1457,28 @@ class _Planner(object):
                     "This wrapper's manager moves to the builder, past lines that may change "
                     "its arguments: bind the manager to a name above the first minimize (m = "
                     "Manager(...)), then run the tool again.", SECTION_MANAGERS)
+
+    def check_test(self, test, body, start, end):
+        """Refuses a spelling if's test that may not mean at the scaler
+        (``body[end]``) what it meant at the if (``body[start]``): a name it
+        reads bound in between, or a call other than an environment read or
+        a conversion."""
+        s = self.s
+        calls = [s.call_name(c) for c in _matchers.findall(test, _matchers.Call())]
+        first, last = min(start, end), max(start, end)
+        read = _flow.read_names(test)
+        bound = set()
+        for statement in body[first + 1:last]:
+            bound |= _flow.assigned(statement)
+        if all(name in _PURE_CALLS for name in calls) and not (read & bound):
+            return
+        self.refuse(test, "unmovable",
+                    "This if's test (%s) moves to the builder's distributed=..., where the "
+                    "scaler is made: it may not mean the same there (%s). Bind it to a name "
+                    "before the first minimize (e.g. rank_size = int(os.getenv(\"RANK_SIZE\", "
+                    "\"1\"))) and test that, then run the tool again." % (
+                        self.code(test), "a name it reads is bound in between" if read & bound
+                        else "it calls something"), SECTION_DATA_PARALLEL)
 
     def note_between(self, groups, between, tops):
         """Lists the statements between the first and the last ``minimize``
@@ -1438,17 +1546,23 @@ class _Planner(object):
             if group is not first and not _shares(first, group):
                 args.append("loss_scale_manager=" + group.manager.code)
             adds[id(group.statement)] = _call_text("%s.add" % scaler, args, s.column(group.top))
-        averaged, summed = self.engine(first.wrapper) if first.wrapper is not None else (
-            False, False)
-        engine = (['distributed="hccl"'] if averaged else
-                  ['distributed="hccl"', "allreduce_gradients=False"] if summed else [])
+        found = self.engine(first.wrapper) if first.wrapper is not None else (False, False)
+        engine = _engine_args(found)
         scaler_text = _call_text("%s = %s.MultiOptimizerLossScale" % (scaler, self.alias),
                                  [first.manager.code] + engine, column)
-        if engine:
+        if len(found) == 3:
+            self.changed(first.top, "distributed-mapped",
+                         "The wrappers were spelled under `if %s:` (%s), else (%s): the builder "
+                         "takes %s, the test evaluated where the scaler is made, and sums the "
+                         "overflow decision across devices when it reduces, so every device "
+                         "applies or skips a step alike." % (
+                             found[0], _engine_words(found[1]), _engine_words(found[2]),
+                             ", ".join(engine)), SECTION_DATA_PARALLEL)
+        elif engine:
             self.changed(first.top, "distributed-mapped",
                          "The wrappers %s: the builder does it with %s, and sums the overflow "
                          "decision across devices, so every device applies or skips a step "
-                         "alike." % (_engine_words((averaged, summed)), ", ".join(engine)),
+                         "alike." % (_engine_words(found), ", ".join(engine)),
                          SECTION_DATA_PARALLEL)
         build_args = []
         stepped = [g for g in groups if g.minimize.global_step is not None]
@@ -1553,6 +1667,9 @@ class _Planner(object):
                              "%s is gone: group %s gets the optimizer it wrapped."
                              % (title, _quote(_group_name(group))), SECTION_PORTING)
                 continue
+            if isinstance(statement, cst.If):
+                self.unwrap_spelling(group, title)
+                continue
             layers = self.layers.get(wrapper.call, [])
             outer = layers[0] if layers else wrapper.call
             target = _assign_target(statement, outer)
@@ -1581,6 +1698,28 @@ class _Planner(object):
                                                     _quote(_group_name(group))), SECTION_PORTING)
             if wrapper.kind == _names.GRAPH_REWRITE:
                 self.graph_rewrite_note(wrapper)
+
+    def unwrap_spelling(self, group, title):
+        """The ``if``/``else`` of a wrapper's two spellings gives way to the
+        optimizer it wrapped (its test moves to the builder's engine)."""
+        statement = group.wrapper_statement
+        target = _assign_target(statement.body.body[0], self.peel(
+            statement.body.body[0].body[0].value))
+        text = self.unwrapped_text(group.wrapper)
+        if target is None:
+            target = statement.body.body[0].body[0].targets[0].target
+        if text == target.value:
+            self.statements[statement] = []
+            said = "%s stays the optimizer it was" % text
+        else:
+            self.statements[statement] = [_parse_at("%s = %s" % (target.value, text),
+                                                    self.s.column(statement))]
+            said = "%s = %s" % (target.value, text)
+        self.changed(statement, "wrapper-removed",
+                     "This if/else (%s, spelled two ways) is gone: %s, and the builder scales "
+                     "group %s, its engine following the test." % (title, said,
+                                                                 _quote(_group_name(group))),
+                     SECTION_PORTING)
 
     def report_group(self, group, scaler, per_group):
         minimize = group.minimize
@@ -1705,7 +1844,22 @@ def lost_comments(original, replacements):
     return lost
 
 
+def _engine_args(engine):
+    """The builder's arguments for an ``engine`` (see ``_Planner.engine``):
+    a conditional one as ``distributed="hccl" if (test) else None``."""
+    if len(engine) == 3:
+        test, first, second = engine
+        return ['distributed="hccl" if %s else None' % test if any(first) else
+                'distributed=None if %s else "hccl"' % test]
+    averaged, summed = engine
+    return (['distributed="hccl"'] if averaged else
+            ['distributed="hccl"', "allreduce_gradients=False"] if summed else [])
+
+
 def _engine_words(engine):
+    if len(engine) == 3:
+        return "under `if %s:` %s, else %s" % (engine[0], _engine_words(engine[1]),
+                                              _engine_words(engine[2]))
     averaged, summed = engine
     return ("averaged the gradients across devices (npu_tf_optimizer)%s"
             % (" and summed the overflow decision (is_distributed=True)" if summed else "")
@@ -1850,6 +2004,11 @@ def _is_docstring(statement):
 #: makes (its variables are not trainable).
 _NOT_READING_THE_GRAPH = frozenset(["tensorflow.trainable_variables", "print", "len"])
 
+
+#: Calls a spelling if's test may make and still mean the same a few lines
+#: later: environment reads and conversions.
+_PURE_CALLS = frozenset(["os.getenv", "os.environ.get", "builtins.int", "builtins.str",
+                         "builtins.float", "builtins.bool", "builtins.len"])
 
 #: Methods of names' strings (``var.name.startswith("g")`` in a list of
 #: variables): they read no graph.
