@@ -61,6 +61,7 @@ RUNNABLE = {
                                              "update-ops-gated", "minimize-to-add",
                                              "wrapper-removed", "train-ops-bound"]),
     "pix2pix_name_scopes.py": (True, ["builder", "manager-mapped", "manager-per-group",
+                                      "distributed-mapped",
                                       "update-ops-gated", "minimize-to-add", "wrapper-removed",
                                       "train-ops-bound"]),
     "cyclegan_contrib_monitored.py": (False, ["builder", "manager-mapped", "manager-per-group",

@@ -2,8 +2,9 @@
 
 Each network trains in its own ``tf.name_scope``: its variables listed by
 name, its Adam optimizer, ``loss_scale_manager = ...`` bound again for each
-network (two managers, two scales, under one name), the wrapper, its
-``minimize``; one ``tf.group`` of both train ops and the step counter is
+network (two managers, two scales, under one name), the wrapper (under an
+``if`` on ``RANK_SIZE``: ``npu_tf_optimizer`` around it on several
+devices), its ``minimize``; one ``tf.group`` of both train ops and the step counter is
 fetched with the losses each step. The model and data are small stand-ins
 (a dense generator with batch norm, a dense discriminator, random pairs,
 an L1 term); the loss-scaling lines, names and scopes are the authors'.
@@ -85,7 +86,11 @@ def main(argv=None):
             loss_scale_manager = ExponentialUpdateLossScaleManager(
                 init_loss_scale=2 ** 10, incr_every_n_steps=1000, decr_every_n_nan_or_inf=2,
                 decr_ratio=0.5)
-            discrim_optim = NPULossScaleOptimizer(discrim_optim, loss_scale_manager)
+            if int(os.getenv("RANK_SIZE", "1")) > 1:
+                discrim_optim = npu_tf_optimizer(NPULossScaleOptimizer(
+                    discrim_optim, loss_scale_manager, is_distributed=True))
+            else:
+                discrim_optim = NPULossScaleOptimizer(discrim_optim, loss_scale_manager)
             discrim_train = discrim_optim.minimize(discrim_loss, var_list=discrim_tvars)
 
         with tf.name_scope("generator_train"):
@@ -95,7 +100,11 @@ def main(argv=None):
             loss_scale_manager = ExponentialUpdateLossScaleManager(
                 init_loss_scale=2 ** 10, incr_every_n_steps=1000, decr_every_n_nan_or_inf=2,
                 decr_ratio=0.5)
-            gen_optim = NPULossScaleOptimizer(gen_optim, loss_scale_manager)
+            if int(os.getenv("RANK_SIZE", "1")) > 1:
+                gen_optim = npu_tf_optimizer(NPULossScaleOptimizer(
+                    gen_optim, loss_scale_manager, is_distributed=True))
+            else:
+                gen_optim = NPULossScaleOptimizer(gen_optim, loss_scale_manager)
             with tf.control_dependencies(update_ops):
                 gen_train = gen_optim.minimize(gen_loss, var_list=gen_tvars)
 
