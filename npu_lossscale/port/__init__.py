@@ -24,7 +24,11 @@ The steps, one module each:
 
 * ``_names``: what the TF, contrib and npu_bridge names mean;
 * ``_find``: finding the patterns in one module (libcst and its metadata);
+* ``_flow``: the order of statements (which assignment a read gets, what
+  a line reads and binds);
 * ``_plan``: deciding what each becomes, or why it cannot be done;
+* ``_emit``: the generated lines, wrapped and indented, with the script's
+  comments;
 * ``_rewrite``: applying the plan, keeping formatting and comments;
 * ``_report``: the three lists and the check's findings;
 * ``_check`` and ``_probe``: ``--check``, which runs the rewritten script

@@ -24,7 +24,7 @@ import collections
 import libcst as cst
 import libcst.matchers as _matchers
 
-from npu_lossscale.port import _flow, _names
+from npu_lossscale.port import _emit, _flow, _names
 from npu_lossscale.port._find import bind_args as _bind
 from npu_lossscale.port._find import last_name as _last_name
 from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE, Entry
@@ -41,9 +41,6 @@ SECTION_DATA_PARALLEL = 'README "Data parallelism"'
 SECTION_SYNC_REPLICAS = 'docs/distributed.md "Parameter servers"'
 SECTION_BUILDER = 'README "MultiOptimizerLossScale" (add(..., transform_grads_fn=...))'
 SECTION_PORT = 'docs/port.md "What it leaves to you"'
-
-#: Where a line of generated code wraps (the project's line length).
-LINE_LENGTH = 99
 
 #: The edits of one module and its report entries.
 #:
@@ -328,8 +325,8 @@ class _Planner(object):
                              "tf.train.SyncReplicasOptimizer around the loss scaling stays"),
                          SECTION_SYNC_REPLICAS)
         column = s.column(wrapper.call)
-        text = _call_text("%s.LossScaleOptimizer" % self.alias, args, column)
-        self.replace[wrapper.call] = _parse_expression_at(text,
+        text = _emit.call_text("%s.LossScaleOptimizer" % self.alias, args, column)
+        self.replace[wrapper.call] = _emit.parse_expression_at(text,
                                                           s.column(s.statement(wrapper.call)))
         self.changed(wrapper.call, "drop-in",
                      "%s is now %s.LossScaleOptimizer(...), the drop-in for one optimizer "
@@ -603,7 +600,7 @@ class _Planner(object):
         shift = len(self.code(func)) - len(self.code(call.func))
         if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
             shift = 0  # a hanging indent stays where it is
-        self.replace[call] = call.with_changes(func=func, args=_shift(call.args, shift))
+        self.replace[call] = call.with_changes(func=func, args=_emit.shift(call.args, shift))
         self.mapped.add(call)
         self.changed(call, "manager-mapped",
                      "%s's %s is %s.%s, same arguments."
@@ -1545,10 +1542,10 @@ class _Planner(object):
                     "name=" + _quote(_group_name(group))]
             if group is not first and not _shares(first, group):
                 args.append("loss_scale_manager=" + group.manager.code)
-            adds[id(group.statement)] = _call_text("%s.add" % scaler, args, s.column(group.top))
+            adds[id(group.statement)] = _emit.call_text("%s.add" % scaler, args, s.column(group.top))
         found = self.engine(first.wrapper) if first.wrapper is not None else (False, False)
         engine = _engine_args(found)
-        scaler_text = _call_text("%s = %s.MultiOptimizerLossScale" % (scaler, self.alias),
+        scaler_text = _emit.call_text("%s = %s.MultiOptimizerLossScale" % (scaler, self.alias),
                                  [first.manager.code] + engine, column)
         if len(found) == 3:
             self.changed(first.top, "distributed-mapped",
@@ -1573,7 +1570,7 @@ class _Planner(object):
         update_ops = self.update_ops_text(groups, per_group)
         if update_ops:
             build_args.append("update_ops=" + update_ops)
-        build_text = _call_text("%s = %s.build" % (train, scaler), build_args, column)
+        build_text = _emit.call_text("%s = %s.build" % (train, scaler), build_args, column)
         bindings = ["%s = %s.%s" % (g.name, train, "per_group[%s]" % _quote(_group_name(g))
                                      if per_group else "update_op") for g in groups]
         self.unwrap(groups)
@@ -1581,14 +1578,14 @@ class _Planner(object):
         for top in tops:
             inner = [top] if isinstance(top, cst.SimpleStatementLine) else list(top.body.body)
             moving = self.moving.get(top, [])
-            self.statements[top] = _statements(
+            self.statements[top] = _emit.replacement_statements(
                 [scaler_text] if top is tops[0] else [],
                 [(adds[id(st)], st) for st in inner if not any(st is m for m in moving)],
                 [build_text] + bindings if top is tops[-1] and not scoped else [], top,
                 s.column(top), self.moved(moving))
         if scoped:  # after the name scope's block, at its indentation
             self.after.setdefault(last, []).extend(
-                _parse_at(text, s.column(last)) for text in [_call_text(
+                _emit.parse_at(text, s.column(last)) for text in [_emit.call_text(
                     "%s = %s.build" % (train, scaler), build_args, s.column(last))] + bindings)
         for group in groups:
             self.report_group(group, scaler, per_group)
@@ -1597,17 +1594,17 @@ class _Planner(object):
     def moved(self, statements):
         """The statements that move above their control_dependencies block,
         with the plan's edits inside them (a manager mapped, a wrapper
-        removed), no comment dropped (see ``_statements``' ``moved``). Their
+        removed), no comment dropped (see ``_emit.statements``' ``moved``). Their
         continuation lines follow them: libcst writes a block's indentation
         before each."""
         found, pending = [], []
         for statement in statements:
             if statement in self.statements:  # a removed `opt = Wrapper(opt)`
-                pending.extend(lost_comments(statement, []))
+                pending.extend(_emit.lost_comments(statement, []))
                 found.extend(self.statements.pop(statement))
                 continue
-            new = statement.visit(_Apply(self.replace))  # its continuation lines follow
-            lost = pending + lost_comments(statement, [new])
+            new = statement.visit(_emit.Apply(self.replace))  # its continuation lines follow
+            lost = pending + _emit.lost_comments(statement, [new])
             pending = []
             found.append(new.with_changes(leading_lines=list(new.leading_lines) + lost))
         if pending:  # the removed statements' comments go on the next one
@@ -1712,7 +1709,7 @@ class _Planner(object):
             self.statements[statement] = []
             said = "%s stays the optimizer it was" % text
         else:
-            self.statements[statement] = [_parse_at("%s = %s" % (target.value, text),
+            self.statements[statement] = [_emit.parse_at("%s = %s" % (target.value, text),
                                                     self.s.column(statement))]
             said = "%s = %s" % (target.value, text)
         self.changed(statement, "wrapper-removed",
@@ -1827,22 +1824,6 @@ class _Planner(object):
 
 
 # -- helpers ----------------------------------------------------------------------
-
-def lost_comments(original, replacements):
-    """The comments of ``original`` that none of ``replacements`` holds, as
-    comment lines to put above them: a removed statement's, and those inside
-    a call the port rewrote (after an argument, inside its parentheses), so
-    that no comment of the script is dropped."""
-    kept = collections.Counter(comment.value for node in replacements
-                               for comment in _matchers.findall(node, _matchers.Comment()))
-    lost = []
-    for comment in _matchers.findall(original, _matchers.Comment()):
-        if kept[comment.value] > 0:
-            kept[comment.value] -= 1
-        else:
-            lost.append(cst.EmptyLine(comment=cst.Comment(comment.value)))
-    return lost
-
 
 def _engine_args(engine):
     """The builder's arguments for an ``engine`` (see ``_Planner.engine``):
@@ -2014,116 +1995,3 @@ _PURE_CALLS = frozenset(["os.getenv", "os.environ.get", "builtins.int", "builtin
 #: variables): they read no graph.
 _STRING_METHODS = frozenset(["startswith", "endswith", "split", "lower", "upper", "replace",
                              "format", "join", "strip"])
-
-
-def _call_text(head, args, column):
-    """``head(arg, arg, ...)``, wrapped under the open parenthesis when the
-    line would pass ``LINE_LENGTH`` at indentation ``column``, or after it
-    (a hanging indent of four) when that is still too long."""
-    one_line = "%s(%s)" % (head, ", ".join(args))
-    if column + len(one_line) <= LINE_LENGTH or not args:
-        return one_line
-    under = _wrapped(head + "(", " " * (column + len(head) + 1), args, column)
-    if all(len(line) <= LINE_LENGTH for line in [" " * column + under.split("\n")[0]]
-           + under.split("\n")[1:]):
-        return under
-    return head + "(\n" + _wrapped(" " * (column + 4), " " * (column + 4), args, 0)
-
-
-def _wrapped(start, indent, args, column):
-    """``args`` after ``start``, a line broken before an argument that would
-    pass ``LINE_LENGTH``, continuation lines at ``indent``, closed by ")"."""
-    lines, current = [], start + args[0]
-    for arg in args[1:]:
-        if column + len(current) + len(arg) + 3 > LINE_LENGTH:
-            lines.append(current + ",")
-            current = indent + arg
-        else:
-            current += ", " + arg
-    lines.append(current + ")")
-    return "\n".join(lines)
-
-
-def _statements(prefix, mains, suffix, top, column, moved=()):
-    """The statements that replace ``top``, carrying its comments.
-
-    Args:
-      prefix: texts of statements before the replacements (the scaler).
-      mains: ``(text, original)`` pairs: each original statement's
-        replacement, which keeps its trailing comment (and, inside a ``with``
-        block, its leading comments).
-      suffix: texts of statements after them (the build, the bindings).
-      top: the statement replaced; its leading comments and, for a ``with``,
-        its header's comment go above the first new statement.
-      column: the indentation of ``top``'s block.
-      moved: statements (nodes) before all of them: those moving out of
-        ``top``'s block, and last, a list of comment lines for the statement
-        after them when the last of them were removed.
-    """
-    comments = moved[-1] if moved and isinstance(moved[-1], list) else []
-    moved = list(moved[:-1] if comments else moved)
-    statements = moved + [_parse_at(text, column) for text in prefix]
-    for text, original in mains:
-        statement = _parse_at(text, column)
-        changes = {}
-        if original is not top:
-            changes["leading_lines"] = original.leading_lines
-        if original.trailing_whitespace.comment is not None:
-            changes["trailing_whitespace"] = original.trailing_whitespace
-        statements.append(statement.with_changes(**changes))
-    statements.extend(_parse_at(text, column) for text in suffix)
-    if comments:
-        after = statements[len(moved)]
-        statements[len(moved)] = after.with_changes(
-            leading_lines=comments + list(after.leading_lines))
-    leading = list(top.leading_lines)
-    if isinstance(top, cst.With) and top.body.header.comment is not None:
-        leading.append(cst.EmptyLine(comment=top.body.header.comment))
-    statements[0] = statements[0].with_changes(
-        leading_lines=leading + list(statements[0].leading_lines))
-    return statements
-
-
-def _parse_at(text, column):
-    """Parses a statement written for indentation ``column``: its first line
-    unindented, its continuation lines indented as they must show."""
-    if not column:
-        return cst.parse_statement(text + "\n")
-    module = cst.parse_module("if True:\n%s%s\n" % (" " * column, text))
-    return module.body[0].body.body[0]
-
-
-def _parse_expression_at(text, column):
-    """An expression written with its continuation lines' full indentation,
-    for a statement of a block indented ``column``."""
-    statement = _parse_at("_ = " + text, column)
-    return statement.body[0].value
-
-
-class _Apply(cst.CSTTransformer):
-    """The plan's node replacements, inside a statement the plan moves."""
-
-    def __init__(self, replace):
-        super(_Apply, self).__init__()
-        self._replace = replace
-
-    def on_leave(self, original_node, updated_node):
-        return self._replace.get(original_node, updated_node)
-
-
-class _Shift(cst.CSTTransformer):
-    def __init__(self, columns):
-        super(_Shift, self).__init__()
-        self._columns = columns
-
-    def leave_ParenthesizedWhitespace(self, original_node, updated_node):
-        width = max(0, len(updated_node.last_line.value) + self._columns)
-        return updated_node.with_changes(last_line=cst.SimpleWhitespace(" " * width))
-
-
-def _shift(args, columns):
-    """``args`` with their continuation lines moved ``columns`` to the right
-    (the call's name grew by that much)."""
-    if not columns:
-        return args
-    return [arg.visit(_Shift(columns)) for arg in args]

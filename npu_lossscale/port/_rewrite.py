@@ -15,7 +15,7 @@ import ast
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from npu_lossscale.port import _find, _plan
+from npu_lossscale.port import _emit, _find, _plan
 from npu_lossscale.port._report import BY_HAND, Entry
 
 
@@ -50,16 +50,16 @@ class _Rewriter(cst.CSTTransformer):
         if original_node in plan.statements:
             new = list(plan.statements[original_node])
             if not new:
-                self._pending.extend(_plan.lost_comments(original_node, []))
+                self._pending.extend(_emit.lost_comments(original_node, []))
                 return cst.RemovalSentinel.REMOVE
-            lost = _plan.lost_comments(original_node, new)
+            lost = _emit.lost_comments(original_node, new)
             if carried or lost:
                 new[0] = new[0].with_changes(
                     leading_lines=carried + lost + list(new[0].leading_lines))
             return cst.FlattenSentinel(new)
         if isinstance(original_node, cst.SimpleStatementLine) and not original_node.deep_equals(
                 updated_node):
-            lost = _plan.lost_comments(original_node, [updated_node])
+            lost = _emit.lost_comments(original_node, [updated_node])
             if lost:  # a rewritten call's comments: above its statement
                 updated_node = updated_node.with_changes(
                     leading_lines=list(updated_node.leading_lines) + lost)
