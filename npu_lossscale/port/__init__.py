@@ -26,7 +26,9 @@ The steps, one module each:
 * ``_find``: finding the patterns in one module (libcst and its metadata);
 * ``_flow``: the order of statements (which assignment a read gets, what
   a line reads and binds);
-* ``_plan``: deciding what each becomes, or why it cannot be done;
+* ``_plan``: deciding what each becomes, or why it cannot be done (its
+  distributed-training rules in ``_engines``, the docs sections its report
+  names in ``_sections``);
 * ``_emit``: the generated lines, wrapped and indented, with the script's
   comments;
 * ``_rewrite``: applying the plan, keeping formatting and comments;

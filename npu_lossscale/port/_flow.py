@@ -187,3 +187,12 @@ def assigned_value(scanner, assignment):
             and all(isinstance(t.target, cst.Name) for t in assign.targets)):
         return None
     return assign.value
+
+
+def inside(scanner, node, ancestor):
+    """True when ``node`` is ``ancestor`` or inside it."""
+    while node is not None:
+        if node is ancestor:
+            return True
+        node = scanner.parent(node)
+    return False

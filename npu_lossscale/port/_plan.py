@@ -24,23 +24,24 @@ import collections
 import libcst as cst
 import libcst.matchers as _matchers
 
-from npu_lossscale.port import _emit, _flow, _names
+from npu_lossscale.port import _emit, _engines, _flow, _names
 from npu_lossscale.port._find import bind_args as _bind
 from npu_lossscale.port._find import last_name as _last_name
 from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE, Entry
 
-SECTION_PORTING = 'README "Porting a TF1 script"'
-SECTION_UPDATE_OPS = 'README "Porting a TF1 script", point "UPDATE_OPS"'
-SECTION_GLOBAL_STEP = 'README "Porting a TF1 script", point "global_step"'
-SECTION_NPU_INIT = 'README "Porting a TF1 script", point "from npu_bridge.npu_init import *"'
-SECTION_MANAGERS = 'README "Managers"'
-SECTION_PER_GROUP_SCALES = 'README "Per-group loss scales"'
-SECTION_LSO = 'README "LossScaleOptimizer"'
-SECTION_GRAPH_REWRITE = 'README "Graph-rewrite mixed precision"'
-SECTION_DATA_PARALLEL = 'README "Data parallelism"'
-SECTION_SYNC_REPLICAS = 'docs/distributed.md "Parameter servers"'
-SECTION_BUILDER = 'README "MultiOptimizerLossScale" (add(..., transform_grads_fn=...))'
-SECTION_PORT = 'docs/port.md "What it leaves to you"'
+from npu_lossscale.port._sections import (  # noqa: F401 (the report's sections)
+    SECTION_PORTING,
+    SECTION_UPDATE_OPS,
+    SECTION_GLOBAL_STEP,
+    SECTION_NPU_INIT,
+    SECTION_MANAGERS,
+    SECTION_PER_GROUP_SCALES,
+    SECTION_LSO,
+    SECTION_GRAPH_REWRITE,
+    SECTION_DATA_PARALLEL,
+    SECTION_SYNC_REPLICAS,
+    SECTION_BUILDER,
+    SECTION_PORT)
 
 #: The edits of one module and its report entries.
 #:
@@ -70,13 +71,6 @@ ManagerUse = collections.namedtuple("ManagerUse", ["code", "key", "origin"])
 #:     (the whole module).
 #:   block: the branch's ``IndentedBlock``, or None.
 Arm = collections.namedtuple("Arm", ["branch", "block"])
-
-#: An ``if``/``else`` whose branches spell one wrapper two ways.
-#:
-#: Attributes:
-#:   node: the ``cst.If``.
-#:   wrappers: the ``_find.Wrapper`` of its body, then of its ``else``.
-Spelling = collections.namedtuple("Spelling", ["node", "wrappers"])
 
 #: One ``minimize`` call that becomes a builder group.
 #:
@@ -115,7 +109,7 @@ def plan(scanner, path):
                 planner.entries)
 
 
-class _Planner(object):
+class _Planner(_engines.EngineRules):
     """The decisions for one module (see the module docstring)."""
 
     def __init__(self, scanner, path):
@@ -178,9 +172,9 @@ class _Planner(object):
         for arm in self.arms():
             self.arm = arm
             self.minimizes = [m for m in s.minimizes if arm.block is None
-                              or _inside(s, m.call, arm.block)]
+                              or _flow.inside(s, m.call, arm.block)]
             self.wrappers = [w for w in s.wrappers if arm.block is None
-                             or _inside(s, w.call, arm.block)]
+                             or _flow.inside(s, w.call, arm.block)]
             if arm.block is not None and not self.wrappers:
                 self.left_alone(arm.block.body[0], "branch-unscaled",
                                 "This branch of the if (line %d) trains without loss scaling "
@@ -221,9 +215,9 @@ class _Planner(object):
             branch = s.parent(branch)
         while isinstance(branch, cst.If):
             blocks = _branch_blocks(branch)
-            holding = [b for b in blocks if any(_inside(s, m.call, b) for m in s.minimizes)]
-            if (len(holding) > 1 and all(_inside(s, n, branch) for n in nodes)
-                    and all(any(_inside(s, n, b) for b in blocks) for n in nodes)):
+            holding = [b for b in blocks if any(_flow.inside(s, m.call, b) for m in s.minimizes)]
+            if (len(holding) > 1 and all(_flow.inside(s, n, branch) for n in nodes)
+                    and all(any(_flow.inside(s, n, b) for b in blocks) for n in nodes)):
                 return [Arm(branch, b) for b in holding]
             branch = s.parent(branch)
             while branch is not None and not isinstance(branch, (cst.If, cst.FunctionDef)):
@@ -303,7 +297,7 @@ class _Planner(object):
             return
         sync = self.sync_replicas(wrapper)
         args = [self.code(wrapper.optimizer), manager.code]
-        if sync is not None and sync is _inner_value(s, wrapper.optimizer):
+        if sync is not None and sync is _engines.inner_value(s, wrapper.optimizer):
             ours = sync.with_changes(func=cst.parse_expression(
                 "%s.SyncReplicasOptimizer" % self.alias))
             if sync is wrapper.optimizer:
@@ -314,7 +308,7 @@ class _Planner(object):
             args.append("is_distributed=" + self.code(wrapper.distributed))
         if sync is not None:
             args.append("count_skipped_steps=True")
-            inside = sync is _inner_value(s, wrapper.optimizer)
+            inside = sync is _engines.inner_value(s, wrapper.optimizer)
             self.changed(sync, "sync-replicas-mapped",
                          "%s; the drop-in passes count_skipped_steps=True: the workers' tokens "
                          "are global_step, and a skip that held it back would drop every later "
@@ -349,21 +343,6 @@ class _Planner(object):
                                 "it too, port the script to one MultiOptimizerLossScale by "
                                 "hand.", SECTION_PORTING)
         self.add_import()
-
-    def sync_replicas(self, wrapper):
-        """The ``tf.train.SyncReplicasOptimizer(...)`` call inside a wrapper
-        (its optimizer, or the one assignment of its optimizer's name) or
-        around it (the wrapper as its first argument), or None."""
-        s = self.s
-        inner = _inner_value(s, wrapper.optimizer)
-        if s.call_name(inner) == _names.SYNC_REPLICAS:
-            return inner
-        arg = s.parent(wrapper.call)
-        call = s.parent(arg) if isinstance(arg, cst.Arg) else None
-        if (isinstance(call, cst.Call) and s.call_name(call) == _names.SYNC_REPLICAS
-                and call.args and call.args[0] is arg):
-            return call
-        return None
 
     def refuse_on_object(self, wrapper):
         """Refuses a wrapper kept in an object's attribute or item
@@ -765,7 +744,7 @@ class _Planner(object):
         position = self.order(own, own)
         spell = self.spelling_if(assignments, wrappers)
         if spell is not None:  # the if stands for its two assignments
-            branch = [a for a in assignments if _inside(s, a.node, spell.node)]
+            branch = [a for a in assignments if _flow.inside(s, a.node, spell.node)]
             places = [p for p in places if not any(p[1] is a for a in branch)] + [
                 (self.order(spell.node, top), branch[0], spell.node)]
         if not places or any(p is None or p >= position
@@ -794,95 +773,6 @@ class _Planner(object):
                 self.refuse_other_use(receiver.value, reference)
                 return None
         return wrapper, (statement if wrapper is not None else None), receiver.value
-
-    def spelling_if(self, assignments, wrappers):
-        """The ``if``/``else`` that chooses between two spellings of one
-        wrapper (a ``RANK_SIZE`` test: ``npu_tf_optimizer(NPULossScaleOptimizer(
-        opt, m, is_distributed=True))`` on several devices, ``NPULossScaleOptimizer(
-        opt, m)`` on one), each branch that one assignment alone, as a
-        ``Spelling``; None for any other binding. Both spellings wrap the same
-        optimizer with the same manager; their distributed layers may differ
-        (``engine`` reads them)."""
-        s = self.s
-        node = None
-        for assignment in assignments:
-            owner = s.owner(s.block(s.statement(assignment.node)))
-            owner = s.parent(owner) if isinstance(owner, cst.Else) else owner
-            if isinstance(owner, cst.If):
-                node = owner
-        if not (isinstance(node, cst.If) and isinstance(node.orelse, cst.Else)):
-            return None
-        assignments = [a for a in assignments if _inside(s, a.node, node)]
-        if len(assignments) != 2:
-            return None
-        statements = [s.statement(a.node) for a in assignments]
-        blocks = [node.body, node.orelse.body]
-        if not all(isinstance(b, cst.IndentedBlock) and len(b.body) == 1 for b in blocks):
-            return None
-        order = [[a for a, st in zip(assignments, statements) if st is b.body[0]]
-                 for b in blocks]
-        if not all(len(found) == 1 for found in order):
-            return None
-        found = [wrappers.get(self.peel(s.assigned_value(a[0]))) for a in order]
-        if any(w is None or w.optimizer is None for w in found):
-            return None
-        first, second = found
-        if not (first.kind == second.kind and first.scale is not None
-                and second.scale is not None
-                and self.code(first.optimizer) == self.code(second.optimizer)
-                and self.code(first.scale) == self.code(second.scale)
-                and self.unwrapped_text(first) == self.unwrapped_text(second)
-                and not first.others and not second.others):
-            return None
-        spell = Spelling(node, found)
-        self.spelled[first.call] = self.spelled[second.call] = spell
-        return spell
-
-    def peel(self, value):
-        """A loss-scale wrapper inside npu_bridge's distributed layers
-        (``npu_tf_optimizer(NPULossScaleOptimizer(...))``): the wrapper call,
-        its layers recorded (``self.layers``); any other value as it is."""
-        found, node = [], value
-        while (isinstance(node, cst.Call) and self.s.call_name(node) in _names.LAYERS
-               and len(node.args) == 1 and node.args[0].keyword is None
-               and not node.args[0].star):
-            found.append(node)
-            node = node.args[0].value
-        if found and isinstance(node, cst.Call) and any(w.call is node for w in self.s.wrappers):
-            self.layers[node] = found
-            return node
-        return value
-
-    def unwrapped_text(self, wrapper):
-        """What the wrapper, and its distributed layers, give way to: the
-        optimizer it wrapped, inside the layers that are inert on one device
-        (npu_tf_optimizer's averaging is the builder's distributed="hccl")."""
-        text = self.code(wrapper.optimizer)
-        for layer in reversed(self.layers.get(wrapper.call, [])):
-            if _names.LAYERS[self.s.call_name(layer)] == "inert":
-                text = "%s(%s)" % (self.code(layer.func), text)
-        return text
-
-    def engine(self, wrapper):
-        """``(averaged, summed)``: whether a wrapper's gradients were averaged
-        across devices (an averaging layer around it) and its overflow
-        decision summed (``is_distributed=True``); for a wrapper spelled two
-        ways under an ``if``, ``(test, engine of the if's, engine of the
-        else's)``."""
-        spell = self.spelled.get(wrapper.call)
-        if spell is not None:
-            first, second = (self.plain_engine(w) for w in spell.wrappers)
-            if first != second:
-                return (self.code(spell.node.test), first, second)
-            return first
-        return self.plain_engine(wrapper)
-
-    def plain_engine(self, wrapper):
-        """``(averaged, summed)`` of one spelling (see ``engine``)."""
-        layers = self.layers.get(wrapper.call, [])
-        averaged = any(_names.LAYERS[self.s.call_name(l)] == "averaging" for l in layers)
-        summed = isinstance(wrapper.distributed, cst.Name) and wrapper.distributed.value == "True"
-        return averaged, summed
 
     def order(self, statement, top):
         """Where ``statement`` runs before the statements of ``top``'s block,
@@ -1129,35 +1019,6 @@ class _Planner(object):
         for top in _unique_nodes([g.top for g in groups if g.top is not g.statement]):
             self.check_block(top, groups)
 
-    def check_engines(self, groups):
-        """Refuses groups whose wrappers reduced across devices in different
-        ways: the builder's ``distributed=`` is one for all its groups."""
-        engines = collections.OrderedDict()
-        for group in groups:
-            if group.wrapper is not None:
-                engines.setdefault(self.engine(group.wrapper), []).append(group)
-        for engine, sharing in engines.items():
-            if len(engine) == 3 and (sum(map(any, engine[1:])) != 1
-                                     or any(e == (False, True) for e in engine[1:])):
-                for group in sharing:
-                    self.refuse(group.wrapper.call, "distributed",
-                                "The if/else (`if %s:`) spells this wrapper with %s and %s: the "
-                                "builder's distributed=... can follow a test between averaging "
-                                "across devices (npu_tf_optimizer) and one device, not this. "
-                                "Spell both branches alike, then run the tool again, or port it "
-                                "by hand." % (engine[0], _engine_words(engine[1]),
-                                              _engine_words(engine[2])), SECTION_DATA_PARALLEL)
-        if len(engines) > 1:
-            for group in groups:
-                self.refuse(group.wrapper.call, "distributed",
-                            "The wrappers reduce across devices in different ways (%s): the "
-                            "builder's distributed=... is one for all groups. Give every "
-                            "wrapper the same is_distributed and npu_tf_optimizer layer, then "
-                            "run the tool again." % "; ".join(
-                                "%s: %s" % (", ".join(g.name for g in sharing),
-                                            _engine_words(engine))
-                                for engine, sharing in engines.items()), SECTION_DATA_PARALLEL)
-
     def train_op_assignments(self, group):
         """The assignments of a group's train op name that its fetches read:
         the ``minimize``'s own, also when the name held the group's optimizer
@@ -1203,8 +1064,8 @@ class _Planner(object):
         branch at a time, other than the current one (it never runs with
         the current branch's lines)."""
         arm = self.arm
-        return (arm.branch is not None and _inside(self.s, node, arm.branch)
-                and not _inside(self.s, node, arm.block))
+        return (arm.branch is not None and _flow.inside(self.s, node, arm.branch)
+                and not _flow.inside(self.s, node, arm.block))
 
     def check_block(self, top, groups):
         """A ``tf.control_dependencies`` block of ``minimize`` calls: its
@@ -1362,12 +1223,12 @@ class _Planner(object):
             if any(anchor is g.top for g in groups):
                 continue
             for statement in _matchers.findall(anchor.body, _matchers.SimpleStatementLine()):
-                if not any(s.statement(statement) is o or _inside(s, statement, o)
+                if not any(s.statement(statement) is o or _flow.inside(s, statement, o)
                            for o in ours):
                     found.append(statement)
         for group in groups:
             for reference in s.references(self.train_op_assignments(group) or []):
-                if any(_inside(s, reference, anchor) for anchor in outer
+                if any(_flow.inside(s, reference, anchor) for anchor in outer
                        if anchor is not group.top):
                     self.refuse(reference, "fetch-unmapped",
                                 "%s is read here, inside the tf.name_scope block, before "
@@ -1428,7 +1289,7 @@ class _Planner(object):
                 start = index.get(id(origin))
                 if start is None and (
                         any(origin is st for st in self.moving.get(group.top, ()))
-                        or _inside(self.s, origin, body[here])):
+                        or _flow.inside(self.s, origin, body[here])):
                     start = here  # in the group's name scope, or moving above its block
                 target = index[id(tops[0])] if group is groups[0] else here
                 if start is None or not all(self.stable(expr, body, start, target, top_ids)
@@ -1454,28 +1315,6 @@ class _Planner(object):
                     "This wrapper's manager moves to the builder, past lines that may change "
                     "its arguments: bind the manager to a name above the first minimize (m = "
                     "Manager(...)), then run the tool again.", SECTION_MANAGERS)
-
-    def check_test(self, test, body, start, end):
-        """Refuses a spelling if's test that may not mean at the scaler
-        (``body[end]``) what it meant at the if (``body[start]``): a name it
-        reads bound in between, or a call other than an environment read or
-        a conversion."""
-        s = self.s
-        calls = [s.call_name(c) for c in _matchers.findall(test, _matchers.Call())]
-        first, last = min(start, end), max(start, end)
-        read = _flow.read_names(test)
-        bound = set()
-        for statement in body[first + 1:last]:
-            bound |= _flow.assigned(statement)
-        if all(name in _PURE_CALLS for name in calls) and not (read & bound):
-            return
-        self.refuse(test, "unmovable",
-                    "This if's test (%s) moves to the builder's distributed=..., where the "
-                    "scaler is made: it may not mean the same there (%s). Bind it to a name "
-                    "before the first minimize (e.g. rank_size = int(os.getenv(\"RANK_SIZE\", "
-                    "\"1\"))) and test that, then run the tool again." % (
-                        self.code(test), "a name it reads is bound in between" if read & bound
-                        else "it calls something"), SECTION_DATA_PARALLEL)
 
     def note_between(self, groups, between, tops):
         """Lists the statements between the first and the last ``minimize``
@@ -1544,7 +1383,7 @@ class _Planner(object):
                 args.append("loss_scale_manager=" + group.manager.code)
             adds[id(group.statement)] = _emit.call_text("%s.add" % scaler, args, s.column(group.top))
         found = self.engine(first.wrapper) if first.wrapper is not None else (False, False)
-        engine = _engine_args(found)
+        engine = _engines.engine_args(found)
         scaler_text = _emit.call_text("%s = %s.MultiOptimizerLossScale" % (scaler, self.alias),
                                  [first.manager.code] + engine, column)
         if len(found) == 3:
@@ -1553,13 +1392,13 @@ class _Planner(object):
                          "takes %s, the test evaluated where the scaler is made, and sums the "
                          "overflow decision across devices when it reduces, so every device "
                          "applies or skips a step alike." % (
-                             found[0], _engine_words(found[1]), _engine_words(found[2]),
+                             found[0], _engines.engine_words(found[1]), _engines.engine_words(found[2]),
                              ", ".join(engine)), SECTION_DATA_PARALLEL)
         elif engine:
             self.changed(first.top, "distributed-mapped",
                          "The wrappers %s: the builder does it with %s, and sums the overflow "
                          "decision across devices, so every device applies or skips a step "
-                         "alike." % (_engine_words(found), ", ".join(engine)),
+                         "alike." % (_engines.engine_words(found), ", ".join(engine)),
                          SECTION_DATA_PARALLEL)
         build_args = []
         stepped = [g for g in groups if g.minimize.global_step is not None]
@@ -1825,38 +1664,6 @@ class _Planner(object):
 
 # -- helpers ----------------------------------------------------------------------
 
-def _engine_args(engine):
-    """The builder's arguments for an ``engine`` (see ``_Planner.engine``):
-    a conditional one as ``distributed="hccl" if (test) else None``."""
-    if len(engine) == 3:
-        test, first, second = engine
-        return ['distributed="hccl" if %s else None' % test if any(first) else
-                'distributed=None if %s else "hccl"' % test]
-    averaged, summed = engine
-    return (['distributed="hccl"'] if averaged else
-            ['distributed="hccl"', "allreduce_gradients=False"] if summed else [])
-
-
-def _engine_words(engine):
-    if len(engine) == 3:
-        return "under `if %s:` %s, else %s" % (engine[0], _engine_words(engine[1]),
-                                              _engine_words(engine[2]))
-    averaged, summed = engine
-    return ("averaged the gradients across devices (npu_tf_optimizer)%s"
-            % (" and summed the overflow decision (is_distributed=True)" if summed else "")
-            if averaged else "summed the overflow decision across devices (is_distributed="
-            "True)" if summed else "reduced nothing across devices")
-
-
-def _inner_value(scanner, expr):
-    """``expr``, or the value of the one assignment its name reads."""
-    if isinstance(expr, cst.Name):
-        assignment = _flow.reaching_assignment(scanner, expr)
-        value = _flow.assigned_value(scanner, assignment) if assignment is not None else None
-        return value if value is not None else expr
-    return expr
-
-
 def _branch_blocks(if_node):
     """The blocks of an ``if``'s branches: its body, each ``elif``'s, and
     the ``else``'s."""
@@ -1866,15 +1673,6 @@ def _branch_blocks(if_node):
         blocks.append(orelse.body)
         orelse = orelse.orelse if isinstance(orelse, cst.If) else None
     return [b for b in blocks if isinstance(b, cst.IndentedBlock)]
-
-
-def _inside(scanner, node, ancestor):
-    """True when ``node`` is ``ancestor`` or inside it."""
-    while node is not None:
-        if node is ancestor:
-            return True
-        node = scanner.parent(node)
-    return False
 
 
 def _group_name(group):
@@ -1985,11 +1783,6 @@ def _is_docstring(statement):
 #: makes (its variables are not trainable).
 _NOT_READING_THE_GRAPH = frozenset(["tensorflow.trainable_variables", "print", "len"])
 
-
-#: Calls a spelling if's test may make and still mean the same a few lines
-#: later: environment reads and conversions.
-_PURE_CALLS = frozenset(["os.getenv", "os.environ.get", "builtins.int", "builtins.str",
-                         "builtins.float", "builtins.bool", "builtins.len"])
 
 #: Methods of names' strings (``var.name.startswith("g")`` in a list of
 #: variables): they read no graph.
