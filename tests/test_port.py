@@ -541,3 +541,23 @@ def test_a_rank_size_spelling_ports_and_trains_on_one_device(graph, npu_shim, mo
         sess.run(tf.global_variables_initializer())
         scope["step"](sess)
         assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]
+
+
+def test_a_checkpoint_of_pix2pixs_original_restores_in_its_port(ported, tmp_path, npu_shim):
+    """The name scopes stay, and the model's and optimizers' variables keep
+    their names: every variable of the original's checkpoint but the
+    managers' own state is in the port's, with its shape."""
+    out, _ = ported
+    runs = {}
+    for label, path in (("original", os.path.join(SCRIPTS, "pix2pix_name_scopes.py")),
+                        ("port", os.path.join(out, "pix2pix_name_scopes.py"))):
+        folder = str(tmp_path / label)
+        os.makedirs(folder)
+        _load(path, "pix2pix_" + label).main(["--steps", "1", "--out", folder])
+        runs[label] = tf.train.load_checkpoint(
+            os.path.join(folder, "model.ckpt-1")).get_variable_to_shape_map()
+    managers = ("loss_scale", "good_steps", "bad_steps")
+    original = dict((n, s) for n, s in runs["original"].items()
+                    if not n.endswith(managers))
+    assert len(original) > 10 and any("beta1_power" in n for n in original)
+    assert dict((n, runs["port"][n]) for n in original if n in runs["port"]) == original

@@ -580,7 +580,7 @@ def _scoped(name, manager_line, extra=""):
 def test_wrappers_in_name_scopes_are_followed():
     """Pix2Pix: each network's optimizer, wrapper and minimize in its own
     tf.name_scope, a manager bound to one name before each. The scopes stay
-    (op names made there stay); build() goes after the last one."""
+    (test_port.py: a checkpoint of the original restores); build() goes after the last one."""
     source = (HEAD + _scoped("discrim", MANAGER) + _scoped("gen", MANAGER)
               + "sess.run([discrim_train, gen_train])\n")
     new, entries = _port(source)

@@ -814,7 +814,7 @@ class _Planner(_engines.EngineRules):
         """The statement of the builder's block that holds ``top``: ``top``,
         or the outermost ``with tf.name_scope(...)`` around it (wrappers and
         minimize calls in name scopes, as Pix2Pix has them: the scopes stay,
-        so op names inside them stay)."""
+        so the variables made in them keep their names)."""
         s, node = self.s, top
         while True:
             owner = s.owner(s.block(node))
