@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from npu_lossscale.port import REPORT_SUFFIX, main, port
-from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE
+from npu_lossscale.port._report import (BY_HAND, CHANGED, LEFT_ALONE, AuditedRun, CheckResult,
+                                        Report)
 from npu_lossscale.port._rewrite import port_source
 
 TWO = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
@@ -187,8 +188,6 @@ def test_a_star_import_inside_try_is_recognised():
 
 
 def test_the_checks_report_says_whether_a_skip_is_atomic():
-    from npu_lossscale.port._report import (AuditedRun, CheckResult,  # pylint: disable=import-outside-toplevel
-                                            Report)
     report = Report()
     report.check = CheckResult("python t.py", 0, [
         AuditedRun(["u"], [("NLS011-double-scale-update", "info", "m")]),

@@ -509,9 +509,8 @@ def test_optimizers_made_in_the_update_ops_block_move_above_it():
     rebound from its optimizer to its train op. Making them makes no op the
     block orders: they move above it, the block's ops become build()'s
     update_ops, and each name is its group's op."""
-    manager = ("    loss_scale_manager = ExponentialUpdateLossScaleManager(init_loss_scale=2**32,\n"
-               "                                                           incr_every_n_steps=1000)"
-               "  # shared\n")
+    manager = ("    loss_scale_manager = ExponentialUpdateLossScaleManager("
+               "init_loss_scale=2**32,\n" + " " * 59 + "incr_every_n_steps=1000)  # shared\n")
     source = (HEAD + "update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)\n"
               "with tf.control_dependencies(update_ops):  # batch norm\n"
               "    d_optim = tf.train.AdamOptimizer(lr, beta1=0.5)\n" + manager
@@ -722,8 +721,8 @@ def test_every_refusal_says_the_edit_that_lifts_it(source):
 def _spelled(name, test="int(os.getenv('RANK_SIZE', '1')) > 1", other=None):
     return ("%s_opt = tf.train.AdamOptimizer()\n" % name
             + "if %s:\n" % test
-            + "    %s_opt = npu_tf_optimizer(NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8),"
-            " is_distributed=True))\n" % (name, name)
+            + "    %s_opt = npu_tf_optimizer(NPULossScaleOptimizer(%s_opt, "
+            "FixedLossScaleManager(8), is_distributed=True))\n" % (name, name)
             + "else:\n"
             + "    %s_opt = NPULossScaleOptimizer(%s, FixedLossScaleManager(8))\n"
             % (name, other or name + "_opt"))

@@ -267,8 +267,8 @@ class _Planner(_engines.EngineRules):
         s = self.s
         if isinstance(s.parent(wrapper.call), cst.Expr):
             self.refuse(wrapper.call, "wrapper-unfollowed",
-                        "The result of this %s call is dropped: assign it (opt = ...) and minimize "
-                        "that, then run the tool again, or port it by hand."
+                        "The result of this %s call is dropped: assign it (opt = ...) and "
+                        "minimize that, then run the tool again, or port it by hand."
                         % _names.WRAPPER_TITLES[wrapper.kind], SECTION_PORT)
             return
         if self.refuse_on_object(wrapper):
@@ -289,8 +289,9 @@ class _Planner(_engines.EngineRules):
         if wrapper.optimizer is None or wrapper.others:
             self.refuse(wrapper.call, "wrapper-arguments",
                         "This %s call has arguments the tool does not know (%s): drop those "
-                        "that are defaults, then run the tool again, or port it by hand." % (_names.WRAPPER_TITLES[wrapper.kind],
-                                   self.code(wrapper.call)), SECTION_LSO)
+                        "that are defaults, then run the tool again, or port it by hand."
+                        % (_names.WRAPPER_TITLES[wrapper.kind], self.code(wrapper.call)),
+                        SECTION_LSO)
             return
         manager = self.manager_of(wrapper, None)
         if manager is None:
@@ -441,9 +442,9 @@ class _Planner(_engines.EngineRules):
             return self.tf_loss_scale(wrapper, statement)
         if expr is None:
             self.refuse(wrapper.call, "wrapper-arguments",
-                        "This %s call has no loss-scale manager: pass one as its second argument "
-                        "(e.g. ExponentialUpdateLossScaleManager(2 ** 15, 1000)), then run the tool "
-                        "again, or port it by hand."
+                        "This %s call has no loss-scale manager: pass one as its second "
+                        "argument (e.g. ExponentialUpdateLossScaleManager(2 ** 15, 1000)), "
+                        "then run the tool again, or port it by hand."
                         % _names.WRAPPER_TITLES[wrapper.kind], SECTION_MANAGERS)
             return None
         if isinstance(expr, cst.Call) and expr in s.managers:
@@ -462,7 +463,8 @@ class _Planner(_engines.EngineRules):
             self.refuse(expr, "manager-unfollowed",
                         "The manager %s is built inside the wrapper by a call the tool cannot "
                         "move: bind it to a name on the line above the wrapper (m = ...; "
-                        "Wrapper(opt, m)), then run the tool again." % self.code(expr), SECTION_MANAGERS)
+                        "Wrapper(opt, m)), then run the tool again." % self.code(expr),
+                        SECTION_MANAGERS)
             return None
         return ManagerUse(self.code(expr), None, None)
 
@@ -654,9 +656,9 @@ class _Planner(_engines.EngineRules):
         target = _assign_target(statement, minimize.call)
         if target is None:
             self.refuse(minimize.call, "train-op-unfollowed",
-                        "This minimize's train op is not assigned to a plain name, so the tool "
-                        "cannot follow its fetches: assign it (name = opt.minimize(...)) and fetch "
-                        "that name, then run the tool again.")
+                        "This minimize's train op is not assigned to a plain name, so the "
+                        "tool cannot follow its fetches: assign it (name = opt.minimize(...)) "
+                        "and fetch that name, then run the tool again.")
             return None
         if s.loop_around(minimize.call) is not None:
             self.refuse(minimize.call, "built-in-loop",
@@ -988,8 +990,9 @@ class _Planner(_engines.EngineRules):
                     self.refuse(group.wrapper.call, "optimizer-reused",
                                 "%s is wrapped for %d minimize calls (%s): one optimizer object "
                                 "whose Adam beta powers advance once per call (ModelZoo "
-                                "BicycleGAN). Give each minimize its own optimizer, then run the tool "
-                                "again." % (name, len(sharing), ", ".join(g.name for g in sharing)),
+                                "BicycleGAN). Give each minimize its own optimizer, then run "
+                                "the tool again."
+                                % (name, len(sharing), ", ".join(g.name for g in sharing)),
                                 SECTION_PORT)
         for group in groups:
             minimize = group.minimize
@@ -1164,7 +1167,8 @@ class _Planner(_engines.EngineRules):
                                 "%s is used here outside a session.run fetch (a list, a "
                                 "function, a control dependency): the tool cannot map it to a "
                                 "builder op. Fetch it in session.run (or group every train op "
-                                "in one tf.group), then run the tool again." % group.name, SECTION_PORT)
+                                "in one tf.group), then run the tool again." % group.name,
+                                SECTION_PORT)
                 else:
                     sites.setdefault(site, set()).add(group.name)
         if self.reasons:
@@ -1184,8 +1188,8 @@ class _Planner(_engines.EngineRules):
             if fetched != names and len(fetched) != 1:
                 self.refuse(site, "fetch-unmapped",
                             "This session.run fetches %s but not %s: neither one step for all "
-                            "groups nor one group's step. Fetch every train op in one run, or one per "
-                            "run, then run the tool again." % (", ".join(sorted(fetched)),
+                            "groups nor one group's step. Fetch every train op in one run, or "
+                            "one per run, then run the tool again." % (", ".join(sorted(fetched)),
                                                               ", ".join(sorted(names - fetched))),
                             SECTION_PORT)
         if joint and single:
@@ -1193,7 +1197,8 @@ class _Planner(_engines.EngineRules):
                 self.refuse(site, "fetch-mixed",
                             "Some session.run calls fetch every train op and others one: fetch "
                             "them the same way in every run (all together, or one per run), then "
-                            "run the tool again, or bind update_op and per_group ops by hand.", SECTION_PORT)
+                            "run the tool again, or bind update_op and per_group ops by hand.",
+                            SECTION_PORT)
         if self.reasons:
             return None
         return "per_group" if single else "joint"
@@ -1381,7 +1386,8 @@ class _Planner(_engines.EngineRules):
                     "name=" + _quote(_group_name(group))]
             if group is not first and not _shares(first, group):
                 args.append("loss_scale_manager=" + group.manager.code)
-            adds[id(group.statement)] = _emit.call_text("%s.add" % scaler, args, s.column(group.top))
+            adds[id(group.statement)] = _emit.call_text("%s.add" % scaler, args,
+                                                        s.column(group.top))
         found = self.engine(first.wrapper) if first.wrapper is not None else (False, False)
         engine = _engines.engine_args(found)
         scaler_text = _emit.call_text("%s = %s.MultiOptimizerLossScale" % (scaler, self.alias),
@@ -1392,8 +1398,9 @@ class _Planner(_engines.EngineRules):
                          "takes %s, the test evaluated where the scaler is made, and sums the "
                          "overflow decision across devices when it reduces, so every device "
                          "applies or skips a step alike." % (
-                             found[0], _engines.engine_words(found[1]), _engines.engine_words(found[2]),
-                             ", ".join(engine)), SECTION_DATA_PARALLEL)
+                             found[0], _engines.engine_words(found[1]),
+                             _engines.engine_words(found[2]), ", ".join(engine)),
+                         SECTION_DATA_PARALLEL)
         elif engine:
             self.changed(first.top, "distributed-mapped",
                          "The wrappers %s: the builder does it with %s, and sums the overflow "
