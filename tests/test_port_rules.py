@@ -762,3 +762,13 @@ def test_a_rank_size_if_the_tool_cannot_prove_is_refused(variant, rule):
     new, entries = _port(source)
     assert new == source
     assert rule in [r for r, _ in _rules(entries, BY_HAND)]
+
+
+def test_a_group_of_a_train_op_made_before_the_last_minimize_is_refused():
+    """build() makes the train ops after the last minimize: a tf.group of
+    the first one between them would read no op there."""
+    source = (HEAD + D_OPT + G_OPT + D_MIN + "d_group = tf.group(d_train)\n" + G_MIN
+              + "sess.run(d_group)\nsess.run(g_train)\n")
+    new, entries = _port(source)
+    assert new == source
+    assert ("fetch-unmapped", 7) in _rules(entries, BY_HAND)

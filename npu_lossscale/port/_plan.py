@@ -1158,11 +1158,17 @@ class _Planner(_engines.EngineRules):
         calls fetch the train ops; None (refused) otherwise."""
         s = self.s
         sites = collections.OrderedDict()
+        last = s.line(groups[-1].statement)
         for group in groups:
             assignments = self.train_op_assignments(group)
             for reference in s.references(assignments):
                 site = s.fetch_site(reference) or self.group_site(reference)
-                if site is None:
+                if site is not None and s.line(reference) < last:
+                    self.refuse(reference, "fetch-unmapped",
+                                "%s is read here, before the last minimize (line %d), where "
+                                "build() makes the train ops: move this line after it, then "
+                                "run the tool again." % (group.name, last), SECTION_PORT)
+                elif site is None:
                     self.refuse(reference, "fetch-unmapped",
                                 "%s is used here outside a session.run fetch (a list, a "
                                 "function, a control dependency): the tool cannot map it to a "
