@@ -772,3 +772,19 @@ def test_a_group_of_a_train_op_made_before_the_last_minimize_is_refused():
     new, entries = _port(source)
     assert new == source
     assert ("fetch-unmapped", 7) in _rules(entries, BY_HAND)
+
+
+def test_an_optimizer_bound_in_a_precision_branch_names_the_edit_that_ports_it():
+    """Wrappers bound in an if, the minimize calls after it: the message
+    says to move the minimize calls into the branches, and once moved the
+    file ports (test_a_precision_if_else_is_ported_in_its_loss_scaled_branch)."""
+    source = (HEAD + "if fp16:\n    d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), "
+              "FixedLossScaleManager(8))\n    g_opt = NPULossScaleOptimizer("
+              "tf.train.AdamOptimizer(), FixedLossScaleManager(8))\nelse:\n"
+              "    d_opt = tf.train.AdamOptimizer()\n    g_opt = tf.train.AdamOptimizer()\n"
+              + D_MIN + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert new == source
+    messages = [e.message for e in entries if e.rule == "optimizer-unfollowed"]
+    assert len(messages) == 2 and all("move the minimize calls into each branch" in m
+                                      for m in messages)

@@ -839,6 +839,18 @@ class _Planner(_engines.EngineRules):
                     "again.", SECTION_UPDATE_OPS)
 
     def refuse_unfollowed(self, minimize):
+        s, receiver = self.s, minimize.receiver
+        branches = [s.statement(a.node) for a in (
+            s.assignments(receiver) or () if isinstance(receiver, cst.Name) else ())
+                    if isinstance(s.owner(s.block(s.statement(a.node))), (cst.If, cst.Else))]
+        if branches:
+            self.refuse(minimize.call, "optimizer-unfollowed",
+                        "%s is bound in a branch of an if (line %d), so which optimizer this "
+                        "minimize gets depends on the test: move the minimize calls into each "
+                        "branch (a precision if/else is ported branch by branch: loss scaling "
+                        "in one, plain minimize calls in the other), then run the tool again."
+                        % (self.code(receiver), s.line(branches[0])), SECTION_PORT)
+            return None
         self.refuse(minimize.call, "optimizer-unfollowed",
                     "The tool cannot tell which optimizer %s is: built in another function, "
                     "a loop, a branch, or passed in. Bind it once (name = "
