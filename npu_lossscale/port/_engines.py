@@ -5,9 +5,9 @@
 inside the one wrapper: what each becomes in the builder's engine
 (``distributed=``) or the drop-in, and what is refused.
 
-``EngineRules`` is a part of ``_plan._Planner`` (its methods use the
-planner's scanner, ``refuse``, ``changed`` and ``code``, and its
-``layers`` and ``spelled`` records).
+``EngineRules`` is a part of ``_plan._Planner``: its methods use the
+planner's scanner, ``refuse`` and ``code``, and its ``layers`` and
+``spelled`` records.
 """
 
 from __future__ import absolute_import, division, print_function
