@@ -27,8 +27,8 @@ The steps, one module each:
 * ``_flow``: the order of statements (which assignment a read gets, what
   a line reads and binds);
 * ``_plan``: deciding what each becomes, or why it cannot be done (its
-  distributed-training rules in ``_engines``, the docs sections its report
-  names in ``_sections``);
+  manager rules in ``_managers``, its distributed-training rules in
+  ``_engines``, the docs sections its report names in ``_sections``);
 * ``_emit``: the generated lines, wrapped and indented, with the script's
   comments;
 * ``_rewrite``: applying the plan, keeping formatting and comments;

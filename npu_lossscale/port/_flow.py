@@ -196,3 +196,14 @@ def inside(scanner, node, ancestor):
             return True
         node = scanner.parent(node)
     return False
+
+
+def is_number(node):
+    """True for a number literal, or arithmetic on number literals only."""
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return is_number(node.expression)
+    if isinstance(node, cst.BinaryOperation):
+        return is_number(node.left) and is_number(node.right)
+    return False
