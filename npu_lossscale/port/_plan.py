@@ -511,7 +511,8 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
             if manager is None:
                 return None
         else:
-            manager = _managers.ManagerUse("%s.%s" % (self.alias, _managers.UNSCALED_MANAGER), _BUILDER_KEY, None)
+            manager = _managers.ManagerUse(
+                "%s.%s" % (self.alias, _managers.UNSCALED_MANAGER), _BUILDER_KEY, None)
         return Group(target.value, minimize, statement, top, update_ops, optimizer, wrapper,
                      wrapper_statement, manager)
 
@@ -978,8 +979,8 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
     def op_making(self, expr):
         """The first part of a constructor's argument that may make an op
         (a call, a subscript, arithmetic on names), or None."""
-        if isinstance(expr, (cst.Name, cst.SimpleString, cst.ConcatenatedString)) or _flow.is_number(
-                expr):
+        if isinstance(expr, (cst.Name, cst.SimpleString, cst.ConcatenatedString)) or (
+                _flow.is_number(expr)):
             return None
         if isinstance(expr, cst.Attribute):
             return self.op_making(expr.value) if isinstance(expr.value, (
