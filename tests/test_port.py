@@ -561,3 +561,33 @@ def test_a_checkpoint_of_pix2pixs_original_restores_in_its_port(ported, tmp_path
                     if not n.endswith(managers))
     assert len(original) > 10 and any("beta1_power" in n for n in original)
     assert dict((n, runs["port"][n]) for n in original if n in runs["port"]) == original
+
+
+@pytest.mark.parametrize("fp16", [True, False])
+def test_a_precision_if_else_ports_and_trains_in_both_branches(graph, npu_shim, fp16):
+    """The loss-scaled branch gets the builder, the plain one stays: each
+    builds and applies a step (the builder's on a poisoned step skips)."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    lines = ["poison = tf.placeholder_with_default(1.0, [])"]
+    for name, value in (("d", 1.0), ("g", 2.0)):
+        lines += ["%s_w = tf.Variable([%s])" % (name, value),
+                  "%s_loss = tf.reduce_sum(%s_w * %s_w) * poison" % (name, name, name),
+                  "%s_opt = tf.train.GradientDescentOptimizer(0.5)" % name]
+    lines += ["if FP16:"] + [
+        "    %s_train = NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8)).minimize("
+        "%s_loss, var_list=[%s_w])" % ((n,) * 4) for n in "dg"] + ["else:"] + [
+        "    %s_train = %s_opt.minimize(%s_loss, var_list=[%s_w])" % ((n,) * 4) for n in "dg"]
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "FP16 = %s\n" % fp16 + "\n".join(lines)
+              + "\ndef step(sess, feed=None):\n    sess.run([d_train, g_train], feed)\n")
+    new, _ = port_source(source, "t.py")
+    assert "nl.MultiOptimizerLossScale" in new and "else:\n    d_train = d_opt.minimize" in new
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        if fp16:  # an overflow: the builder's step skips, both weights stay
+            scope["step"](sess, {scope["poison"]: 1e38})
+            assert sess.run([scope["d_w"], scope["g_w"]]) == [[1.0], [2.0]]
+        scope["step"](sess)
+        assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]
