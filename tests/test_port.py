@@ -591,3 +591,37 @@ def test_a_precision_if_else_ports_and_trains_in_both_branches(graph, npu_shim, 
             assert sess.run([scope["d_w"], scope["g_w"]]) == [[1.0], [2.0]]
         scope["step"](sess)
         assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]
+
+
+@pytest.mark.parametrize("fp16", [True, False])
+def test_update_ops_around_a_precision_if_are_gated_in_the_scaled_branch(graph, npu_shim, fp16):
+    """The block around the if is lifted into the scaled branch's build():
+    a poisoned step leaves the update's variable (a batch-norm statistic's
+    stand-in) where it was; the plain branch still runs it on every step."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    lines = ["poison = tf.placeholder_with_default(1.0, [])",
+             "stat = tf.Variable(0.0)",
+             "update_ops = [tf.assign_add(stat, 1.0)]"]
+    for name, value in (("d", 1.0), ("g", 2.0)):
+        lines += ["%s_w = tf.Variable([%s])" % (name, value),
+                  "%s_loss = tf.reduce_sum(%s_w * %s_w) * poison" % (name, name, name),
+                  "%s_opt = tf.train.GradientDescentOptimizer(0.5)" % name]
+    lines += ["with tf.control_dependencies(update_ops):", "    if FP16:"] + [
+        "        %s_train = NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8)).minimize("
+        "%s_loss, var_list=[%s_w])" % ((n,) * 4) for n in "dg"] + ["    else:"] + [
+        "        %s_train = %s_opt.minimize(%s_loss, var_list=[%s_w])" % ((n,) * 4)
+        for n in "dg"]
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "FP16 = %s\n" % fp16 + "\n".join(lines)
+              + "\ndef step(sess, feed=None):\n    sess.run([d_train, g_train], feed)\n")
+    new, entries = port_source(source, "t.py")
+    assert "update-ops-lifted" in [e.rule for e in entries]
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        if fp16:
+            scope["step"](sess, {scope["poison"]: 1e38})
+            assert sess.run(scope["stat"]) == 0.0  # skipped: the update did not run
+        scope["step"](sess)
+        assert sess.run(scope["stat"]) == 1.0

@@ -788,3 +788,29 @@ def test_an_optimizer_bound_in_a_precision_branch_names_the_edit_that_ports_it()
     messages = [e.message for e in entries if e.rule == "optimizer-unfollowed"]
     assert len(messages) == 2 and all("move the minimize calls into each branch" in m
                                       for m in messages)
+
+
+def test_update_ops_around_a_precision_if_are_lifted_into_the_scaled_branch():
+    """Issue 46, point 0: the block around the if goes from the branch that
+    scales (its build(update_ops=...) gates them); the plain branch keeps it
+    around its lines, as before."""
+    source = (HEAD + "with tf.control_dependencies(update_ops):  # batch norm\n"
+              + "".join("    " + line for line in PRECISION.splitlines(True)) + JOINT)
+    new, entries = _port(source)
+    assert new.endswith(
+        "# batch norm\nif FLAGS.precision_mode == 'allow_mix_precision':\n"
+        "    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8))\n"
+        '    scaler.add(d_loss, d_opt, var_list=d_vars, name="d_train")\n'
+        '    scaler.add(g_loss, g_opt, var_list=g_vars, name="g_train",\n'
+        "               loss_scale_manager=nl.FixedLossScaleManager(8))\n"
+        "    train = scaler.build(update_ops=update_ops)\n"
+        "    d_train = train.update_op\n    g_train = train.update_op\n"
+        "else:\n    with tf.control_dependencies(update_ops):\n"
+        "        d_train = d_opt.minimize(d_loss, var_list=d_vars)\n"
+        "        g_train = g_opt.minimize(g_loss, var_list=g_vars)\n" + JOINT)
+    assert _rules(entries, BY_HAND) == []
+    assert ("update-ops-lifted", 4) in _rules(entries, CHANGED)
+    builder = [e.message for e in entries if e.rule == "builder"][0]
+    assert "run on skipped steps too" not in builder
+    unliftable = source.replace("update_ops):", "tf.get_collection('u')):")
+    assert ("update-ops-not-atomic", 4) in _rules(_port(unliftable)[1], BY_HAND)

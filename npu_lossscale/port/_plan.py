@@ -52,7 +52,11 @@ from npu_lossscale.port._sections import (  # noqa: F401 (the report's sections)
 #:   before: dict from an original statement to statements inserted before it.
 #:   after: dict from an original statement to statements inserted after it.
 #:   entries: the report's ``Entry``s for this module.
-Plan = collections.namedtuple("Plan", ["replace", "statements", "before", "after", "entries"])
+#:   lift: dict from a ``with tf.control_dependencies(X):`` around an ``if``
+#:     to the index of the if's branch whose builder now gates X: the with
+#:     goes, and each other branch's lines keep it around them.
+Plan = collections.namedtuple("Plan", ["replace", "statements", "before", "after", "entries",
+                                       "lift"])
 
 #: A part of a module the plan ports on its own.
 #:
@@ -95,7 +99,7 @@ def plan(scanner, path):
     planner = _Planner(scanner, path)
     planner.run()
     return Plan(planner.replace, planner.statements, planner.before, planner.after,
-                planner.entries)
+                planner.entries, planner.lift)
 
 
 class _Planner(_engines.EngineRules, _managers.ManagerRules):
@@ -110,6 +114,7 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
         self.alias = "nl" if "nl" not in taken else "npu_lossscale"
         self.mapped = set()  # manager calls already mapped
         self.moving = {}  # a control_dependencies top -> its statements moving above it
+        self.lift = {}  # see Plan
         self.layers = {}  # a wrapper call -> npu_bridge's distributed layers around it
         self.spelled = {}  # a wrapper call -> the ``Spelling`` it is the if-branch of
         self.seen = set()  # wrappers a minimize was traced to
@@ -179,6 +184,7 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
         self.entries.extend(self.reasons)
         if self.reasons:
             self.replace, self.statements, self.before, self.after = {}, {}, {}, {}
+            self.lift = {}
             self.entries = [e for e in self.entries if e.kind != CHANGED]
             return
         for call in s.managers:
@@ -462,8 +468,12 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
         first = s.line(groups[0].minimize.call)
         self.note_between(groups, body[index[id(outer[0])] + 1:index[id(outer[-1])]]
                           + [st for st in scoped if s.line(st) > first], tops)
-        self.write_builder(groups, mode, tops, outer[-1])
+        lifted = self.liftable(outer)
+        self.write_builder(groups, mode, tops, outer[-1],
+                           self.code(self.control_dependencies(lifted)) if lifted else None)
         for owner in self.dependencies_around(tops[0]):
+            if owner is lifted:
+                continue
             self.by_hand(owner, "update-ops-not-atomic",
                          "tf.control_dependencies(%s) here stays around build() (the tool "
                          "lifts only a block that holds nothing but minimize calls): every "
@@ -523,6 +533,34 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
         if isinstance(owner, cst.With) and self.control_dependencies(owner) is not None:
             return owner, self.control_dependencies(owner)
         return statement, None
+
+    def liftable(self, outer):
+        """The ``with tf.control_dependencies(X):`` around the if whose
+        branch holds the builder, when it can go (``Plan.lift``): it holds
+        that if alone, X is a name nothing in it binds, the builder's lines
+        are the branch's own, and no other branch scales; else None. The
+        builder's ``build(update_ops=X)`` then gates X, and the other
+        branches keep the block around their lines, as before."""
+        arm, s = self.arm, self.s
+        if arm.branch is None or any(s.block(o) is not arm.block for o in outer):
+            return None
+        around = self.dependencies_around(outer[0])
+        owner = s.owner(s.block(arm.branch))
+        if not (around and owner is around[0] and len(owner.body.body) == 1):
+            return None
+        ops = self.control_dependencies(owner)
+        others = [b for b in _branch_blocks(arm.branch) if b is not arm.block]
+        if not (isinstance(ops, cst.Name) and ops.value not in _flow.assigned(owner.body)
+                and not any(_flow.inside(s, w.call, b) for w in s.wrappers for b in others)):
+            return None
+        self.lift[owner] = _branch_blocks(arm.branch).index(arm.block)
+        self.changed(owner, "update-ops-lifted",
+                     "with tf.control_dependencies(%s) around the if is gone from the branch "
+                     "that scales: its build(update_ops=...) runs those updates on applied "
+                     "steps only (with the wrappers they ran on skipped steps too); the other "
+                     "branches keep the block around their lines." % ops.value,
+                     SECTION_UPDATE_OPS)
+        return owner
 
     def dependencies_around(self, statement):
         """The ``with tf.control_dependencies(...)`` statements around the
@@ -1189,7 +1227,7 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
                                                      else set()))
                        for st in between)
 
-    def write_builder(self, groups, mode, tops, last):
+    def write_builder(self, groups, mode, tops, last, lifted=None):
         """The builder's statements, and the report of each change.
 
         Args:
@@ -1199,6 +1237,8 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
           last: the statement of the builder's block that holds the last
             group: its top, or the name scope around it (``build()`` goes
             after that block).
+          lifted: the ops of a ``tf.control_dependencies`` block around the
+            branch's if that the builder now gates (``liftable``), or None.
         """
         s = self.s
         scaler, train = _fresh(s.names, "scaler"), _fresh(s.names, "train")
@@ -1239,7 +1279,7 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
             build_args.append("global_step=" + self.code(stepped[0].minimize.global_step))
         if per_group:
             build_args.append("per_group_ops=True")
-        update_ops = self.update_ops_text(groups, per_group)
+        update_ops = self.update_ops_text(groups, per_group, lifted)
         if update_ops:
             build_args.append("update_ops=" + update_ops)
         build_text = _emit.call_text("%s = %s.build" % (train, scaler), build_args, column)
@@ -1293,7 +1333,7 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
                              "orders."), SECTION_UPDATE_OPS)
         return found
 
-    def update_ops_text(self, groups, per_group):
+    def update_ops_text(self, groups, per_group, lifted=None):
         """``build()``'s update_ops: one list for the joint step, or a dict
         by group with per-group ops, where an op can be one group's only:
         ops that several groups' minimize calls ran with go to the last of
@@ -1303,6 +1343,9 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
             for group in groups:
                 if group.update_ops is not None:
                     holders.setdefault(self.code(group.update_ops), []).append(group)
+            if lifted is not None:
+                holders.setdefault(lifted, []).extend(
+                    g for g in groups if g not in holders.get(lifted, []))
             for text, sharing in holders.items():
                 if len(sharing) > 1:
                     self.by_hand(sharing[0].top, "update-ops-one-group",
@@ -1319,7 +1362,7 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
                      for text, sharing in holders.items()]
             return "{%s}" % ", ".join(items) if items else ""
         texts = _unique_texts([self.code(g.update_ops) for g in groups
-                               if g.update_ops is not None])
+                               if g.update_ops is not None] + ([lifted] if lifted else []))
         if len(texts) <= 1:
             return texts[0] if texts else ""
         return " + ".join("list(%s)" % text for text in texts)
@@ -1422,7 +1465,7 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
     def report_builder(self, groups, scaler, train, per_group):
         names = ", ".join(g.name for g in groups)
         first = groups[0]
-        around = self.dependencies_around(first.top)
+        around = [o for o in self.dependencies_around(first.top) if o not in self.lift]
         self.changed(first.top, "builder",
                      "One %s.MultiOptimizerLossScale (%s) for the %d optimizers (%s): one "
                      "overflow check per step, and every group applies or none does%s."

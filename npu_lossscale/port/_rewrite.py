@@ -43,6 +43,8 @@ class _Rewriter(cst.CSTTransformer):
         plan = self._plan
         if original_node in plan.replace:
             return plan.replace[original_node]
+        if original_node in plan.lift:
+            return _lifted(updated_node, plan.lift[original_node])
         carried = self._carried.pop(original_node, [])
         if carried:
             updated_node = updated_node.with_changes(
@@ -68,6 +70,34 @@ class _Rewriter(cst.CSTTransformer):
         if before or after:
             return cst.FlattenSentinel(list(before) + [updated_node] + list(after))
         return updated_node
+
+
+def _lifted(with_node, scaled):
+    """The if a ``tf.control_dependencies`` block held, without the block:
+    the branch at index ``scaled`` (its builder gates the ops) as it is, each
+    other branch's lines inside a copy of the block. The block's comments go
+    above the if."""
+    if_node = with_node.body.body[0]
+
+    def keep(block):
+        inner = with_node.with_changes(leading_lines=[], body=cst.IndentedBlock(
+            body=list(block.body), header=block.header))
+        return cst.IndentedBlock(body=[inner])
+
+    def branches(node, index):
+        body = node.body if index == scaled else keep(node.body)
+        orelse = node.orelse
+        if isinstance(orelse, cst.If):
+            orelse = branches(orelse, index + 1)
+        elif isinstance(orelse, cst.Else):
+            orelse = orelse.with_changes(
+                body=orelse.body if index + 1 == scaled else keep(orelse.body))
+        return node.with_changes(body=body, orelse=orelse)
+
+    header = ([cst.EmptyLine(comment=with_node.body.header.comment)]
+              if with_node.body.header.comment is not None else [])
+    return branches(if_node, 0).with_changes(
+        leading_lines=list(with_node.leading_lines) + header + list(if_node.leading_lines))
 
 
 def port_source(source, path):
@@ -97,7 +127,7 @@ def port_source(source, path):
     found = []
     wrapper.visit(_find.Scanner(lambda scanner: found.append(_plan.plan(scanner, path))))
     plan = found[0]
-    if not (plan.replace or plan.statements or plan.before or plan.after):
+    if not (plan.replace or plan.statements or plan.before or plan.after or plan.lift):
         return source, plan.entries
     new = wrapper.module.visit(_Rewriter(plan)).code
     if source.startswith(_BOM) and not new.startswith(_BOM):  # libcst drops it
