@@ -130,8 +130,8 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
                    tests/test_shim_distributed.py tests/test_porting.py \
                    tests/test_readme.py tests/test_docs.py tests/test_soak.py \
                    tests/test_benchmarks_quick.py tests/test_port_docs.py \
-                   tests/test_port_rules.py tests/test_style.py tests/test_warm_python.py \
-                   tests/test_engines_misuse.py
+                   tests/test_port_rules.py tests/test_port_misuse.py tests/test_style.py \
+                   tests/test_warm_python.py tests/test_engines_misuse.py
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.

@@ -31,6 +31,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from conftest import REPO, SKIPPED_STEPS
+import npu_lossscale as nl
 from npu_lossscale.port import REPORT_SUFFIX, main, port
 from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE
 
@@ -56,7 +57,21 @@ RUNNABLE = {
     # test_reasons_name_what_to_do: "update-ops-ungated"
     "dcgan_npu_bridge.py": (True, ["builder", "manager-mapped", "update-ops-gated",
                                    "global-step-to-build", "train-ops-bound"]),
+    "modelzoo_dcgan_alternating.py": (True, ["builder", "constructor-moved", "manager-mapped",
+                                             "update-ops-gated", "minimize-to-add",
+                                             "wrapper-removed", "train-ops-bound"]),
+    "pix2pix_name_scopes.py": (True, ["builder", "manager-mapped", "manager-per-group",
+                                      "distributed-mapped",
+                                      "update-ops-gated", "minimize-to-add", "wrapper-removed",
+                                      "train-ops-bound"]),
+    "cyclegan_contrib_monitored.py": (False, ["builder", "manager-mapped", "manager-per-group",
+                                              "update-ops-gated", "global-step-to-build",
+                                              "minimize-to-add", "wrapper-removed",
+                                              "train-ops-bound"]),
 }
+
+#: The training runs of one step, each skipped once in the poisoned step.
+RUNS_PER_STEP = {"tf_mixed_precision_alternating.py": 2, "modelzoo_dcgan_alternating.py": 3}
 
 #: The scripts left to a person: (rule, line) of each reason the report gives.
 BY_HAND_SCRIPTS = {
@@ -132,17 +147,22 @@ def test_ported_script_trains_and_skips_an_overflow_atomically(ported, tmp_path,
     # The drop-in keeps the script's control_dependencies(UPDATE_OPS): its
     # moving statistics run on skipped steps as before (the report says so).
     ungated = ["moving_mean"] if name == "npu_single.py" else []
+    # Pix2Pix's own step counter, in its tf.group beside the train ops.
+    ungated += ["global_step"] if name == "pix2pix_name_scopes.py" else []
     for variable in ungated:
         assert not np.array_equal(states[2][variable], states[1][variable]), variable
     for variable in sorted(set(model) - set(ungated)):  # nothing of any group moved
         assert np.array_equal(states[2][variable], states[1][variable]), variable
     statistics = [n for n in model if "moving" in n]
-    assert bool(statistics) == (name in ("contrib_update_ops.py", "npu_single.py"))
+    assert bool(statistics) == (name in ("contrib_update_ops.py", "npu_single.py",
+                                         "modelzoo_dcgan_alternating.py",
+                                         "pix2pix_name_scopes.py",
+                                         "cyclegan_contrib_monitored.py"))
     for variable in weights + statistics:  # the next step applied, with its updates
         assert not np.array_equal(states[3][variable], states[2][variable]), variable
         assert np.all(np.isfinite(states[3][variable])), variable
-    if SKIPPED_STEPS in states[2]:  # one skip per run: two runs per step when alternating
-        runs = 2 if "alternating" in name else 1
+    if SKIPPED_STEPS in states[2]:  # one skip per run
+        runs = RUNS_PER_STEP.get(name, 1)
         assert states[2][SKIPPED_STEPS] == states[1][SKIPPED_STEPS] + runs == runs
 
 
@@ -542,3 +562,165 @@ def test_the_report_fails_on_a_failed_check():
     assert report.check_failed()
     assert "  exit status 2\n  | Traceback ...\n  no training session.run was audited" in (
         report.format())
+
+
+def test_a_sync_replicas_drop_in_builds(graph, npu_shim):
+    """The drop-in with ours inside builds (TF's own class there is a
+    TypeError at minimize)."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "w = tf.Variable([1.0])\nloss = tf.reduce_sum(w * w)\n"
+              "gs = tf.train.get_or_create_global_step()\n"
+              "opt = NPULossScaleOptimizer(tf.train.SyncReplicasOptimizer(\n"
+              "    tf.train.AdamOptimizer(), replicas_to_aggregate=2), FixedLossScaleManager(8))\n"
+              "train = opt.minimize(loss, gs)\n")
+    new, _ = port_source(source, "t.py")
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    assert scope["train"].graph is tf.get_default_graph()
+    assert isinstance(scope["opt"].inner_optimizer, nl.SyncReplicasOptimizer)
+
+
+def test_npu_tf_optimizer_around_the_wrappers_becomes_the_hccl_engine(graph, npu_shim):
+    """npu_tf_optimizer(NPULossScaleOptimizer(opt, m, is_distributed=True))
+    per network (the converter's spelling): the port's builder takes
+    distributed="hccl"; it builds and applies a step on one device."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "d_w = tf.Variable([1.0])\ng_w = tf.Variable([2.0])\n"
+              "d_loss = tf.reduce_sum(d_w * d_w)\ng_loss = tf.reduce_sum(g_w * g_w)\n"
+              "d_opt = npu_tf_optimizer(NPULossScaleOptimizer(tf.train.GradientDescentOptimizer("
+              "0.5), FixedLossScaleManager(8), is_distributed=True))\n"
+              "g_opt = npu_tf_optimizer(NPULossScaleOptimizer(tf.train.GradientDescentOptimizer("
+              "0.5), FixedLossScaleManager(8), is_distributed=True))\n"
+              "d_train = d_opt.minimize(d_loss, var_list=[d_w])\n"
+              "g_train = g_opt.minimize(g_loss, var_list=[g_w])\n"
+              "def step(sess):\n    sess.run([d_train, g_train])\n")
+    new, entries = port_source(source, "t.py")
+    assert 'nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(8), distributed="hccl")' in new
+    assert "distributed-mapped" in [e.rule for e in entries]
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        scope["step"](sess)
+        assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]  # w - 0.5 * 2w
+
+
+@pytest.mark.parametrize("rank_size", [None, "1"])
+def test_a_rank_size_spelling_ports_and_trains_on_one_device(graph, npu_shim, monkeypatch,
+                                                             rank_size):
+    """Pix2Pix's `if RANK_SIZE > 1:` between npu_tf_optimizer(wrapper) and
+    the wrapper: on one device the builder's engine is None, and a step
+    applies both groups."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    if rank_size is None:
+        monkeypatch.delenv("RANK_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("RANK_SIZE", rank_size)
+    lines = []
+    for name, value in (("d", 1.0), ("g", 2.0)):
+        lines += ["%s_w = tf.Variable([%s])" % (name, value),
+                  "%s_loss = tf.reduce_sum(%s_w * %s_w)" % (name, name, name),
+                  "%s_opt = tf.train.GradientDescentOptimizer(0.5)" % name,
+                  "if int(os.getenv('RANK_SIZE', '1')) > 1:",
+                  "    %s_opt = npu_tf_optimizer(NPULossScaleOptimizer(%s_opt, "
+                  "FixedLossScaleManager(8), is_distributed=True))" % (name, name),
+                  "else:",
+                  "    %s_opt = NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8))"
+                  % (name, name),
+                  "%s_train = %s_opt.minimize(%s_loss, var_list=[%s_w])" % ((name,) * 4)]
+    source = ("import os\nimport tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              + "\n".join(lines) + "\ndef step(sess):\n    sess.run([d_train, g_train])\n")
+    new, _ = port_source(source, "t.py")
+    assert "if int(" not in new.split("scaler = ")[0].split("import npu_lossscale as nl")[1]
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        scope["step"](sess)
+        assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]
+
+
+def test_a_checkpoint_of_pix2pixs_original_restores_in_its_port(ported, tmp_path, npu_shim):
+    """The name scopes stay, and the model's and optimizers' variables keep
+    their names: every variable of the original's checkpoint but the
+    managers' own state is in the port's, with its shape."""
+    out, _ = ported
+    runs = {}
+    for label, path in (("original", os.path.join(SCRIPTS, "pix2pix_name_scopes.py")),
+                        ("port", os.path.join(out, "pix2pix_name_scopes.py"))):
+        folder = str(tmp_path / label)
+        os.makedirs(folder)
+        _load(path, "pix2pix_" + label).main(["--steps", "1", "--out", folder])
+        runs[label] = tf.train.load_checkpoint(
+            os.path.join(folder, "model.ckpt-1")).get_variable_to_shape_map()
+    managers = ("loss_scale", "good_steps", "bad_steps")
+    original = dict((n, s) for n, s in runs["original"].items()
+                    if not n.endswith(managers))
+    assert len(original) > 10 and any("beta1_power" in n for n in original)
+    assert dict((n, runs["port"][n]) for n in original if n in runs["port"]) == original
+
+
+@pytest.mark.parametrize("fp16", [True, False])
+def test_a_precision_if_else_ports_and_trains_in_both_branches(graph, npu_shim, fp16):
+    """The loss-scaled branch gets the builder, the plain one stays: each
+    builds and applies a step (the builder's on a poisoned step skips)."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    lines = ["poison = tf.placeholder_with_default(1.0, [])"]
+    for name, value in (("d", 1.0), ("g", 2.0)):
+        lines += ["%s_w = tf.Variable([%s])" % (name, value),
+                  "%s_loss = tf.reduce_sum(%s_w * %s_w) * poison" % (name, name, name),
+                  "%s_opt = tf.train.GradientDescentOptimizer(0.5)" % name]
+    lines += ["if FP16:"] + [
+        "    %s_train = NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8)).minimize("
+        "%s_loss, var_list=[%s_w])" % ((n,) * 4) for n in "dg"] + ["else:"] + [
+        "    %s_train = %s_opt.minimize(%s_loss, var_list=[%s_w])" % ((n,) * 4) for n in "dg"]
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "FP16 = %s\n" % fp16 + "\n".join(lines)
+              + "\ndef step(sess, feed=None):\n    sess.run([d_train, g_train], feed)\n")
+    new, _ = port_source(source, "t.py")
+    assert "nl.MultiOptimizerLossScale" in new and "else:\n    d_train = d_opt.minimize" in new
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        if fp16:  # an overflow: the builder's step skips, both weights stay
+            scope["step"](sess, {scope["poison"]: 1e38})
+            assert sess.run([scope["d_w"], scope["g_w"]]) == [[1.0], [2.0]]
+        scope["step"](sess)
+        assert sess.run([scope["d_w"], scope["g_w"]]) == [[0.0], [0.0]]
+
+
+@pytest.mark.parametrize("fp16", [True, False])
+def test_update_ops_around_a_precision_if_are_gated_in_the_scaled_branch(graph, npu_shim, fp16):
+    """The block around the if is lifted into the scaled branch's build():
+    a poisoned step leaves the update's variable (a batch-norm statistic's
+    stand-in) where it was; the plain branch still runs it on every step."""
+    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    lines = ["poison = tf.placeholder_with_default(1.0, [])",
+             "stat = tf.Variable(0.0)",
+             "update_ops = [tf.assign_add(stat, 1.0)]"]
+    for name, value in (("d", 1.0), ("g", 2.0)):
+        lines += ["%s_w = tf.Variable([%s])" % (name, value),
+                  "%s_loss = tf.reduce_sum(%s_w * %s_w) * poison" % (name, name, name),
+                  "%s_opt = tf.train.GradientDescentOptimizer(0.5)" % name]
+    lines += ["with tf.control_dependencies(update_ops):", "    if FP16:"] + [
+        "        %s_train = NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8)).minimize("
+        "%s_loss, var_list=[%s_w])" % ((n,) * 4) for n in "dg"] + ["    else:"] + [
+        "        %s_train = %s_opt.minimize(%s_loss, var_list=[%s_w])" % ((n,) * 4)
+        for n in "dg"]
+    source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
+              "FP16 = %s\n" % fp16 + "\n".join(lines)
+              + "\ndef step(sess, feed=None):\n    sess.run([d_train, g_train], feed)\n")
+    new, entries = port_source(source, "t.py")
+    assert "update-ops-lifted" in [e.rule for e in entries]
+    scope = {}
+    exec(compile(new, "t.py", "exec"), scope)  # pylint: disable=exec-used
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        if fp16:
+            scope["step"](sess, {scope["poison"]: 1e38})
+            assert sess.run(scope["stat"]) == 0.0  # skipped: the update did not run
+        scope["step"](sess)
+        assert sess.run(scope["stat"]) == 1.0

@@ -132,13 +132,13 @@ def test_the_tables_name_every_rule_and_no_other():
 
 def test_the_sections_the_report_names_exist():
     """README sections (or, once the README moves into docs/, a page's)."""
-    from npu_lossscale.port import _plan  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.port import _sections  # pylint: disable=import-outside-toplevel
     texts = [_doc()]
     for folder in (REPO, os.path.join(REPO, "docs")):
         texts.extend(open(os.path.join(folder, n)).read()
                      for n in sorted(os.listdir(folder)) if n.endswith(".md"))
     headings = set(re.findall(r"^#+ (.*?)\s*$", "\n".join(texts), re.M))
-    sections = [getattr(_plan, n) for n in dir(_plan) if n.startswith("SECTION_")]
+    sections = [getattr(_sections, n) for n in dir(_sections) if n.startswith("SECTION_")]
     assert len(sections) >= 10
     for section in sections:
         title = re.search(r'"([^"]+)"', section).group(1)

@@ -24,7 +24,13 @@ The steps, one module each:
 
 * ``_names``: what the TF, contrib and npu_bridge names mean;
 * ``_find``: finding the patterns in one module (libcst and its metadata);
-* ``_plan``: deciding what each becomes, or why it cannot be done;
+* ``_flow``: the order of statements (which assignment a read gets, what
+  a line reads and binds);
+* ``_plan``: deciding what each becomes, or why it cannot be done (its
+  manager rules in ``_managers``, its distributed-training rules in
+  ``_engines``, the docs sections its report names in ``_sections``);
+* ``_emit``: the generated lines, wrapped and indented, with the script's
+  comments;
 * ``_rewrite``: applying the plan, keeping formatting and comments;
 * ``_report``: the three lists and the check's findings;
 * ``_check`` and ``_probe``: ``--check``, which runs the rewritten script
@@ -37,9 +43,11 @@ TensorFlow, except ``_probe`` inside the checked script's process.
 from __future__ import absolute_import, division, print_function
 
 import argparse
+import io
 import os
 import shutil
 import sys
+import tokenize
 
 from npu_lossscale.port._report import BY_HAND, Report
 
@@ -81,9 +89,11 @@ def port(source, destination, check=None, check_timeout=600):
 
     Raises:
       ValueError: if ``source`` does not exist, the output would write
-        into ``source``, or ``source`` is a folder and ``destination`` a
-        file; or ``check`` is not a script command or names no
-        script of ``source``.
+        into ``source`` or over one of its files (a hard link, a file named
+        as the report would be), cannot be written, or ``source`` is a
+        folder and ``destination`` a file; or ``check`` is not a script
+        command or names no script of ``source``.
+      EnvironmentError: if a file of ``source`` cannot be read.
       ImportError: if libcst is not installed.
     """
     _require_libcst()
@@ -100,29 +110,35 @@ def port(source, destination, check=None, check_timeout=600):
     if not folder and (os.path.isdir(destination) or destination.endswith(os.sep)):
         output = os.path.join(destination, os.path.basename(source))
     _refuse_overlap(source, output, folder)
+    inputs = [(relative, path, os.path.join(output, relative) if folder else output)
+              for relative, path in _inputs(source, folder)]
+    report_path = output.rstrip(os.sep) + REPORT_SUFFIX
+    _refuse_same_files([(path, target) for _, path, target in inputs]
+                       + [(path, report_path) for _, path, _ in inputs])
     report = Report()
-    for relative, path in _inputs(source, folder):
-        target = os.path.join(output, relative) if folder else output
+    for relative, path, target in inputs:
         parent = os.path.dirname(target)
         if parent and not os.path.isdir(parent):
-            os.makedirs(parent)
+            _write(target, os.makedirs, parent)
         if folder and not path.endswith(".py"):  # a file named as INPUT is a script
-            shutil.copyfile(path, target)
+            _write(target, shutil.copyfile, path, target)
             continue
         with open(path, "rb") as handle:
             raw = handle.read()
         report.files.append(relative)
+        data = raw
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
+            text, encoding = _decode(raw)
+        except (SyntaxError, LookupError, UnicodeDecodeError) as error:
             report.add(BY_HAND, relative, 0, "unparsable",
-                       "The file is not UTF-8; it is copied as it is.")
-            new = None
+                       "The file's bytes are not text in its encoding (%s); it is copied as it "
+                       "is." % (error,))
         else:
             new, entries = _rewrite.port_source(text, relative)
             report.extend(entries)
-        with open(target, "wb") as handle:
-            handle.write(raw if new is None or new == text else new.encode("utf-8"))
+            if new != text:
+                data = new.encode(encoding)
+        _write(target, _write_bytes, target, data)
     if check is not None:
         script = _check.rewritten_script(_check.parse_command(check)[1], source, output)
         if script is None:
@@ -130,9 +146,52 @@ def port(source, destination, check=None, check_timeout=600):
                              "'python %s --steps 2'." % (check, source, report.files[0]
                                                          if report.files else "train.py"))
         report.check = _check.run_check(check, script, check_timeout)
-    with open(output.rstrip(os.sep) + REPORT_SUFFIX, "w") as handle:
-        handle.write(report.format())
+    _write(report_path, _write_bytes, report_path, report.format().encode("utf-8"))
     return report
+
+
+def _decode(raw):
+    """``(text, encoding)`` of a Python source's bytes, in the encoding its
+    coding line declares (PEP 263; UTF-8 without one). A UTF-8 byte-order
+    mark stays in the text, so that it is written back.
+
+    Raises:
+      SyntaxError: a coding line that names an unknown encoding, or
+        disagrees with the byte-order mark.
+      UnicodeDecodeError: bytes that are not text in that encoding.
+    """
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    if encoding == "utf-8-sig":
+        encoding = "utf-8"
+    return raw.decode(encoding), encoding
+
+
+def _write_bytes(path, data):
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def _write(path, function, *args):
+    """Calls ``function(*args)``, which writes ``path``; an OS error (a
+    folder that cannot be written, a full disk) becomes a ValueError that
+    names the path and says the fix (the command exits 2 on it)."""
+    try:
+        function(*args)
+    except (IOError, OSError) as error:
+        raise ValueError("cannot write %r (%s). Pass an output you can write."
+                         % (path, error.strerror or error))
+
+
+def _refuse_same_files(pairs):
+    """Raises ValueError when a file to write is one of INPUT's files under
+    another name (a hard link, a symbolic link) or by its name."""
+    for path, target in pairs:
+        same = os.path.realpath(path) == os.path.realpath(target) or (
+            os.path.exists(target) and os.path.samefile(path, target))
+        if same:
+            raise ValueError("writing %r would overwrite the input file %r (the same file "
+                             "under another name). Pass an output that is not an input file."
+                             % (target, path))
 
 
 def _refuse_overlap(source, output, folder):
@@ -164,7 +223,8 @@ def main(argv=None):
 
     0: ported (by-hand items do not fail the run); 1: ``--check``'s command
     failed or the audit found an error; 2: a usage error (bad paths, a bad
-    ``--check`` command, libcst missing).
+    ``--check`` command, an OUTPUT that cannot be written or would
+    overwrite an input file, an input that cannot be read, libcst missing).
     """
     parser = argparse.ArgumentParser(
         prog="python -m npu_lossscale.port",
@@ -185,6 +245,10 @@ def main(argv=None):
                       check_timeout=args.check_timeout)
     except (ValueError, ImportError) as error:
         sys.stderr.write("npu_lossscale.port: %s\n" % (error,))
+        return 2
+    except EnvironmentError as error:  # an input that cannot be read
+        sys.stderr.write("npu_lossscale.port: cannot read %r (%s). Pass an input you can "
+                         "read.\n" % (error.filename, error.strerror or error))
         return 2
     sys.stdout.write(report.format())
     return 1 if report.check_failed() else 0

@@ -11,6 +11,7 @@ from __future__ import absolute_import, division, print_function
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import tempfile
@@ -93,8 +94,26 @@ def run_check(command, script, timeout):
                 for run in (json.loads(text) if text.strip() else [])]
     finally:
         os.remove(result_path)
-    tail = "" if returncode == 0 else "\n".join(output.splitlines()[-TAIL_LINES:])
-    return CheckResult(command, returncode, runs, tail)
+    return CheckResult(command, returncode, runs, "" if returncode == 0 else _tail(output))
+
+
+#: The line of a traceback that names the exception (``module.Error: ...``).
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:|$)")
+
+
+def _tail(output):
+    """The lines of a failed command's output the report keeps: the
+    exception's own lines, then the last ``TAIL_LINES``. A TF error's
+    message is followed by stack traces of where its ops were made (the
+    "Original stack trace" parts), which would fill the tail with frames:
+    its unindented lines (the message, the node) come first."""
+    lines = output.splitlines()
+    last = lines[-TAIL_LINES:]
+    starts = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    if not starts or starts[-1] >= len(lines) - TAIL_LINES:
+        return "\n".join(last)
+    message = [line for line in lines[starts[-1]:] if line.strip() and not line[0].isspace()]
+    return "\n".join(message[:TAIL_LINES] + ["..."] + last)
 
 
 def _text(output):

@@ -149,9 +149,7 @@ class Scanner(cst.CSTVisitor):
 
     def visit_Module(self, node):
         self.module = node
-        for statement in node.body:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                continue
+        for statement in _import_statements(node.body):
             for small in statement.body:
                 if (isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar)
                         and _module_name(small) in _names.NPU_STAR_MODULES):
@@ -160,11 +158,16 @@ class Scanner(cst.CSTVisitor):
 
     def visit_Import(self, node):
         for alias in node.names:
-            if _dotted_name(alias.name).split(".")[0] == _names.LIBRARY:
+            if _names.is_library_module(_dotted_name(alias.name)):
                 self._library(node)
 
     def visit_ImportFrom(self, node):
-        if _module_name(node).split(".")[0] == _names.LIBRARY:
+        module = _module_name(node)
+        if module == _names.LIBRARY and not isinstance(node.names, cst.ImportStar):
+            if any(_names.is_library_module(module + "." + _dotted_name(alias.name))
+                   for alias in node.names):
+                self._library(node)
+        elif _names.is_library_module(module):
             self._library(node)
 
     def _library(self, node):
@@ -332,6 +335,19 @@ class Scanner(cst.CSTVisitor):
         if parent.keyword is not None:
             return call if parent.keyword.value == "fetches" else None
         return call if call.args[0] is parent else None
+
+
+def _import_statements(body):
+    """The simple statements of a module's body, and those of its top-level
+    ``try:`` blocks (``try: from npu_bridge.npu_init import *`` with a
+    fallback for machines without it), where its imports are."""
+    found = []
+    for statement in body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            found.append(statement)
+        elif isinstance(statement, cst.Try):
+            found.extend(_import_statements(statement.body.body))
+    return found
 
 
 def _dotted_name(node):

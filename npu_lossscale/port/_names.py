@@ -108,11 +108,36 @@ DISTRIBUTED = frozenset([
     "tensorflow.train.SyncReplicasOptimizer",
 ])
 
+#: npu_bridge's distributed layers a script puts around a loss-scale
+#: wrapper: "averaging" ones average the gradients across devices on any
+#: launch (``npu_tf_optimizer`` is ``NPUDistributedOptimizer``), "inert" ones
+#: only when several devices run (``npu_distributed_optimizer_wrapper``).
+LAYERS = {
+    "npu_bridge.npu_init.npu_tf_optimizer": "averaging",
+    "npu_bridge.npu_init.npu_distributed_optimizer_wrapper": "inert",
+    "npu_bridge.estimator.npu.npu_optimizer.npu_distributed_optimizer_wrapper": "inert",
+}
+
 CONTROL_DEPENDENCIES = "tensorflow.control_dependencies"
+GROUP = "tensorflow.group"
+SYNC_REPLICAS = "tensorflow.train.SyncReplicasOptimizer"
+NAME_SCOPE = "tensorflow.name_scope"
 GLOBAL_STEP_GETTERS = frozenset(["tensorflow.train.get_or_create_global_step",
                                  "tensorflow.train.get_global_step"])
 #: The library itself: a script that imports it is (being) ported already.
 LIBRARY = "npu_lossscale"
+#: The library's tools, which an unported script may import (the audit of
+#: its graph): importing them is not a port.
+TOOL_MODULES = ("npu_lossscale.audit", "npu_lossscale.port")
+
+
+def is_library_module(name):
+    """True when importing module ``name`` (or a name of the package, as
+    ``npu_lossscale.X``) makes a script one that uses the library: the
+    package or its modules, not its tools."""
+    if name.split(".")[0] != LIBRARY:
+        return False
+    return not any(name == tool or name.startswith(tool + ".") for tool in TOOL_MODULES)
 
 
 def normalise(name):

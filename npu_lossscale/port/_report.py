@@ -102,6 +102,23 @@ class Report(object):
         return "\n".join(lines) + "\n"
 
 
+#: The audit findings that mean a skipped run is not atomic: a write beside
+#: the gate (batch-norm statistics), a race that hides an overflow, scales
+#: that let one network apply while another skips, an ungated accumulation.
+NOT_ATOMIC = ("NLS001", "NLS005", "NLS008", "NLS009")
+
+
+def _atomic_line(run):
+    """Whether the audit saw anything that makes a skipped run of ``run``
+    change state."""
+    found = sorted(set(code.split("-")[0] for code, _, _ in run.findings
+                       if code.split("-")[0] in NOT_ATOMIC))
+    if found:
+        return "    skips: NOT atomic (%s): a skipped run still changes state" % ", ".join(found)
+    return ("    skips: atomic as far as the audit sees (no %s finding: batch-norm statistics "
+            "and every group held)" % "/".join(NOT_ATOMIC))
+
+
 def _format_check(check):
     lines = ["CHECK: %s" % check.command]
     if check.returncode is None:
@@ -119,5 +136,6 @@ def _format_check(check):
             lines.append("    %s %s: %s" % (code, severity, message))
         if not run.findings:
             lines.append("    no findings")
+        lines.append(_atomic_line(run))
     lines.append("  read: docs/audit.md for each code")
     return lines

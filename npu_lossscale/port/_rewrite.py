@@ -11,13 +11,11 @@ to the statement after it.
 from __future__ import absolute_import, division, print_function
 
 import ast
-import collections
 
 import libcst as cst
-import libcst.matchers as _matchers
 from libcst.metadata import MetadataWrapper
 
-from npu_lossscale.port import _find, _plan
+from npu_lossscale.port import _emit, _find, _plan
 from npu_lossscale.port._report import BY_HAND, Entry
 
 
@@ -45,6 +43,8 @@ class _Rewriter(cst.CSTTransformer):
         plan = self._plan
         if original_node in plan.replace:
             return plan.replace[original_node]
+        if original_node in plan.lift:
+            return _lifted(updated_node, plan.lift[original_node])
         carried = self._carried.pop(original_node, [])
         if carried:
             updated_node = updated_node.with_changes(
@@ -52,16 +52,16 @@ class _Rewriter(cst.CSTTransformer):
         if original_node in plan.statements:
             new = list(plan.statements[original_node])
             if not new:
-                self._pending.extend(_lost_comments(original_node, []))
+                self._pending.extend(_emit.lost_comments(original_node, []))
                 return cst.RemovalSentinel.REMOVE
-            lost = _lost_comments(original_node, new)
+            lost = _emit.lost_comments(original_node, new)
             if carried or lost:
                 new[0] = new[0].with_changes(
                     leading_lines=carried + lost + list(new[0].leading_lines))
             return cst.FlattenSentinel(new)
         if isinstance(original_node, cst.SimpleStatementLine) and not original_node.deep_equals(
                 updated_node):
-            lost = _lost_comments(original_node, [updated_node])
+            lost = _emit.lost_comments(original_node, [updated_node])
             if lost:  # a rewritten call's comments: above its statement
                 updated_node = updated_node.with_changes(
                     leading_lines=list(updated_node.leading_lines) + lost)
@@ -72,20 +72,32 @@ class _Rewriter(cst.CSTTransformer):
         return updated_node
 
 
-def _lost_comments(original, replacements):
-    """The comments of ``original`` that none of ``replacements`` holds, as
-    comment lines to put above them: a removed statement's, and those inside
-    a call the port rewrote (after an argument, inside its parentheses), so
-    that no comment of the script is dropped."""
-    kept = collections.Counter(comment.value for node in replacements
-                               for comment in _matchers.findall(node, _matchers.Comment()))
-    lost = []
-    for comment in _matchers.findall(original, _matchers.Comment()):
-        if kept[comment.value] > 0:
-            kept[comment.value] -= 1
-        else:
-            lost.append(cst.EmptyLine(comment=cst.Comment(comment.value)))
-    return lost
+def _lifted(with_node, scaled):
+    """The if a ``tf.control_dependencies`` block held, without the block:
+    the branch at index ``scaled`` (its builder gates the ops) as it is, each
+    other branch's lines inside a copy of the block. The block's comments go
+    above the if."""
+    if_node = with_node.body.body[0]
+
+    def keep(block):
+        inner = with_node.with_changes(leading_lines=[], body=cst.IndentedBlock(
+            body=list(block.body), header=block.header))
+        return cst.IndentedBlock(body=[inner])
+
+    def branches(node, index):
+        body = node.body if index == scaled else keep(node.body)
+        orelse = node.orelse
+        if isinstance(orelse, cst.If):
+            orelse = branches(orelse, index + 1)
+        elif isinstance(orelse, cst.Else):
+            orelse = orelse.with_changes(
+                body=orelse.body if index + 1 == scaled else keep(orelse.body))
+        return node.with_changes(body=body, orelse=orelse)
+
+    header = ([cst.EmptyLine(comment=with_node.body.header.comment)]
+              if with_node.body.header.comment is not None else [])
+    return branches(if_node, 0).with_changes(
+        leading_lines=list(with_node.leading_lines) + header + list(if_node.leading_lines))
 
 
 def port_source(source, path):
@@ -115,7 +127,7 @@ def port_source(source, path):
     found = []
     wrapper.visit(_find.Scanner(lambda scanner: found.append(_plan.plan(scanner, path))))
     plan = found[0]
-    if not (plan.replace or plan.statements or plan.before or plan.after):
+    if not (plan.replace or plan.statements or plan.before or plan.after or plan.lift):
         return source, plan.entries
     new = wrapper.module.visit(_Rewriter(plan)).code
     if source.startswith(_BOM) and not new.startswith(_BOM):  # libcst drops it

@@ -1,6 +1,6 @@
-"""By hand: the two train ops are grouped with tf.group before they are
-fetched, a use the tool cannot map to the builder's ops. The unported
-original."""
+"""By hand: the two train ops are kept in a list before they are fetched, a
+use the tool cannot map to the builder's ops (a tf.group of them would be:
+the joint step). The unported original."""
 import tensorflow.compat.v1 as tf
 from npu_bridge.npu_init import *
 
@@ -16,7 +16,7 @@ d_train = NPULossScaleOptimizer(tf.train.AdamOptimizer(1e-3),
                                 FixedLossScaleManager(1024)).minimize(d_loss, var_list=[d_w])
 g_train = NPULossScaleOptimizer(tf.train.AdamOptimizer(1e-3),
                                 FixedLossScaleManager(1024)).minimize(g_loss, var_list=[g_w])
-train_op = tf.group(d_train, g_train)
+train_op = [d_train, g_train]
 
 with tf.Session() as sess:
     sess.run(tf.global_variables_initializer())
