@@ -814,3 +814,20 @@ def test_update_ops_around_a_precision_if_are_lifted_into_the_scaled_branch():
     assert "run on skipped steps too" not in builder
     unliftable = source.replace("update_ops):", "tf.get_collection('u')):")
     assert ("update-ops-not-atomic", 4) in _rules(_port(unliftable)[1], BY_HAND)
+
+
+def test_an_alternating_loop_under_a_device_loop_is_told_of_sequences():
+    """Only the op named IterationOp loops on Ascend: an alternating loop in a
+    script that asks for a device loop is ported as per_group ops, and the
+    report says how to loop it (loss callables, build(sequence=[...]));
+    without a device loop it says nothing of it (issue 47)."""
+    alternating = HEAD + D_OPT + G_OPT + D_MIN + G_MIN + "sess.run(d_train)\nsess.run(g_train)\n"
+    looped = alternating + 'custom_op.parameter_map["iterations_per_loop"].i = 10\n'
+    new, entries = _port(looped)
+    assert "per_group_ops=True" in new
+    told = [e for e in entries if e.rule == "alternating-device-loop"]
+    assert [e.kind for e in told] == [LEFT_ALONE]
+    assert "build(sequence=[...])" in told[0].message and "IterationOp" in told[0].message
+    assert "alternating-device-loop" not in [e.rule for e in _port(alternating)[1]]
+    joint = HEAD + D_OPT + G_OPT + D_MIN + G_MIN + JOINT + "# iterations_per_loop=10\n"
+    assert "alternating-device-loop" not in [e.rule for e in _port(joint)[1]]

@@ -31,6 +31,7 @@ from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE, Entry
 
 from npu_lossscale.port._sections import (  # noqa: F401 (the report's sections)
     SECTION_PORTING,
+    SECTION_SEQUENCE,
     SECTION_UPDATE_OPS,
     SECTION_GLOBAL_STEP,
     SECTION_NPU_INIT,
@@ -1493,6 +1494,15 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
             message = ("%s: each is now %s.per_group[name], its group's step: the script's "
                        "session.run calls fetch one train op each, so they run unchanged."
                        % (names, train))
+            if self.runs_device_loops():
+                self.left_alone(
+                    first.top, "alternating-device-loop",
+                    "The script runs a device loop (iterations_per_loop), and only the op "
+                    "named IterationOp loops: the per_group ops cannot both loop. To loop the "
+                    "alternating steps, give each add() a loss callable (add(lambda: "
+                    "build_loss(), ...)) and pass build(sequence=[...]) with the groups in "
+                    "the order the loop runs them; fetch %s.update_op." % train,
+                    SECTION_SEQUENCE)
         else:
             message = ("%s: each is now %s.update_op, the one step for all groups: the "
                        "session.run calls that fetched them together run it once, their lists "
@@ -1505,6 +1515,12 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
                          "steps. With float32 compute, pass %s.FixedLossScaleManager(1) "
                          "instead." % (self.alias, _managers.UNSCALED_MANAGER, self.alias),
                          SECTION_MANAGERS)
+
+    def runs_device_loops(self):
+        """Whether the script asks tf_adapter for a device loop
+        (``iterations_per_loop``, ``set_iteration_per_loop``)."""
+        text = self.s.code(self.s.module)
+        return "iterations_per_loop" in text or "set_iteration_per_loop" in text
 
     # -- the import ----------------------------------------------------------------
 
