@@ -96,29 +96,46 @@ def _precedes_all(model, clear, followed, exempt=()):
 
 
 def _constants(model, names):
-    """The nodes of ``names`` computed from constants alone (a constant or a
-    no-op, or an op whose data inputs all are, under any control
-    dependencies): they compute nothing an overflow could come from."""
-    constant, visiting = {}, set()
+    """The nodes of ``names`` that compute nothing an overflow could come
+    from, under any control dependencies: a constant or a no-op, an op whose
+    data inputs all are such, or a read (an identity, a variable's read) of
+    a graph input or of such a node (a ref variable's ``read``, made once
+    and shared by a sequence's sub-steps)."""
+    kinds, visiting = {}, set()  # node -> "constant", "read" or None
     for name in names:
         stack = [name]
         while stack:
             current = stack[-1]
-            if current in constant:
+            if current in kinds:
                 stack.pop()
                 continue
             deps = [dep for dep in model.data_deps(current) if dep in model.nodes]
-            waiting = [dep for dep in deps if dep not in constant and dep not in visiting]
+            waiting = [dep for dep in deps if dep not in kinds and dep not in visiting]
             if waiting and current not in visiting:
                 visiting.add(current)
                 stack.extend(waiting)
                 continue
             visiting.discard(current)
-            constant[current] = (all(constant.get(dep, False) for dep in deps) if deps
-                                 else model.nodes[current].type in _CONSTANT_TYPES)
+            kinds[current] = _kind(model, current, [kinds.get(dep) for dep in deps])
             stack.pop()
-    return set(name for name, is_constant in constant.items() if is_constant)
+    return set(name for name, kind in kinds.items() if kind is not None)
 
 
+def _kind(model, name, dep_kinds):
+    """"constant", "read" or None for ``name``, given its data inputs' kinds
+    (``_constants``)."""
+    node = model.nodes[name]
+    if not dep_kinds:
+        if node.type in _CONSTANT_TYPES:
+            return "constant"
+        return "input" if not model.all_deps(name) else None
+    if all(kind == "constant" for kind in dep_kinds):
+        return "constant"
+    if node.type in _READ_TYPES and all(kind is not None for kind in dep_kinds):
+        return "read"
+    return None
+
+
+_READ_TYPES = graph_walk.IDENTITY_TYPES | frozenset(["ReadVariableOp"])
 #: Nodes without data inputs that compute no value of the model.
 _CONSTANT_TYPES = frozenset(["Const", "NoOp"])
