@@ -207,11 +207,7 @@ class LossScaleHook(tf.train.SessionRunHook):
           ValueError: for a loop ``device_loop.check_loop`` finds wrong.
         """
         loop = _device_loop.iteration_op(self._train.update_op.graph)
-        step = None if loop is None else self._step_runs.of([loop])
-        if step is None:
-            return
-        problems = _device_loop.check_loop(
-            self._train, _device_loop.Looped(loop, step.name, step.joint))
+        problems = [] if loop is None else _loop_problems(self._train, loop, self._step_runs)
         if problems:
             raise ValueError("npu_lossscale.LossScaleHook: " + " ".join(problems))
 
@@ -257,6 +253,25 @@ class LossScaleHook(tf.train.SessionRunHook):
                                         step=self._step.key)
         if collapse is not None and self.monitor.on_collapse == "stop":
             run_context.request_stop()
+
+
+def _loop_problems(train_ops, loop, step_runs=None):
+    """``device_loop.check_loop`` of the step op of ``train_ops`` that the
+    device loop ``loop`` (the ``IterationOp``) runs; no problem when it runs
+    none of them.
+
+    Args:
+      train_ops: the ``TrainOps``.
+      loop: the ``IterationOp``.
+      step_runs: the ``_StepRuns`` of ``train_ops``, or None to make one.
+
+    Returns:
+      A list of sentences, each a problem and its fix.
+    """
+    step = (step_runs or _StepRuns(train_ops)).of([loop])
+    if step is None:
+        return []
+    return _device_loop.check_loop(train_ops, _device_loop.Looped(loop, step.name, step.joint))
 
 
 class _StepOp(collections.namedtuple("_StepOp", ["key", "joint", "name"])):
@@ -364,7 +379,9 @@ class CollapseMonitor(object):
     run it reads the record's history (``diagnostics.read_recent_skips``),
     whose skips carry their streaks, so a collapse inside the loop is seen
     after that run. That needs a ``global_step``; without one it warns and
-    sees each run's last iteration. Example::
+    sees each run's last iteration. A loop over one per-group op of several,
+    or over a step that does not count its skips, is a ValueError at the
+    first ``observe`` (``device_loop.check_loop``). Example::
 
       monitor = npu_lossscale.CollapseMonitor(train, collapse_after=20,
                                               on_collapse="stop")
@@ -411,6 +428,7 @@ class CollapseMonitor(object):
         self.collapse = None
         self._seen = 0  # the number of the last recorded skip read (device loops)
         self._warned_no_step = False
+        self._loop_checked = False
 
     @property
     def skips(self):
@@ -451,7 +469,13 @@ class CollapseMonitor(object):
                             "e.g. step='g' for train.per_group['g']." % (step,))
         streak = self._streaks.setdefault(step, _Streak())
         self._last = step
-        if step is None and _device_loop.iteration_op(self._graph) is not None:
+        loop = _device_loop.iteration_op(self._graph)
+        if loop is not None and not self._loop_checked:
+            self._loop_checked = True
+            problems = _loop_problems(self._train, loop)
+            if problems:
+                raise ValueError("npu_lossscale.CollapseMonitor: " + " ".join(problems))
+        if step is None and loop is not None:
             if self._train.counts_skipped_steps is not None:
                 return self._observe_loop(code, session, streak)
             self._warn_no_global_step()

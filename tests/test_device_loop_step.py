@@ -389,3 +389,18 @@ def test_npu_estimator_checkpoints_land_where_asked_with_skips(npu_shim, tmp_pat
     # What the refusal prevents: the data's 20 batches end at global step 16,
     # with a checkpoint at 11 where 10 was asked for.
     assert drifted == ([0, 11, 16], 16, len(POISONED))
+
+
+def test_the_monitor_refuses_a_loop_over_one_per_group_op_of_two(npu_shim):
+    """A plain loop with a CollapseMonitor, no hook: its first observe after
+    a looped run of per_group['d'] says that g would run once per run."""
+    from npu_bridge.npu_init import util
+    with tf.Graph().as_default():
+        iterator, train = _builder_step((3,), per_group_ops=True)
+        sess = _session(ITERATIONS)
+        sess.run([tf.global_variables_initializer(), iterator.initializer])
+        loop = util.set_iteration_per_loop(sess, train.per_group["d"], ITERATIONS)
+        monitor = nl.CollapseMonitor(train, collapse_after=3)
+        sess.run(loop)
+        with pytest.raises(ValueError, match=r"CollapseMonitor: .*per_group\['d'\]"):
+            monitor.observe(0, sess, step="d")
