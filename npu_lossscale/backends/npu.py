@@ -28,6 +28,8 @@ class NpuFloatStatusBackend(Backend):
 
     Args:
       gen_ops: the module returned by ``npu_bridge.helper.helper.get_gen_ops()``.
+      clear: the clear ``clear_status`` returns: None for the graph's one
+        clear, or a sub-step's own (``cleared_after``).
     """
 
     name = "npu"
@@ -35,10 +37,10 @@ class NpuFloatStatusBackend(Backend):
     gives_evidence = True
     on_npu = True
 
-    def __init__(self, gen_ops):
+    def __init__(self, gen_ops, clear=None):
         self._gen_ops = gen_ops
         self.uses_v2 = hasattr(gen_ops, "npu_get_float_status_v2")
-        self._own_clear = None  # a sub-step's clear (cleared_after)
+        self._own_clear = clear
 
     def overflow_flag(self, tensors, after=()):
         """A float32 scalar: 0.0 if the register is clear, else 1.0.
@@ -105,10 +107,8 @@ class NpuFloatStatusBackend(Backend):
         Returns:
           An ``NpuFloatStatusBackend`` whose ``clear_status`` is that clear.
         """
-        sub = NpuFloatStatusBackend(self._gen_ops)
         with tf.control_dependencies([op]):
-            sub._own_clear = self._clear(name)  # pylint: disable=protected-access
-        return sub
+            return NpuFloatStatusBackend(self._gen_ops, clear=self._clear(name))
 
 
 def _import_npu_gen_ops():
