@@ -412,3 +412,34 @@ def test_the_monitor_refuses_a_loop_over_one_per_group_op_of_two(npu_shim):
         sess.run(loop)
         with pytest.raises(ValueError, match=r"CollapseMonitor: .*per_group\['d'\]"):
             monitor.observe(0, sess, step="d")
+
+
+def _applied_step_ops(history):
+    """The ops one applied step of the two-group model executes (a
+    FULL_TRACE run's node stats), with a record of ``history`` skips."""
+    from tensorflow.core.protobuf import config_pb2
+    with tf.Graph().as_default():
+        global_step = tf.train.get_or_create_global_step()
+        iterator, (d_loss, d_vars), (g_loss, g_vars) = _model(poisoned=())
+        scaler = nl.MultiOptimizerLossScale(nl.DynamicLossScaleManager(), backend="is_finite",
+                                            skip_history=history)
+        scaler.add(d_loss, tf.train.AdamOptimizer(0.01), var_list=d_vars, name="d")
+        scaler.add(g_loss, tf.train.AdamOptimizer(0.01), var_list=g_vars, name="g")
+        train = scaler.build(global_step=global_step, count_skipped_steps=True)
+        with tf.Session() as sess:
+            sess.run([tf.global_variables_initializer(), iterator.initializer])
+            sess.run(train.update_op)
+            metadata = config_pb2.RunMetadata()
+            sess.run(train.update_op, options=tf.RunOptions(trace_level=3),
+                     run_metadata=metadata)
+    return sorted(node.node_name for device in metadata.step_stats.dev_stats
+                  for node in device.node_stats if node.node_name != "_SOURCE")
+
+
+def test_an_applied_step_executes_nothing_of_the_skip_history():
+    """The history lives in the skip record's one variable, written only in
+    the skip branch: an applied step executes the same ops with a history
+    of 1 and of 1000, and none of the history's reads."""
+    small, large = _applied_step_ops(1), _applied_step_ops(1000)
+    assert small == large
+    assert not [name for name in large if "recent_skips" in name or "history" in name]
