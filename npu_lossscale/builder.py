@@ -433,7 +433,8 @@ class MultiOptimizerLossScale(object):
             ``tf.print`` under ``control_dependencies``...) stands for the
             variable updates behind it, which are gated instead. With
             ``per_group_ops=True`` pass a dict from group name to that
-            group's update ops. Not with accumulation.
+            group's update ops; an op listed for several groups runs with
+            each of their steps that applies (a copy per group). Not with accumulation.
           per_group_ops: also build ``TrainOps.per_group``, one update op per
             group for alternating loops (see ``TrainOps``). Not with
             accumulation.
@@ -665,8 +666,7 @@ class MultiOptimizerLossScale(object):
                 observers.append(_underflow.Hearing())
             measurement = [_underflow.Measurement()] if measure_underflow else []
             joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
-                                     [op for ops in update_ops.values() for op in ops],
-                                     counters,
+                                     _update_ops.joint(update_ops), counters,
                                      observers=observers + extra_observers + measurement)
             clear_status = plan.backend.clear_status()
             applied = None if plan.mode == "chief" else joint.applied

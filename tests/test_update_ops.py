@@ -174,3 +174,34 @@ def test_a_tf_function_that_updates_is_gated_whole(graph):
     _sgd_step(scaler, loss, [w])
     train = scaler.build(update_ops=[tf.identity(count())])
     assert _applied_skipped_applied(train, poison, counter) == [1.0, 1.0, 2.0]
+
+
+def test_an_update_op_of_two_groups_runs_with_each_applied_per_group_step(gan):
+    """ModelZoo's DCGAN runs every batch-norm update with both networks' runs:
+    with per_group_ops an op may be listed for both groups. Each group's step
+    runs a copy of it when it applies, none when it skips, and update_op
+    runs it once; without per_group_ops the repeat is still refused."""
+    counter = tf.Variable(0.0, trainable=False, name="bn_counter")
+    bump = tf.assign_add(counter, 1.0).op
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+    models.add_gan_groups(scaler, gan)
+    train = scaler.build(per_group_ops=True, update_ops={"d": [bump], "g": [bump]})
+    poisoned = dict(gan.feed)
+    poisoned[gan.poison_g] = np.inf
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        seen = []
+        for fetch, feed in ((train.per_group["d"], gan.feed), (train.per_group["g"], gan.feed),
+                            (train.per_group["g"], poisoned), (train.update_op, gan.feed)):
+            sess.run(fetch, feed)
+            seen.append(sess.run(counter))
+    assert seen == [1.0, 2.0, 2.0, 3.0]
+
+
+def test_an_update_op_of_two_groups_needs_per_group_ops(gan):
+    counter = tf.Variable(0.0, trainable=False, name="bn_counter")
+    bump = tf.assign_add(counter, 1.0).op
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0), backend="is_finite")
+    models.add_gan_groups(scaler, gan)
+    with pytest.raises(ValueError, match="listed for two groups.*per_group_ops=True"):
+        scaler.build(update_ops={"d": [bump], "g": [bump]})

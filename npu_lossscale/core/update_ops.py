@@ -40,13 +40,27 @@ def check_argument(update_ops, plan, per_group_ops):
         checked = {"": check_update_ops(update_ops)}
     everything = [op for ops in checked.values() for op in ops]
     for index, op in enumerate(everything):
-        if op in everything[:index]:
-            raise ValueError("update op %r is listed for two groups. List it for one."
-                             % (op.name,))
+        # With per-group ops an op may be several groups' (each group's step
+        # runs a copy of it when it applies; update_op runs it once).
+        if op in everything[:index] and not per_group_ops:
+            raise ValueError("update op %r is listed for two groups. List it for one, or "
+                             "pass per_group_ops=True." % (op.name,))
+    everything = _distinct(everything)
     check_update_ops_off_the_losses(everything, plan.losses)
     if plan.gate_kind == "cond" and tf.control_flow_v2_enabled():
         _checks.check_no_ref_inputs(everything)
     return checked
+
+
+def _distinct(ops):
+    """``ops`` without repeats, in order."""
+    seen = set()
+    return [op for op in ops if not (op in seen or seen.add(op))]
+
+
+def joint(checked):
+    """The ops ``update_op`` gates: every group's, each once."""
+    return _distinct([op for ops in checked.values() for op in ops])
 
 
 def check_update_ops_off_the_losses(update_ops, losses):

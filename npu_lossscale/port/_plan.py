@@ -1336,9 +1336,8 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
 
     def update_ops_text(self, groups, per_group, lifted=None):
         """``build()``'s update_ops: one list for the joint step, or a dict
-        by group with per-group ops, where an op can be one group's only:
-        ops that several groups' minimize calls ran with go to the last of
-        them (a point to decide, ``update-ops-one-group``)."""
+        by group with per-group ops: ops that several groups' minimize calls
+        ran with go to each of them (``update-ops-each-group``)."""
         if per_group:
             holders = collections.OrderedDict()  # the ops' text -> the groups that ran them
             for group in groups:
@@ -1349,18 +1348,17 @@ class _Planner(_engines.EngineRules, _managers.ManagerRules):
                     g for g in groups if g not in holders.get(lifted, []))
             for text, sharing in holders.items():
                 if len(sharing) > 1:
-                    self.by_hand(sharing[0].top, "update-ops-one-group",
-                                 "%s ran with each of %s's runs, skipped ones too; with "
-                                 "per-group ops the builder runs an update op in one group's "
-                                 "step, here %s's applied runs only. If each network's "
-                                 "statistics should move with its own runs, split them: "
-                                 "build(..., update_ops={%s}) with each network's ops (e.g. "
-                                 "tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope))."
-                                 % (text, ", ".join(g.name for g in sharing), sharing[-1].name,
+                    self.changed(sharing[0].top, "update-ops-each-group",
+                                 "%s ran with each of %s's runs, skipped ones too; each of "
+                                 "their per-group steps now runs it when it applies. If each "
+                                 "network's statistics should move with its own runs only, "
+                                 "split them: build(..., update_ops={%s}) with each network's "
+                                 "ops (e.g. tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope))."
+                                 % (text, ", ".join(g.name for g in sharing),
                                     ", ".join("%s: ..." % _quote(_group_name(g))
                                               for g in sharing)), SECTION_UPDATE_OPS)
-            items = ["%s: %s" % (_quote(_group_name(sharing[-1])), text)
-                     for text, sharing in holders.items()]
+            items = ["%s: %s" % (_quote(_group_name(group)), text)
+                     for text, sharing in holders.items() for group in sharing]
             return "{%s}" % ", ".join(items) if items else ""
         texts = _unique_texts([self.code(g.update_ops) for g in groups
                                if g.update_ops is not None] + ([lifted] if lifted else []))
