@@ -6,7 +6,7 @@ from __future__ import absolute_import, division, print_function
 
 from npu_lossscale.core import graph_walk
 from npu_lossscale.audit import _facts
-from npu_lossscale.audit._findings import Finding, _if_run_together, _sorted
+from npu_lossscale.audit._findings import _READ_TYPES, Finding, _if_run_together, _sorted
 
 __all__ = ["check_status_race"]
 
@@ -44,12 +44,13 @@ def check_status_race(context):
             if clear in followed:
                 earlier |= before[clear]
         earlier -= used
+        exempt = earlier | _constants(model, followed)
         for clear in clears:
             if not context.co_runnable(read, clear):
                 continue
             if read in before[clear]:
                 continue  # the clear comes after the read
-            if not _precedes_all(model, clear, followed, earlier):
+            if not _precedes_all(model, clear, followed, exempt):
                 racing |= set([read, clear])
     if not racing:
         return []
@@ -69,9 +70,10 @@ def check_status_race(context):
 def _precedes_all(model, clear, followed, exempt=()):
     """Whether ``clear`` runs before every op in ``followed`` (a read's
     ancestors) that computes: all but graph inputs (nodes without inputs,
-    placeholders with a default, status buffers), nodes computed from
-    constants alone (``_constants``), and the ``exempt`` ones. Another op that runs before the clear (its ancestors)
-    is not exempt: the clear wipes its overflow.
+    placeholders with a default, status buffers) and the ``exempt`` ones
+    (ops before another clear, nodes that compute nothing: ``_constants``).
+    Another op that runs before the clear (its ancestors) is not exempt:
+    the clear wipes its overflow.
     A function body node starts when its call node does, so it also counts
     as after the clear when the call node's own inputs are."""
 
@@ -89,9 +91,8 @@ def _precedes_all(model, clear, followed, exempt=()):
     # After the clear: what waits for it through ops of ``pending``.
     waiting = graph_walk.children(pending, deps)
     after = graph_walk.reachable([clear], lambda name: waiting.get(name, ()))
-    constant = _constants(model, pending)
     return all(name in after or name in exempt or not model.all_deps(name)
-               or name in constant or model.nodes[name].type in _facts.STATUS_ALLOC_TYPES
+               or model.nodes[name].type in _facts.STATUS_ALLOC_TYPES
                or model.nodes[name].type in graph_walk.FEEDABLE_TYPES for name in pending)
 
 
@@ -135,7 +136,5 @@ def _kind(model, name, dep_kinds):
         return "read"
     return None
 
-
-_READ_TYPES = graph_walk.IDENTITY_TYPES | frozenset(["ReadVariableOp"])
 #: Nodes without data inputs that compute no value of the model.
 _CONSTANT_TYPES = frozenset(["Const", "NoOp"])

@@ -219,13 +219,10 @@ class RecordedSkip(collections.namedtuple(
 
 def decode_recent(values):
     """The ``RecordedSkip``s in fetched ``RecentSkips`` values, oldest first."""
-    names = [decoded(name) for name in values.group_names]
     return tuple(
-        RecordedSkip(number=int(number),
-                     global_step=None if int(step) < 0 else int(step),
+        RecordedSkip(number=int(number), global_step=_global_step(step),
                      reason=reason_name(int(reason)), streak=int(streak),
-                     substep=int(substep),
-                     groups=tuple(name for name, bad in zip(names, mask) if bad))
+                     substep=int(substep), groups=_masked(mask, values.group_names))
         for number, step, reason, streak, substep, mask in zip(
             values.number, values.global_step, values.reason, values.streak,
             values.substep, values.groups)
@@ -254,15 +251,20 @@ def decode(values):
     """The ``Skip`` in fetched ``LastSkip`` values, or None before any skip."""
     if int(values.number) == 0:
         return None
-
-    def names(mask, all_names):
-        return tuple(decoded(name) for name, bad in zip(all_names, mask) if bad)
-
-    return Skip(number=int(values.number),
-                global_step=None if int(values.global_step) < 0 else int(values.global_step),
+    return Skip(number=int(values.number), global_step=_global_step(values.global_step),
                 reason=reason_name(int(values.reason)),
-                groups=names(values.groups, values.group_names),
-                variables=names(values.variables, values.variable_names))
+                groups=_masked(values.groups, values.group_names),
+                variables=_masked(values.variables, values.variable_names))
+
+
+def _masked(mask, names):
+    """The fetched ``names`` where ``mask`` is set, as a tuple of str."""
+    return tuple(decoded(name) for name, bad in zip(names, mask) if bad)
+
+
+def _global_step(value):
+    """A fetched global step, or None for the record's -1 (no global step)."""
+    return None if int(value) < 0 else int(value)
 
 
 def decoded(name):
