@@ -65,12 +65,18 @@ def _model(poisoned=POISONED):
     return iterator, (d_loss, [d_w]), (g_loss, [g_w])
 
 
-def _session(iterations):
+def _session_config(iterations):
+    """A ModelZoo session config: npu_config_proto and the NpuOptimizer's
+    iterations_per_loop."""
     from npu_bridge.npu_init import npu_config_proto
     config = npu_config_proto()
     config.graph_options.rewrite_options.custom_optimizers[0].parameter_map[
         "iterations_per_loop"].i = iterations
-    return tf.Session(config=config)
+    return config
+
+
+def _session(iterations):
+    return tf.Session(config=_session_config(iterations))
 
 
 def _record_values(sess):
@@ -224,18 +230,11 @@ def _hooked(hooks_for, fetch_for, runs=2, **build):
         loop = util.IterationPerLoop().create_iteration_per_loop_var(fetch_for(train))
         scaffold = tf.train.Scaffold(local_init_op=tf.group(
             tf.local_variables_initializer(), iterator.initializer))
-        creator = tf.train.ChiefSessionCreator(scaffold=scaffold, config=_session_config())
+        creator = tf.train.ChiefSessionCreator(scaffold=scaffold,
+                                               config=_session_config(ITERATIONS))
         hooks = [SetIterationsVarHook(ITERATIONS)] + hooks_for(train)
         with tf.train.MonitoredSession(session_creator=creator, hooks=hooks) as sess:
             return [sess.run(loop) for _ in range(runs)]
-
-
-def _session_config():
-    from npu_bridge.npu_init import npu_config_proto
-    config = npu_config_proto()
-    config.graph_options.rewrite_options.custom_optimizers[0].parameter_map[
-        "iterations_per_loop"].i = ITERATIONS
-    return config
 
 
 def test_the_hook_raises_the_collapse_of_a_looped_run(npu_shim):

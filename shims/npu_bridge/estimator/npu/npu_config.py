@@ -62,21 +62,15 @@ class ProfilingConfig(object):
         self._profiling_options = profiling_options
 
 
-def _base():
-    """The class NPURunConfig derives from: RunConfig, or a stand-in whose
-    construction raises the ImportError of ``estimator_module``."""
+def estimator_class(name):
+    """``tf.estimator.<name>`` to derive from, or ``object`` where TF has no
+    tf.estimator (the subclasses call ``estimator_module`` first, which raises
+    there)."""
     estimator = getattr(tf, "estimator", None)
-    if estimator is not None:
-        return estimator.RunConfig
-
-    class _NoRunConfig(object):
-        def __init__(self, **kwargs):
-            estimator_module()
-
-    return _NoRunConfig
+    return object if estimator is None else getattr(estimator, name)
 
 
-class NPURunConfig(_base()):
+class NPURunConfig(estimator_class("RunConfig")):
     """``tf.estimator.RunConfig`` with NPU support (see the module docstring).
 
     ``iterations_per_loop``: the train steps the device runs per

@@ -69,12 +69,7 @@ def _check_host_call(host_call):
                 "the function, which takes {}.".format("host_call", len(host_call[1]), len(args)))
 
 
-def _spec_base():
-    estimator = getattr(tf, "estimator", None)
-    return tuple if estimator is None else estimator.EstimatorSpec
-
-
-class NPUEstimatorSpec(_spec_base()):
+class NPUEstimatorSpec(npu_config.estimator_class("EstimatorSpec")):
     """An ``EstimatorSpec`` with a ``host_call`` (see the module docstring)."""
 
     def __new__(cls, mode, predictions=None, loss=None, train_op=None, eval_metric_ops=None,
@@ -108,12 +103,7 @@ def _host_call_op(host_call, train_op):
                       for item in flat])
 
 
-def _estimator_base():
-    estimator = getattr(tf, "estimator", None)
-    return object if estimator is None else estimator.Estimator
-
-
-class NPUEstimator(_estimator_base()):
+class NPUEstimator(npu_config.estimator_class("Estimator")):
     """``tf.estimator.Estimator`` with NPU support (see the module docstring)."""
 
     def __init__(self, model_fn=None, model_dir=None, config=None, params=None,
