@@ -1,6 +1,7 @@
-"""What the skip branch computes from its evidence (``diagnosis.Evidence``):
-the losses' values, their heads copied into the branch (``LossHeads``), and
-for each loss and gradient whether it overflowed (``bad_entries``).
+"""What the skip branch inspects (``Evidence``, ``evidence_of``), and what it
+computes from it: the losses' values, their heads copied into the branch
+(``LossHeads``), and for each loss and gradient whether it overflowed
+(``bad_entries``).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -36,7 +37,7 @@ class LossHeads(object):
     anyway, and read as they are.
 
     Args:
-      evidence: the ``diagnosis.Evidence``.
+      evidence: the ``Evidence``.
     """
 
     def __init__(self, evidence):
@@ -222,3 +223,44 @@ def _float32(tensor):
 #: float32's largest finite value: a magnitude above it (inf), or none
 #: (NaN), is not finite.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturation",
+                                                   "loss_flags", "transformed"],
+                                      defaults=(None, None))):
+    """What the skip branch inspects.
+
+    Attributes:
+      losses: ordered dict from group name to the group's loss, before any
+        scaling (empty when the step has none at hand: an accumulation
+        window, or given gradients).
+      grads: ordered dict from group name to the (gradient, variable) pairs
+        to inspect on this worker: the unscaled gradients (the scaled ones
+        on a register backend), or an accumulation
+        window's float32 sums.
+      saturation: whether a value of exactly +-65504 (or its dtype's
+        largest) counts as overflowed: the gradients of a run read by a
+        float-status register, which saturates.
+      loss_flags: where the losses are not at hand (an accumulation
+        window), ordered dict from group name to the count of micro-batches
+        whose loss was not finite; None otherwise.
+      transformed: ordered dict from group name to the pairs its transforms
+        returned, for the groups whose transforms may not keep finite
+        values (``close.Closing.transformed``); None when unknown.
+    """
+
+
+def evidence_of(plan, scaled):
+    """The ``Evidence`` of a run that closes its own step.
+
+    Args:
+      plan: the ``plan.Plan``.
+      scaled: ordered dict from group name to the pairs to inspect (the
+        ``Evidence.grads``).
+
+    Returns:
+      An ``Evidence``.
+    """
+    losses = collections.OrderedDict(
+        (group.name, group.loss) for group in plan.groups if group.loss is not None)
+    return Evidence(losses, scaled, plan.backend.reads_register)

@@ -1,18 +1,7 @@
-"""The skip branch's diagnosis: what it inspects (``Evidence``), the branch
-that runs it (``Diagnosis``), and the last skip's record it writes
-(``Record``). The reasons and the reading of the record are
-``diagnostics``'s; the ops that inspect the evidence, ``skip_inspection``'s.
-
-On a saturating register (Ascend's saturation mode) an overflowing float16
-result is +-65504 and a NaN is 0 (tf_adapter's documentation of
-``npu_plugin.set_device_sat_mode``: "saturation mode: Inf -> +-MAX, NaN ->
-0"), so a gradient counts as overflowed when it holds a non-finite value or
-exactly +-65504 (also as a float32 value cast from float16), or the largest
-value of its own dtype, or when a term of the sum that makes it does (a
-variable used more than once: ``evidence.summed_terms``). A saturated value
-that was added to other terms further up the backprop, and a NaN flushed to
-0, leave no mark on the gradients: such a step reads as
-``register_outside_gradients``.
+"""The skip branch's diagnosis (``SkipDiagnosis``, seam: ``StepObserver``):
+the branch that runs it, and the last skip's record it writes (``Record``).
+What it inspects is ``evidence``'s, why it skipped ``diagnose``'s, the
+reasons and the reading of the record ``diagnostics``'s.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -27,37 +16,10 @@ from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_copy as _graph_copy
 from npu_lossscale.core import graph_state as _graph_state
-from npu_lossscale.core import overflow as _overflow
+from npu_lossscale.diagnostics import diagnose as _diagnose
 from npu_lossscale.diagnostics import evidence as _inspection
-from npu_lossscale.diagnostics import (
-    GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED,
-    REGISTER_OUTSIDE_GRADIENTS, LastSkip, RecentSkips)
+from npu_lossscale.diagnostics import LastSkip, RecentSkips
 from npu_lossscale import diagnostics as _diagnostics
-
-
-class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturation",
-                                                   "loss_flags", "transformed"],
-                                      defaults=(None, None))):
-    """What the skip branch inspects.
-
-    Attributes:
-      losses: ordered dict from group name to the group's loss, before any
-        scaling (empty when the step has none at hand: an accumulation
-        window, or given gradients).
-      grads: ordered dict from group name to the (gradient, variable) pairs
-        to inspect on this worker: the unscaled gradients (the scaled ones
-        on a register backend), or an accumulation
-        window's float32 sums.
-      saturation: whether a value of exactly +-65504 (or its dtype's
-        largest) counts as overflowed: the gradients of a run read by a
-        float-status register, which saturates.
-      loss_flags: where the losses are not at hand (an accumulation
-        window), ordered dict from group name to the count of micro-batches
-        whose loss was not finite; None otherwise.
-      transformed: ordered dict from group name to the pairs its transforms
-        returned, for the groups whose transforms may not keep finite
-        values (``close.Closing.transformed``); None when unknown.
-    """
 
 
 class SkipDiagnosis(_seams.StepObserver):
@@ -105,8 +67,8 @@ class SkipDiagnosis(_seams.StepObserver):
                 # Inside a cond's branch (the "cond" gate): the diagnosis
                 # and the write make one If there, and the report its own.
                 def diagnose_and_write():
-                    found = record.diagnose(plan, evidence, state.closing.flags,
-                                            state.reduced_flags)
+                    found = _diagnose.diagnose(record, plan, evidence, state.closing.flags,
+                                               state.reduced_flags)
                     with tf.control_dependencies([record.write(found, step, self.substep)]):
                         return tf.constant(True)
 
@@ -125,15 +87,15 @@ class SkipDiagnosis(_seams.StepObserver):
         plan, record = state.plan, self.record
 
         def diagnose():
-            return tuple(record.diagnose(plan, evidence, state.closing.flags,
-                                         state.reduced_flags))
+            return tuple(_diagnose.diagnose(record, plan, evidence, state.closing.flags,
+                                            state.reduced_flags))
 
         def blank():
             return (tf.constant(0, tf.int64), tf.zeros([len(record.group_names)], tf.int64),
                     tf.zeros([len(record.variable_names)], tf.int64))
 
         found = _tf_internals.cond_v2(skipped, diagnose, blank, name="diagnose")
-        return Diagnosed(*found), _keep_whole(found[0])
+        return _diagnose.Diagnosed(*found), _keep_whole(found[0])
 
     def report(self, state):
         """``SkipReport`` of the run: its reason and the groups that
@@ -161,7 +123,7 @@ class SkipDiagnosis(_seams.StepObserver):
                 skipped = tf.logical_and(state.window_end, skipped)
             branch = self._branch
             if branch is not None and branch.state is state and state.window_end is None:
-                found = Diagnosed(*_graph_copy.copy_op(
+                found = _diagnose.Diagnosed(*_graph_copy.copy_op(
                     branch.op, [skipped] + list(branch.op.inputs)[1:], name="diagnose").outputs)
             else:
                 found, _ = self._diagnosed(skipped, state, _evidence(state))
@@ -182,10 +144,11 @@ def _evidence(state):
     if plan.window.steps == 1 and state.scaled:
         # The pairs the step carries (a fused clip applied), not
         # ``state.grads``: a tensor the skip branch reads runs on every step.
-        found = evidence_of(plan, state.scaled if plan.backend.reads_register
+        found = _inspection.evidence_of(plan, state.scaled if plan.backend.reads_register
                             else closing.grads)
     else:
-        found = Evidence(collections.OrderedDict(), closing.grads, False, closing.loss_flags)
+        found = _inspection.Evidence(collections.OrderedDict(), closing.grads, False,
+                                     closing.loss_flags)
     return found._replace(transformed=closing.transformed)
 
 
@@ -212,27 +175,6 @@ def _keep_whole(output):
         graph_op = graph_op.inputs[0].op
     _tf_internals.keep_if_whole(graph_op)
     return graph_op
-
-
-def evidence_of(plan, scaled):
-    """The ``Evidence`` of a run that closes its own step.
-
-    Args:
-      plan: the ``plan.Plan``.
-      scaled: ordered dict from group name to the pairs to inspect (the
-        ``Evidence.grads``).
-
-    Returns:
-      An ``Evidence``.
-    """
-    losses = collections.OrderedDict(
-        (group.name, group.loss) for group in plan.groups if group.loss is not None)
-    return Evidence(losses, scaled, plan.backend.reads_register)
-
-
-class Diagnosed(collections.namedtuple("Diagnosed", ["reason", "groups", "variables"])):
-    """Why a step skipped (``Record.diagnose``): an int64 reason code, and
-    int64 0/1 masks over the record's groups and variables."""
 
 
 #: The record's scalar fields; the others are vectors.
@@ -402,115 +344,6 @@ class Record(object):
                 substep=tf.cast(fields["substep"], tf.int32),
                 groups=tf.cast(rows[:, len(_HISTORY_COLUMNS):], tf.bool),
                 group_names=tf.constant(self.group_names, tf.string, name="group_names"))
-
-    def diagnose(self, plan, evidence, local_flags, reduced_flags):
-        """Works out why a step skipped, without writing anything.
-
-        Build it only in a skip branch. Every op made here is a node the
-        executor passes over (dead) on each applied step, so the checks are
-        vectors: one reduction per large gradient, one per pack of small
-        ones of a shape, then one test of all the sums (``skip_inspection.bad_entries``).
-
-        Args:
-          plan: the ``plan.Plan`` of the step (the builder's, or one group's).
-          evidence: the ``Evidence``.
-          local_flags: ordered dict from flag name to this worker's flag,
-            before the sum across workers (the branch runs only when the
-            summed flags say skip).
-          reduced_flags: the same flags summed across workers.
-
-        Returns:
-          A ``Diagnosed``.
-        """
-        checked = [name for name in plan.group_names
-                   if any(name in check.groups for check in plan.checks)]
-        heads = _inspection.LossHeads(evidence)
-        losses = [(name, heads.value(evidence.losses[name]))
-                  for name in checked if evidence.losses.get(name) is not None]
-        counted = [(name, evidence.loss_flags[name]) for name in checked
-                   if evidence.loss_flags is not None and name in evidence.loss_flags]
-        grads = [(name, grad, var.op.name) for name in checked
-                 for grad, var in evidence.grads.get(name, ())]
-        # One entry per loss, then per gradient; bad[i] for entry i.
-        entries = [loss for _, loss in losses] + [grad for _, grad, _ in grads]
-        entry_groups = [name for name, _ in losses] + [name for name, _, _ in grads]
-        bad = _inspection.bad_entries(entries, evidence.saturation,
-                                      terms_from=len(losses))
-        if counted:
-            # A window's losses, as counts of non-finite ones: first.
-            bad = tf.concat([tf.greater(tf.stack([flag for _, flag in counted]), 0.0), bad], 0)
-            losses = counted + losses
-            entries = [flag for _, flag in counted] + entries
-            entry_groups = [name for name, _ in counted] + entry_groups
-        flags = tf.cast(bad, tf.int64)
-        if entries:
-            membership = np.array([[int(group == name) for group in entry_groups]
-                                   for name in self.group_names], np.int64)
-            groups = tf.reduce_max(flags * membership, axis=1)
-        else:
-            groups = tf.zeros([len(self.group_names)], tf.int64)
-        position = dict((var, len(losses) + index) for index, (_, _, var) in enumerate(grads))
-        variables = tf.gather(tf.concat([flags, tf.zeros([1], tf.int64)], 0),
-                              [position.get(var, len(entries)) for var in self.variable_names])
-        reason = tf.constant(
-            REGISTER_OUTSIDE_GRADIENTS if evidence.saturation
-            else GRADIENTS_OVERFLOWED if plan.backend.gives_evidence
-            else _diagnostics.BACKEND_FLAGGED, tf.int64)
-        bad_losses, bad_grads = tf.split(bad, [len(losses), len(grads)])
-        if grads:
-            reason = tf.where(tf.reduce_any(bad_grads),
-                              tf.constant(GRADIENTS_OVERFLOWED, tf.int64), reason)
-        checks = [item.name for item in plan.checks]
-        if plan.reduction.active and checks:
-            clear = tf.reduce_all(tf.equal(tf.stack([local_flags[name] for name in checks]),
-                                           0.0))
-            reason = tf.where(clear, tf.constant(OTHER_WORKER_OVERFLOWED, tf.int64), reason)
-        reason, groups = self._transforms_fault(plan, evidence, bad, reason, groups)
-        if losses:
-            reason = tf.where(tf.reduce_any(bad_losses),
-                              tf.constant(LOSS_NOT_FINITE, tf.int64), reason)
-        if plan.conditions:
-            # A condition is the reason only where no check says overflow;
-            # the first condition that fired names it.
-            fired = tf.constant(GRADIENTS_OVERFLOWED, tf.int64)
-            for item in reversed(plan.conditions):
-                code = _diagnostics.register_reason(item.condition.reason, item.condition.fix,
-                                                    holds_scale=not item.condition.moves_scale)
-                fired = tf.where(tf.greater(reduced_flags[item.name], 0.0),
-                                 tf.constant(code, tf.int64), fired)
-            overflowed = (tf.reduce_any(tf.greater(
-                tf.stack([reduced_flags[name] for name in checks]), 0.0))
-                          if checks else tf.constant(False))
-            reason = tf.where(overflowed, reason, fired)
-        return Diagnosed(reason, groups, variables)
-
-    def _transforms_fault(self, plan, evidence, bad, reason, groups):
-        """``reason`` and ``groups``, where every loss and gradient inspected
-        is finite and a group's transforms returned inf or NaN: that
-        group's transform reason (``diagnostics.transform_reason``), the
-        first such group's, and those groups marked."""
-        faults = []
-        transformed = evidence.transformed or {}
-        for name in [name for name in self.group_names if transformed.get(name)]:
-            pairs = transformed[name]
-            found = _diagnostics.transform_reason(plan.group(name))
-            if found is not None and plan.check_of(name) is not None:
-                # Read as the close's check read them (transformed_flags).
-                faults.append((name, _diagnostics.register_reason(*found), tf.greater(
-                    _overflow.values_flag([grad for grad, _ in pairs],
-                                          plan.backend.reads_register), 0.0)))
-        if not faults:
-            return reason, groups
-        clean = tf.logical_not(tf.reduce_any(bad))
-        fired = reason
-        for _, code, flagged in reversed(faults):
-            fired = tf.where(flagged, tf.constant(code, tf.int64), fired)
-        mask = np.array([[int(group == name) for name, _, _ in faults]
-                         for group in self.group_names], np.int64)
-        marked = tf.reduce_max(mask * tf.cast(tf.stack([f for _, _, f in faults]), tf.int64),
-                               axis=1)
-        return (tf.where(clean, fired, reason),
-                tf.where(clean, tf.maximum(groups, marked), groups))
 
     def write(self, diagnosed, step, substep=0):
         """The op that writes a skipped step's ``Diagnosed`` to the record.
