@@ -27,7 +27,7 @@ from npu_lossscale.core import claims as _claims
 from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import context as _context
-from npu_lossscale import diagnostics as _diagnosis_reasons
+from npu_lossscale.diagnostics import reasons as _diagnosis_reasons
 from npu_lossscale import seams as _seams
 from npu_lossscale.diagnostics import record as _diagnosis
 from npu_lossscale import distributed as _distributed
@@ -547,13 +547,9 @@ class MultiOptimizerLossScale(object):
                 "measure_first_scale": measure_first_scale is True,
                 "observers": bool(observers), "distributed": self._engine is not None,
                 "towers": bool(self._towers)})
-        for condition in conditions:
-            _diagnosis_reasons.register_reason(condition.reason, condition.fix,
-                                               holds_scale=not condition.moves_scale)
-        for group in self._groups:  # before the record, which sizes its counts by them
-            fault = _diagnosis_reasons.transform_reason(group)
-            if fault is not None:
-                _diagnosis_reasons.register_reason(*fault)
+        # The builder's own reasons, refused here when in conflict; the
+        # record is made with them (``_record``).
+        _diagnosis_reasons.collect(conditions, self._groups)
         options = self._options(accumulation_steps, count_skipped_steps, conditions)
         # Checked with each tower group's first tower loss; the towers' mean
         # (ops) is made once every check has passed.
@@ -640,7 +636,9 @@ class MultiOptimizerLossScale(object):
 
     def _record(self, plan):
         """The builder's skip ``Record``."""
-        return _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu,
+        reasons = _diagnosis_reasons.collect([item.condition for item in plan.conditions],
+                                             plan.groups)
+        return _diagnosis.Record(plan.groups, reasons=reasons, on_host=not plan.backend.on_npu,
                                  switch_merge=plan.gate_kind == "pivot",
                                  history=self._skip_history,
                                  counts_skipped_steps=plan.count_skipped_steps)

@@ -177,10 +177,11 @@ class SkipCondition(object):
 
     Attributes:
       name: names its flag (a name scope); the class name by default.
-      reason: the reason code's name, a str: a new one, or one a condition
-        registered before with the same ``fix`` and ``moves_scale``
-        (``diagnostics.register_reason``; the checks' own reasons, such as
-        "applied" or "gradients_overflowed", are not a condition's).
+      reason: the reason code's name, a str, added to the builder's own
+        reasons (``diagnostics.reasons.collect``): a new one, or one another
+        condition of the builder gives with the same ``fix`` and
+        ``moves_scale`` (the checks' own reasons, such as "applied" or
+        "gradients_overflowed", are not a condition's).
       fix: what to do about a skip for this reason, one sentence.
       moves_scale: whether a skip for this reason counts as an overflow
         for the loss-scale managers, a bool. Default False.

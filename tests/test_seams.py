@@ -26,12 +26,12 @@ from readme_blocks import block
 
 
 @pytest.fixture(autouse=True)
-def _reasons_restored(monkeypatch):
-    """A reason registered by a build is the process's: undo it after each
-    test, so that the test files after this one see the library's own."""
-    monkeypatch.setattr(diagnostics, "REASONS", diagnostics.REASONS)
-    monkeypatch.setattr(diagnostics, "FIXES", diagnostics.FIXES)
-    monkeypatch.setattr(diagnostics, "HOLDING_REASONS", diagnostics.HOLDING_REASONS)
+def _reasons_untouched():
+    """A build keeps the reasons of its own conditions in its record: the
+    shipped ones, which every test file reads, are the same after each test."""
+    before = (diagnostics.REASONS, diagnostics.FIXES, diagnostics.HOLDING_REASONS)
+    yield
+    assert (diagnostics.REASONS, diagnostics.FIXES, diagnostics.HOLDING_REASONS) == before
 
 
 # -- the classes of docs/extending.md --
@@ -199,8 +199,10 @@ def test_keeps_finite_decides_whether_the_step_checks_the_output(graph, keeps_fi
 
 def test_a_skip_condition_with_a_reason_of_its_own(graph):
     c, w, manager, gs, train = _step(skip_conditions=[SkipNegativeLoss()])
-    code = diagnostics.REASONS.index("negative_loss")
-    assert diagnostics.FIXES[code] == "the loss went negative: check the data."
+    reasons = diagnostics.reasons_of(train)
+    code = reasons.code("negative_loss")
+    assert code == len(diagnostics.REASONS)  # the first after the shipped ones
+    assert reasons.fix("negative_loss") == "the loss went negative: check the data."
     summaries = nl.summaries(train)
     fetches = [train.update_op, train.applied, train.diagnosis.skip_reason]
     with _session() as sess:
@@ -405,10 +407,76 @@ def test_any_flag_but_zero_skips_and_names_its_reason(graph, value):
     with _session() as sess:
         before = sess.run(w)
         assert sess.run([train.update_op, train.applied, train.diagnosis.skip_reason],
-                        {condition.value: value})[1:] == [False,
-                                                          diagnostics.REASONS.index("fed_flag")]
+                        {condition.value: value})[1:] == [
+                            False, diagnostics.reasons_of(train).code("fed_flag")]
         assert sess.run(w).tolist() == before.tolist()
         assert diagnostics.read_last_skip(sess, train).reason == "fed_flag"
+
+
+def test_two_builders_in_one_graph_keep_their_own_reasons(graph):
+    """Two builders with conditions of their own, each reason the first
+    after the shipped ones (the same code), decode their own names and
+    fixes: in the skip record and its history, the summaries and the
+    collapse policy (which counts the second, its skips move the scale).
+    The reasons travel with each builder's record."""
+    class MovesScale(_FedFlag):
+        moves_scale = True
+
+    with tf.variable_scope("a"):
+        c, _, _, _, negative = _step(skip_conditions=[SkipNegativeLoss()])
+    fed = MovesScale()
+    with tf.variable_scope("b"):
+        _, _, _, _, flagged = _step(skip_conditions=[fed])
+    code = len(diagnostics.REASONS)
+    assert diagnostics.reasons_of(negative).names[code:] == ("negative_loss",)
+    assert diagnostics.reasons_of(flagged).names[code:] == ("fed_flag",)
+    assert "negative_loss" in diagnostics.reasons_of(negative).holding
+    assert "fed_flag" not in diagnostics.reasons_of(flagged).holding
+    summaries = nl.summaries(negative, family="a") + nl.summaries(flagged, family="b")
+    monitor = nl.CollapseMonitor(flagged, collapse_after=1, on_collapse="stop")
+    with _session() as sess:
+        runs = [(negative, {c: [-1.0, -1.0]}), (flagged, {fed.value: 1.0})]
+        found = [sess.run([train.update_op, train.diagnosis.skip_reason], feed)[1]
+                 for train, feed in runs]
+        assert found == [code, code]
+        for train, condition in ((negative, SkipNegativeLoss), (flagged, _FedFlag)):
+            skip = diagnostics.read_last_skip(sess, train)
+            assert (skip.reason, skip.fix) == (condition.reason, condition.fix)
+            assert condition.fix in diagnostics.describe(skip)
+            recent = diagnostics.read_recent_skips(sess, train)
+            assert [(item.reason, item.fix) for item in recent] == [
+                (condition.reason, condition.fix)]
+        collapse = monitor.observe(found[1], sess)
+        counts = dict((value.tag, value.simple_value) for serialized in sess.run(summaries)
+                      for value in tf.Summary.FromString(serialized).value)
+    assert counts["a/skips_negative_loss"] == counts["b/skips_fed_flag"] == 1.0
+    assert "a/skips_fed_flag" not in counts and "b/skips_negative_loss" not in counts
+    assert collapse.reasons == {"fed_flag": 1} and "the test fed a flag." in collapse.message
+
+
+def test_a_build_changes_no_module_global_reason_table(graph):
+    """The builder collects its reasons into its own record: no global of
+    the diagnostics modules, the skip conditions' or the seams' is rebound
+    or changed by a build with conditions and a transform of its own."""
+    import sys  # pylint: disable=import-outside-toplevel
+
+    def globals_of_modules():
+        return dict(
+            (name, dict((key, (value, repr(value))) for key, value in vars(module).items()
+                        if isinstance(value, (tuple, list, dict, set, frozenset))))
+            for name, module in sorted(sys.modules.items())
+            if name.startswith(("npu_lossscale.diagnostics", "npu_lossscale.skips",
+                                "npu_lossscale.seams")))
+
+    before = globals_of_modules()
+    _step(transform=lambda pairs: pairs, skip_conditions=[SkipNegativeLoss(), _FedFlag()])
+    after = globals_of_modules()
+    assert sorted(after) == sorted(before)
+    for name, values in before.items():
+        assert sorted(after[name]) == sorted(values), name
+        for key, (value, shown) in values.items():
+            assert after[name][key][0] is value and after[name][key][1] == shown, (name, key)
+    assert not hasattr(diagnostics, "register_reason")
 
 
 def test_flags_of_a_window_cannot_cancel(graph):

@@ -102,7 +102,7 @@ def test_non_finite_output_for_finite_input_skips_the_step(graph, bad):
         assert sess.run(fetches)[1:] == [True, True, 0]  # Adam's slots now hold values
         before = snapshot_globals(sess)
         assert sess.run(fetches, {factor: bad})[1:] == [
-            False, False, diagnostics.REASONS.index("transform_grads_fn_not_finite")]
+            False, False, diagnostics.reasons_of(train).code("transform_grads_fn_not_finite")]
         after = snapshot_globals(sess)
         assert after.pop(SKIPPED_STEPS) == before.pop(SKIPPED_STEPS) + 1
         scale = manager.state.op.name

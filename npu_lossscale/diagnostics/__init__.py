@@ -3,142 +3,73 @@ the last skip read back as Python values (``read_last_skip``, ``describe``).
 
 A skipped step is diagnosed in the skip branch of its own gate, so an
 applied step runs none of it (``evidence``, ``record``; docs/diagnosis.md
-describes each reason). A skip condition (``seams.SkipCondition``) may add a
-reason of its own (``register_reason``); where a check says overflow too,
-the check's reason is given.
+describes each reason). Each builder has its own reasons (``reasons``,
+``reasons_of``): the shipped ones (``REASONS``), then its skip conditions'
+(``seams.SkipCondition``) and its transforms'; where a check says overflow
+too, the check's reason is given.
 """
 
 from __future__ import absolute_import, division, print_function
 
 import collections
 
-import numpy as np
-
 from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale.diagnostics import reasons as _reasons
 
-#: The reason codes, by name: ``TrainOps.diagnosis.skip_reason`` indexes it,
-#: and ``register_reason`` appends a skip condition's own.
-REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
-           "other_worker_overflowed", "register_outside_gradients", "requested",
-           "loss_spike", "backend_flagged")
+#: The shipped reasons' names, by code (a read-only view of
+#: ``reasons.SHIPPED``): ``TrainOps.diagnosis.skip_reason`` indexes it; a
+#: builder's own reasons (``reasons_of``) start with these.
+REASONS = _reasons.SHIPPED.names
 APPLIED, LOSS_NOT_FINITE, GRADIENTS_OVERFLOWED, OTHER_WORKER_OVERFLOWED, \
     REGISTER_OUTSIDE_GRADIENTS, REQUESTED, LOSS_SPIKE, BACKEND_FLAGGED = range(len(REASONS))
 
 #: The checks' own reasons: a skip condition cannot take one.
-CHECK_REASONS = ("applied", "loss_not_finite", "gradients_overflowed",
-                 "other_worker_overflowed", "register_outside_gradients", "backend_flagged")
+CHECK_REASONS = tuple(reason.name for reason in _reasons.CHECKS)
 
-#: What to do about each reason, as the collapse message says it.
-FIXES = (
-    "nothing to fix.",
-    "the loss is inf or nan before any scaling, so no loss scale can help: it is a "
-    "model or data bug. Check the input batch for inf/nan, and keep exp, log, "
-    "softmax and the losses in float32.",
-    "the named variables' gradients overflow float16 even at this scale: keep the "
-    "ops that produce them in float32, or bound their inputs (clip, normalise); "
-    "lowering min_loss_scale only hides it.",
-    "another worker overflowed, not this one: read that worker's last_skip record "
-    "(its reason and variables name the fault) and check its data shard.",
-    "the float-status register was set while every gradient was finite: an op "
-    "outside the gradients overflowed, usually a forward op or the input data. "
-    "Find it with npu_lossscale.audit or by checking the forward outputs, and "
-    "keep it in float32.",
-    "the step was asked to be skipped (build(skip_global_steps=...)): nothing to fix.",
-    "a loss exceeded skip_loss_spikes times its moving average: check the batch "
-    "behind it; the weights and the loss scale stayed as they were.",
-    "the step's backend (a Backend of your own) flagged values that are all finite, "
-    "and it gives no per-variable evidence: ask the backend which values it "
-    "flagged.",
-)
+#: What to do about each shipped reason, as the collapse message says it.
+FIXES = _reasons.SHIPPED.fixes
+
+#: The shipped reasons that hold the loss scale (asked-for skips, loss
+#: spikes): they say nothing of the scale, so the collapse policy
+#: (``monitoring.CollapseMonitor``) passes over them.
+HOLDING_REASONS = _reasons.SHIPPED.holding
 
 
-#: The reasons of skip conditions that hold the loss scale (asked-for
-#: skips, loss spikes): they say nothing of the scale, so the collapse
-#: policy (``monitoring.CollapseMonitor``) passes over them.
-HOLDING_REASONS = frozenset(["requested", "loss_spike"])
-
-
-def register_reason(name, fix, holds_scale=False):
-    """The code of a skip condition's reason, added to ``REASONS`` if new.
+def reasons_of(train_ops):
+    """The reasons of the builder that made ``train_ops``: the shipped ones,
+    then its skip conditions' and its transforms' (``reasons.collect``),
+    carried by its skip record.
 
     Args:
-      name: the reason's name, a non-empty str.
-      fix: what to do about a skip for this reason, one sentence.
-      holds_scale: whether a skip for this reason leaves the loss scale as
-        it was (``HOLDING_REASONS``).
+      train_ops: the ``TrainOps`` of ``MultiOptimizerLossScale.build``.
 
     Returns:
-      The int code (``REASONS.index(name)``).
+      A ``reasons.Reasons``: ``names[code]`` is a code's name; the shipped
+      ones for a step without a record of its own.
 
     Raises:
-      TypeError: unless ``name`` and ``fix`` are str.
-      ValueError: for an empty name, one of the checks' own reasons
-        (``CHECK_REASONS``), or a name registered before with another fix
-        or another ``holds_scale``.
+      TypeError: for a wrong ``train_ops``.
     """
-    global REASONS, FIXES, HOLDING_REASONS  # pylint: disable=global-statement
-    if not isinstance(name, str) or not isinstance(fix, str):
-        raise TypeError("a skip condition's reason and fix must be str, got reason=%r, "
-                        "fix=%r. Set e.g. reason = 'negative_loss' and fix = 'check the "
-                        "data.' on the class." % (name, fix))
-    if not name:
-        raise ValueError("a skip condition's reason must be a non-empty name, got %r. Set "
-                         "e.g. reason = 'negative_loss' on the class." % (name,))
-    if name in CHECK_REASONS:
-        raise ValueError("a skip condition's reason %r is one of the step's own (%s): a skip "
-                         "for it would be read as one of theirs. Name your condition's "
-                         "reason, e.g. reason = 'negative_loss'."
-                         % (name, ", ".join(CHECK_REASONS)))
-    if name in REASONS and (FIXES[REASONS.index(name)] != fix
-                            or (name in HOLDING_REASONS) != holds_scale):
-        raise ValueError(
-            "a skip condition's reason %r is registered already with fix %r and "
-            "moves_scale=%r; this one has fix %r and moves_scale=%r. Give it a reason of its "
-            "own, or the same fix and moves_scale." % (
-                name, FIXES[REASONS.index(name)], name not in HOLDING_REASONS, fix,
-                not holds_scale))
-    if name not in REASONS:
-        REASONS = REASONS + (name,)
-        FIXES = FIXES + (fix,)
-        if holds_scale:
-            HOLDING_REASONS = HOLDING_REASONS.union([name])
-    return REASONS.index(name)
+    _checks.check_train_ops(train_ops)
+    record = _graph_state.of(train_ops.update_op.graph).records.get(train_ops.update_op.name)
+    return _reasons.SHIPPED if record is None else record.reasons
 
 
-def transform_reason(group):
-    """The reason of a skip that ``group``'s own transforms caused, and its
-    fix: the transforms that may turn finite gradients into inf or NaN
-    (``seams.GradientTransform.keeps_finite`` False), named, e.g.
-    ``("transform_grads_fn_not_finite", ...)``; None when every transform
-    keeps finite values. ``register_reason`` takes it.
+def reason_name(code, reasons=None):
+    """The name of a reason code, e.g. "loss_not_finite", for an int (or
+    numpy integer) ``code``: TypeError for another type, ValueError for an
+    unknown code.
 
     Args:
-      group: a ``core.plan.Group``.
+      code: the code, e.g. fetched from ``TrainOps.diagnosis.skip_reason``.
+      reasons: the builder's ``reasons.Reasons`` (``reasons_of``); the
+        shipped ones (``REASONS``) when None.
 
     Returns:
-      A ``(name, fix)`` pair, or None.
+      A str.
     """
-    names = [transform.name for transform in group.transforms if not transform.keeps_finite]
-    if not names:
-        return None
-    which = "+".join(names)
-    return ("%s_not_finite" % which,
-            "the gradient transform %s returned inf or NaN from finite gradients and "
-            "losses: its own fault, not the loss scale's; make it keep finite values "
-            "(guard its divisions and logs). The step counted it as an overflow." % which)
-
-
-def reason_name(code):
-    """``REASONS[code]``, e.g. "loss_not_finite", for an int (or numpy
-    integer) ``code``: TypeError for another type, ValueError for an unknown
-    code."""
-    if isinstance(code, bool) or not isinstance(code, (int, np.integer)):
-        raise TypeError("code must be an int reason code, got %r. Pass the value "
-                        "fetched from TrainOps.diagnosis.skip_reason." % (code,))
-    if not 0 <= int(code) < len(REASONS):
-        raise ValueError("code must be in 0..%d, got %r. Pass the value fetched from "
-                         "TrainOps.diagnosis.skip_reason." % (len(REASONS) - 1, code))
-    return REASONS[int(code)]
+    return (_reasons.SHIPPED if reasons is None else reasons).name(code)
 
 
 class LastSkip(collections.namedtuple(
@@ -157,7 +88,7 @@ class LastSkip(collections.namedtuple(
         has seen in this session; 0 before any skip.
       global_step: int64 scalar, the global step's value when the skipped
         step ran (-1 when the step has none, or before any skip).
-      reason: int32 scalar, the skip's reason code (``REASONS``).
+      reason: int32 scalar, the skip's reason code (``reasons_of``).
       groups: bool vector over ``group_names``: the groups whose loss or
         gradients were not finite (or saturated) on this worker.
       variables: bool vector over ``variable_names``: the same, by variable.
@@ -204,7 +135,7 @@ class RecordedSkip(collections.namedtuple(
     Attributes:
       number: the skip's number (1 for the first of the session).
       global_step: the global step when it ran, or None if the step has none.
-      reason: the reason's name (``REASONS``).
+      reason: the reason's name (``reasons_of``).
       streak: its place in its run of consecutive skipped steps.
       substep: the skipped sub-step's index in the step's sequence (0
         outside a sequence).
@@ -214,15 +145,26 @@ class RecordedSkip(collections.namedtuple(
     @property
     def fix(self):
         """What to do about this skip's reason, one sentence."""
-        return FIXES[REASONS.index(self.reason)]
+        return _fix(self)
 
 
-def decode_recent(values):
-    """The ``RecordedSkip``s in fetched ``RecentSkips`` values, oldest first."""
+def decode_recent(values, reasons=None):
+    """The ``RecordedSkip``s in fetched ``RecentSkips`` values, oldest first.
+
+    Args:
+      values: the fetched ``RecentSkips``.
+      reasons: the builder's ``reasons.Reasons`` (``reasons_of``); the
+        shipped ones when None.
+
+    Returns:
+      A tuple of ``RecordedSkip``.
+    """
+    reasons = _reasons.SHIPPED if reasons is None else reasons
     return tuple(
-        RecordedSkip(number=int(number), global_step=_global_step(step),
-                     reason=reason_name(int(reason)), streak=int(streak),
-                     substep=int(substep), groups=_masked(mask, values.group_names))
+        _decoded_with(RecordedSkip(
+            number=int(number), global_step=_global_step(step),
+            reason=reasons.name(int(reason)), streak=int(streak), substep=int(substep),
+            groups=_masked(mask, values.group_names)), reasons)
         for number, step, reason, streak, substep, mask in zip(
             values.number, values.global_step, values.reason, values.streak,
             values.substep, values.groups)
@@ -236,7 +178,7 @@ class Skip(collections.namedtuple(
     Attributes:
       number: the skip's number (1 for the first).
       global_step: the global step when it ran, or None if the step has none.
-      reason: the reason's name (``REASONS``).
+      reason: the reason's name (``reasons_of``).
       groups: tuple of the names of the groups that overflowed.
       variables: tuple of the names of the variables that overflowed.
     """
@@ -244,17 +186,40 @@ class Skip(collections.namedtuple(
     @property
     def fix(self):
         """What to do about this skip's reason, one sentence."""
-        return FIXES[REASONS.index(self.reason)]
+        return _fix(self)
 
 
-def decode(values):
-    """The ``Skip`` in fetched ``LastSkip`` values, or None before any skip."""
+def decode(values, reasons=None):
+    """The ``Skip`` in fetched ``LastSkip`` values, or None before any skip.
+
+    Args:
+      values: the fetched ``LastSkip``.
+      reasons: the builder's ``reasons.Reasons`` (``reasons_of``); the
+        shipped ones when None.
+
+    Returns:
+      A ``Skip``, or None.
+    """
     if int(values.number) == 0:
         return None
-    return Skip(number=int(values.number), global_step=_global_step(values.global_step),
-                reason=reason_name(int(values.reason)),
-                groups=_masked(values.groups, values.group_names),
-                variables=_masked(values.variables, values.variable_names))
+    reasons = _reasons.SHIPPED if reasons is None else reasons
+    return _decoded_with(Skip(
+        number=int(values.number), global_step=_global_step(values.global_step),
+        reason=reasons.name(int(values.reason)),
+        groups=_masked(values.groups, values.group_names),
+        variables=_masked(values.variables, values.variable_names)), reasons)
+
+
+def _decoded_with(skip, reasons):
+    """``skip``, whose ``fix`` reads ``reasons`` (its builder's)."""
+    skip._decoded_reasons = reasons
+    return skip
+
+
+def _fix(skip):
+    """The fix of a ``Skip``'s or ``RecordedSkip``'s reason: from the
+    reasons it was decoded with, else the shipped ones."""
+    return getattr(skip, "_decoded_reasons", _reasons.SHIPPED).fix(skip.reason)
 
 
 def _masked(mask, names):
@@ -292,7 +257,7 @@ def read_last_skip(session, train_ops):
                         % (type(session).__name__, train_ops))
     _checks.check_train_ops(train_ops)
     _checks.check_session(session, train_ops.update_op.graph, "train_ops")
-    return decode(session.run(train_ops.diagnosis.last_skip))
+    return decode(session.run(train_ops.diagnosis.last_skip), reasons_of(train_ops))
 
 
 def read_recent_skips(session, train_ops):
@@ -317,7 +282,7 @@ def read_recent_skips(session, train_ops):
     """
     _checks.check_train_ops(train_ops)
     _checks.check_session(session, train_ops.update_op.graph, "train_ops")
-    return decode_recent(session.run(train_ops.diagnosis.recent_skips))
+    return decode_recent(session.run(train_ops.diagnosis.recent_skips), reasons_of(train_ops))
 
 
 def describe(skip):

@@ -23,10 +23,10 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.diagnostics import evidence as _inspection
+from npu_lossscale.diagnostics import reasons as _reasons
 from npu_lossscale.diagnostics import (
-    GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED,
+    BACKEND_FLAGGED, GRADIENTS_OVERFLOWED, LOSS_NOT_FINITE, OTHER_WORKER_OVERFLOWED,
     REGISTER_OUTSIDE_GRADIENTS)
-from npu_lossscale import diagnostics as _diagnostics
 
 
 class Diagnosed(collections.namedtuple("Diagnosed", ["reason", "groups", "variables"])):
@@ -87,7 +87,7 @@ def diagnose(record, plan, evidence, local_flags, reduced_flags):
     reason = tf.constant(
         REGISTER_OUTSIDE_GRADIENTS if evidence.saturation
         else GRADIENTS_OVERFLOWED if plan.backend.gives_evidence
-        else _diagnostics.BACKEND_FLAGGED, tf.int64)
+        else BACKEND_FLAGGED, tf.int64)
     bad_losses, bad_grads = tf.split(bad, [len(losses), len(grads)])
     if grads:
         reason = tf.where(tf.reduce_any(bad_grads),
@@ -106,8 +106,7 @@ def diagnose(record, plan, evidence, local_flags, reduced_flags):
         # the first condition that fired names it.
         fired = tf.constant(GRADIENTS_OVERFLOWED, tf.int64)
         for item in reversed(plan.conditions):
-            code = _diagnostics.register_reason(item.condition.reason, item.condition.fix,
-                                                holds_scale=not item.condition.moves_scale)
+            code = record.reasons.code(item.condition.reason)
             fired = tf.where(tf.greater(reduced_flags[item.name], 0.0),
                              tf.constant(code, tf.int64), fired)
         overflowed = (tf.reduce_any(tf.greater(
@@ -116,19 +115,20 @@ def diagnose(record, plan, evidence, local_flags, reduced_flags):
         reason = tf.where(overflowed, reason, fired)
     return Diagnosed(reason, groups, variables)
 
+
 def _transforms_fault(record, plan, evidence, bad, reason, groups):
     """``reason`` and ``groups``, where every loss and gradient inspected
     is finite and a group's transforms returned inf or NaN: that
-    group's transform reason (``diagnostics.transform_reason``), the
+    group's transform reason (``reasons.transform_reason``), the
     first such group's, and those groups marked."""
     faults = []
     transformed = evidence.transformed or {}
     for name in [name for name in record.group_names if transformed.get(name)]:
         pairs = transformed[name]
-        found = _diagnostics.transform_reason(plan.group(name))
+        found = _reasons.transform_reason(plan.group(name))
         if found is not None and plan.check_of(name) is not None:
             # Read as the close's check read them (transformed_flags).
-            faults.append((name, _diagnostics.register_reason(*found), tf.greater(
+            faults.append((name, record.reasons.code(found.name), tf.greater(
                 _overflow.values_flag([grad for grad, _ in pairs],
                                       plan.backend.reads_register), 0.0)))
     if not faults:

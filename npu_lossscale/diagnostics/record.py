@@ -18,8 +18,8 @@ from npu_lossscale.core import graph_copy as _graph_copy
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.diagnostics import diagnose as _diagnose
 from npu_lossscale.diagnostics import evidence as _inspection
+from npu_lossscale.diagnostics import reasons as _reasons
 from npu_lossscale.diagnostics import LastSkip, RecentSkips
-from npu_lossscale import diagnostics as _diagnostics
 
 
 class SkipDiagnosis(_seams.StepObserver):
@@ -199,8 +199,8 @@ class Record(object):
     (``LastSkip`` reads it back by field):
 
     ``[number, global_step, reason, reason_counts..., group_counts...,
-    groups..., variables..., history...]``, with one count per reason code known at
-    construction (``diagnostics.REASONS``), one
+    groups..., variables..., history...]``, with one count per reason code of
+    the builder (``reasons``), one
     count and one 0/1 entry per group and one 0/1 entry per variable.
 
     The variable is in no collection, as the run-time claims' tables
@@ -225,13 +225,16 @@ class Record(object):
     ``counts_skipped_steps`` the previous step skipped when its global step
     is one less, without it when the global step is the same (no step
     applied since). A skip for a reason that holds the scale
-    (``HOLDING_REASONS``) neither extends nor breaks the streak. Without a
+    (``Reason.holds_scale``) neither extends nor breaks the streak. Without a
     global step every streak is 1. So a host that runs many steps per
     ``session.run`` (a device loop) reads every skip of the run, and the
     longest streak in it, after the run.
 
     Args:
       groups: the builder's ``plan.Group`` records, in ``add()`` order.
+      reasons: the builder's ``reasons.Reasons`` (``reasons.collect``),
+        which its codes index and decoding reads back; the shipped ones
+        when None.
       on_host: whether to pin the variable to the host (every backend but
         one that runs on Ascend, ``Backend.on_npu``).
       switch_merge: whether the record may be read through a raw
@@ -242,15 +245,17 @@ class Record(object):
         skipped steps (``build(count_skipped_steps=...)``).
     """
 
-    def __init__(self, groups, on_host=True, switch_merge=True, history=DEFAULT_HISTORY,
-                 counts_skipped_steps=False):
+    def __init__(self, groups, reasons=None, on_host=True, switch_merge=True,
+                 history=DEFAULT_HISTORY, counts_skipped_steps=False):
+        #: The builder's ``reasons.Reasons``, which its codes index.
+        self.reasons = _reasons.SHIPPED if reasons is None else reasons
         self.group_names = tuple(group.name for group in groups)
         self.variable_names = tuple(var.op.name for group in groups for var in group.var_list)
         self.history = history
         self._counts_skipped_steps = counts_skipped_steps
         self._history_shape = [history, len(_HISTORY_COLUMNS) + len(self.group_names)]
         sizes = [("number", 1), ("global_step", 1), ("reason", 1),
-                 ("reason_counts", len(_diagnostics.REASONS)),
+                 ("reason_counts", len(self.reasons.reasons)),
                  ("group_counts", len(self.group_names)),
                  ("groups", len(self.group_names)), ("variables", len(self.variable_names)),
                  ("history", self._history_shape[0] * self._history_shape[1])]
@@ -381,7 +386,7 @@ class Record(object):
                            step - 1 if self._counts_skipped_steps else step)
         consecutive = tf.logical_and(tf.logical_and(tf.greater(before["number"], 0),
                                                     tf.greater_equal(step, 0)), follows)
-        holding = [_diagnostics.REASONS.index(name) for name in _diagnostics.HOLDING_REASONS]
+        holding = [code for code, item in enumerate(self.reasons.reasons) if item.holds_scale]
         counted = tf.reduce_all(tf.not_equal(reason, holding)) if holding else True
         streak = (tf.where(consecutive, previous, tf.constant(0, tf.int64))
                   + tf.cast(counted, tf.int64))

@@ -111,6 +111,7 @@ class CollapseMonitor(object):
         self._graph = train_ops.update_op.graph
         # Runs that close no window: accumulation without an engine.
         self._windows = tf.get_static_value(train_ops.window_end) is None
+        self._reasons = _diagnostics.reasons_of(train_ops)  # the builder's
         self._floors = [_floor.floor_of(manager) for manager in manager_list(managers)]
         self._streaks = {}
         self._last = None  # the streak key observed last
@@ -131,7 +132,7 @@ class CollapseMonitor(object):
 
         Args:
           skip_reason: the run's fetched ``TrainOps.diagnosis.skip_reason``,
-            an int code of ``diagnostics.REASONS``.
+            an int code of the builder's reasons (``diagnostics.reasons_of``).
           session: the session of the step; read at the collapse, and after
             a skipped step when managers are watched.
           window_end: the run's fetched ``TrainOps.window_end``; a run that
@@ -151,7 +152,7 @@ class CollapseMonitor(object):
             or no ``window_end`` where it is needed.
           LossScaleCollapse: at the collapse, with ``on_collapse="raise"``.
         """
-        code = _reason_code(skip_reason)
+        code = _reason_code(skip_reason, self._reasons)
         _checks.check_session(session, self._graph, "train_ops")
         closes = self._closes(window_end)
         if step is not None and not isinstance(step, str):
@@ -169,7 +170,7 @@ class CollapseMonitor(object):
             if self._train.counts_skipped_steps is not None:
                 return self._observe_loop(code, session, streak)
             self._warn_no_global_step()
-        if not closes or _diagnostics.REASONS[code] in _diagnostics.HOLDING_REASONS:
+        if not closes or self._reasons.names[code] in self._reasons.holding:
             # A skip that holds the scale (asked for, a loss spike) says
             # nothing of it: neither a skip of the streak nor an applied step.
             return streak.collapse
@@ -177,7 +178,7 @@ class CollapseMonitor(object):
             self._applied(step, streak)
             return None
         streak.skips += 1
-        streak.reasons[_diagnostics.REASONS[code]] += 1
+        streak.reasons[self._reasons.names[code]] += 1
         if streak.collapse is not None:
             return streak.collapse
         return self._check(streak, step, session)
@@ -218,7 +219,7 @@ class CollapseMonitor(object):
             self._seen = recent[-1].number
         found = None
         for skip in new:
-            if skip.reason in _diagnostics.HOLDING_REASONS:
+            if skip.reason in self._reasons.holding:
                 continue
             if skip.streak <= 1 and streak.skips:  # an applied step came before it
                 self._applied(None, streak)
@@ -275,8 +276,7 @@ class CollapseMonitor(object):
         seen = [] if last_skip is None else [last_skip.reason]
         for name in sorted(reasons, key=lambda item: (-reasons[item], item)):
             if name not in seen:
-                message.append("Fix for %s: %s" % (
-                    name, _diagnostics.FIXES[_diagnostics.REASONS.index(name)]))
+                message.append("Fix for %s: %s" % (name, self._reasons.fix(name)))
         return Collapse(streak.skips, reasons, last_skip, floors, " ".join(message))
 
 
@@ -295,9 +295,10 @@ def manager_list(managers):
     return list(managers)
 
 
-def _reason_code(skip_reason):
-    """A fetched ``skip_reason`` as an int code (TypeError for a bool, a
-    float or a tensor; ValueError for an unknown code)."""
+def _reason_code(skip_reason, reasons):
+    """A fetched ``skip_reason`` as an int code of ``reasons`` (the
+    builder's): TypeError for a bool, a float or a tensor; ValueError for
+    an unknown code."""
     if isinstance(skip_reason, (tf.Tensor, tf.Operation)) or _checks.is_variable(skip_reason):
         raise TypeError("skip_reason must be the value session.run fetched, got the tensor "
                         "%r. Fetch train.diagnosis.skip_reason with update_op and pass its value."
@@ -312,9 +313,9 @@ def _reason_code(skip_reason):
         raise TypeError("skip_reason must be an int code of diagnostics.REASONS, got %r (%s). "
                         "Pass the value fetched from train.diagnosis.skip_reason."
                         % (skip_reason, type(skip_reason).__name__))
-    if not 0 <= int(skip_reason) < len(_diagnostics.REASONS):
+    if not 0 <= int(skip_reason) < len(reasons.reasons):
         raise ValueError("skip_reason must be a code in 0..%d, got %r. Pass the value "
                          "fetched from train.diagnosis.skip_reason."
-                         % (len(_diagnostics.REASONS) - 1, skip_reason))
+                         % (len(reasons.reasons) - 1, skip_reason))
     return int(skip_reason)
 

@@ -66,7 +66,8 @@ def summaries(train_ops, family="loss_scale", step_applied=False, iterations_per
             tf.summary.scalar("%s/skipped_total" % family, train_ops.skipped_steps),
         ]
         record = train_ops.diagnosis.last_skip
-        known = _diagnostics.REASONS[:record.reason_counts.shape.as_list()[0]]
+        known = _diagnostics.reasons_of(train_ops).names[
+            :record.reason_counts.shape.as_list()[0]]
         result.extend(
             tf.summary.scalar("%s/skips_%s" % (family, reason), record.reason_counts[code])
             for code, reason in enumerate(known) if code != _diagnostics.APPLIED)

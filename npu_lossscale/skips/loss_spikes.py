@@ -23,6 +23,7 @@ import numbers
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
+from npu_lossscale.diagnostics import reasons as _reasons
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_state as _graph_state
 
@@ -31,8 +32,6 @@ from npu_lossscale.core import graph_state as _graph_state
 DEFAULT_WARMUP = 100
 #: The average's decay per applied step.
 DEFAULT_DECAY = 0.99
-_FIX = ("a loss exceeded skip_loss_spikes times its moving average: check the batch "
-        "behind it; the weights and the loss scale stayed as they were.")
 
 
 class LossSpikes(_seams.SkipCondition):
@@ -45,8 +44,8 @@ class LossSpikes(_seams.SkipCondition):
     """
 
     name = "loss_spikes"
-    reason = "loss_spike"
-    fix = _FIX
+    reason = _reasons.LOSS_SPIKE.name
+    fix = _reasons.LOSS_SPIKE.fix
 
     def __init__(self, factor, warmup=DEFAULT_WARMUP, decay=DEFAULT_DECAY):
         self.factor = float(factor)

@@ -21,10 +21,8 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
+from npu_lossscale.diagnostics import reasons as _reasons
 from npu_lossscale.core import checks as _checks
-
-_FIX = ("the step was asked to be skipped (build(skip_global_steps=...)): nothing to "
-        "fix.")
 
 
 class RequestedSkips(_seams.SkipCondition):
@@ -36,8 +34,8 @@ class RequestedSkips(_seams.SkipCondition):
     """
 
     name = "requested_skip"
-    reason = "requested"
-    fix = _FIX
+    reason = _reasons.REQUESTED.name
+    fix = _reasons.REQUESTED.fix
 
     def __init__(self, steps):
         self.steps = steps
