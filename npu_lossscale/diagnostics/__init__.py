@@ -127,9 +127,19 @@ class RecentSkips(collections.namedtuple(
     """
 
 
+class _Fixed(object):
+    """A decoded skip's ``fix``: from the reasons it was decoded with (its
+    builder's, ``decode``), else the shipped ones."""
+
+    @property
+    def fix(self):
+        """What to do about this skip's reason, one sentence."""
+        return getattr(self, "_decoded_reasons", _reasons.SHIPPED).fix(self.reason)
+
+
 class RecordedSkip(collections.namedtuple(
         "RecordedSkip", ["number", "global_step", "reason", "streak", "substep",
-                         "groups"])):
+                         "groups"]), _Fixed):
     """One skip of the history, as Python values (``read_recent_skips``).
 
     Attributes:
@@ -142,23 +152,10 @@ class RecordedSkip(collections.namedtuple(
       groups: tuple of the names of the groups that overflowed.
     """
 
-    @property
-    def fix(self):
-        """What to do about this skip's reason, one sentence."""
-        return _fix(self)
-
 
 def decode_recent(values, reasons=None):
-    """The ``RecordedSkip``s in fetched ``RecentSkips`` values, oldest first.
-
-    Args:
-      values: the fetched ``RecentSkips``.
-      reasons: the builder's ``reasons.Reasons`` (``reasons_of``); the
-        shipped ones when None.
-
-    Returns:
-      A tuple of ``RecordedSkip``.
-    """
+    """The ``RecordedSkip``s in fetched ``RecentSkips`` values, oldest
+    first; ``reasons`` as for ``decode``."""
     reasons = _reasons.SHIPPED if reasons is None else reasons
     return tuple(
         _decoded_with(RecordedSkip(
@@ -172,7 +169,7 @@ def decode_recent(values, reasons=None):
 
 
 class Skip(collections.namedtuple(
-        "Skip", ["number", "global_step", "reason", "groups", "variables"])):
+        "Skip", ["number", "global_step", "reason", "groups", "variables"]), _Fixed):
     """One skipped step, as Python values (``decode``, ``read_last_skip``).
 
     Attributes:
@@ -182,11 +179,6 @@ class Skip(collections.namedtuple(
       groups: tuple of the names of the groups that overflowed.
       variables: tuple of the names of the variables that overflowed.
     """
-
-    @property
-    def fix(self):
-        """What to do about this skip's reason, one sentence."""
-        return _fix(self)
 
 
 def decode(values, reasons=None):
@@ -212,14 +204,8 @@ def decode(values, reasons=None):
 
 def _decoded_with(skip, reasons):
     """``skip``, whose ``fix`` reads ``reasons`` (its builder's)."""
-    skip._decoded_reasons = reasons
+    skip._decoded_reasons = reasons  # pylint: disable=protected-access
     return skip
-
-
-def _fix(skip):
-    """The fix of a ``Skip``'s or ``RecordedSkip``'s reason: from the
-    reasons it was decoded with, else the shipped ones."""
-    return getattr(skip, "_decoded_reasons", _reasons.SHIPPED).fix(skip.reason)
 
 
 def _masked(mask, names):
