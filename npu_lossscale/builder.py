@@ -593,7 +593,8 @@ class MultiOptimizerLossScale(object):
             engine = _towers.Towers(engine if engine is not None else _seams.ReductionEngine(),
                                     self._towers)
         return _step.Options(
-            backend=self._requested_backend, gate=self._gate, skip_policy=self._skip_policy,
+            backend=_backends.resolve_backend(self._requested_backend), gate=self._gate,
+            skip_policy=self._skip_policy,
             engine=engine, allreduce_gradients=self._allreduce_gradients,
             accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps,
             conditions=conditions)

@@ -9,7 +9,7 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import managers as _managers
+from npu_lossscale import manager_protocol as _manager_protocol
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import hooks as _hooks
 
@@ -22,7 +22,7 @@ SMALL_GRADIENT_ELEMENTS = 16384
 
 #: The manager protocol's range of scales (``managers.SCALE_RANGE`` says
 #: why).
-SCALE_RANGE = _managers.SCALE_RANGE
+SCALE_RANGE = _manager_protocol.SCALE_RANGE
 #: The scales ``check_scale`` accepts from a manager that does not declare
 #: its range: the protocol's, floored at float16's smallest subnormal
 #: (2**-24), below which a float16 gradient under 0.5 flushes to 0.
@@ -99,7 +99,7 @@ def scale_snapshot(manager):
         raise ValueError("%s.get_loss_scale() returned shape %s, not a scalar. Return one "
                          "scale, e.g. tf.reshape(scale, [])."
                          % (type(manager).__name__, scale.shape))
-    own = _managers.declares_scale_in_range(manager)
+    own = _manager_protocol.declares_scale_in_range(manager)
     if own:
         _prevent_feeding(scale)
     if scale.dtype.base_dtype != tf.float32:
@@ -160,7 +160,7 @@ def read_scale(manager):
       scale 1 (``static_loss_scale == 1``). Neither tensor can be fed.
     """
     value = scale_snapshot(manager)
-    if _managers.static_scale(manager) == 1.0:
+    if _manager_protocol.static_scale(manager) == 1.0:
         return Scale(value, None, True)
     return Scale(value, _prevent_feeding(tf.reciprocal(value, name="inv_scale")), False)
 

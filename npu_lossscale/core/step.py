@@ -34,8 +34,7 @@ import os
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import backends as _backends
-from npu_lossscale import managers as _managers
+from npu_lossscale import manager_protocol as _manager_protocol
 from npu_lossscale import seams as _seams
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import claims as _claims
@@ -57,8 +56,8 @@ class Options(collections.namedtuple(
     """A step's options, as the public API took (and checked) them.
 
     Attributes:
-      backend: the requested backend: a name of ``backends.BACKENDS`` or a
-        ``backends.Backend`` instance.
+      backend: the ``backend_protocol.Backend`` the step checks with (the
+        caller resolves a name: ``backends.resolve_backend``).
       gate: "auto", "pivot" or "cond".
       skip_policy: "all" or "per_group".
       engine: the ``seams.ReductionEngine``, or None for one worker.
@@ -86,8 +85,9 @@ class Step(collections.namedtuple(
 def plan_step(groups, manager, options, global_step, api):
     """The plan of a step, after every check that needs TF; no op made.
 
-    The backend and the gate are decided here, when the step is built, as
-    npu_bridge's ``NPULossScaleOptimizer`` decides at ``apply_gradients``.
+    The gate is decided here, when the step is built (the backend just
+    before, by the caller), as npu_bridge's ``NPULossScaleOptimizer``
+    decides at ``apply_gradients``.
 
     Args:
       groups: the ``plan.Group`` records.
@@ -105,7 +105,7 @@ def plan_step(groups, manager, options, global_step, api):
         variables, a plan rule, or a plan the engine cannot run
         (``seams.ReductionEngine.check_plan``).
     """
-    backend = _backends.resolve_backend(options.backend)
+    backend = options.backend
     if backend.reads_register and any(group.checked for group in groups):
         _context.require_top_level(api)
     cf_v2 = tf.control_flow_v2_enabled()
@@ -354,8 +354,8 @@ def moved_state(plan, counters):
     and the caller's counters."""
     states = [] if counters is None else [counters]
     for use in plan.managers:
-        if use.groups and _managers.scale_moves(use.manager):
-            states.append(_claims.StateKey(use.manager, _managers.describe(use.manager)))
+        if use.groups and _manager_protocol.scale_moves(use.manager):
+            states.append(_claims.StateKey(use.manager, _manager_protocol.describe(use.manager)))
     return states
 
 
