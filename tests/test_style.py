@@ -1,4 +1,5 @@
-"""The library's docstring and comment lines per code line (issue 31).
+"""The library's docstring and comment lines per code line (issue 31), and the
+floors core/ imports from (issue 45).
 
 ``tools/doc_ratio.py`` counts, for every module of npu_lossscale/ outside
 audit/ and port/, doc lines (every line of a module, class or function
@@ -77,3 +78,42 @@ def test_doc_lines_per_code_line_at_most_the_limit():
     assert doc / code <= doc_ratio.DEFAULT_LIMIT, (
         "doc lines per code line %.3f (code %d, doc %d) exceed %.2f; worst: %s"
         % (doc / code, code, doc, doc_ratio.DEFAULT_LIMIT, worst))
+
+
+#: What the step (core/) may import of the package: itself and the ground
+#: floor beside ``seams`` (issue 45): the seams, the protocols and their
+#: readers, and the one room for TF's internals.
+_GROUND_FLOOR = frozenset(["seams", "tf_internals", "manager_protocol", "backend_protocol",
+                           "graph_values", "cluster"])
+
+
+def _package_imports(path):
+    """The ``npu_lossscale`` modules a file imports, as dotted names below
+    the package (``from npu_lossscale import seams`` gives "seams")."""
+    with open(path) as source:
+        tree = ast.parse(source.read(), path)
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module + "." + alias.name if node.module == "npu_lossscale"
+                      else node.module for alias in node.names]
+    return sorted(set(name[len("npu_lossscale."):] for name in names
+                      if name.startswith("npu_lossscale.")))
+
+
+def test_core_imports_only_itself_and_the_ground_floor():
+    core = os.path.join(REPO, "npu_lossscale", "core")
+    above = dict((name, [module for module in _package_imports(os.path.join(core, name))
+                         if module.split(".")[0] != "core" and module not in _GROUND_FLOOR])
+                 for name in sorted(os.listdir(core)) if name.endswith(".py"))
+    assert dict((name, found) for name, found in above.items() if found) == {}
+
+
+def test_the_ground_floor_imports_only_itself():
+    package = os.path.join(REPO, "npu_lossscale")
+    above = dict((name, [module for module in _package_imports(
+        os.path.join(package, name + ".py")) if module not in _GROUND_FLOOR])
+                 for name in sorted(_GROUND_FLOOR))
+    assert dict((name, found) for name, found in above.items() if found) == {}
