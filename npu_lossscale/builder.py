@@ -568,11 +568,11 @@ class MultiOptimizerLossScale(object):
         if self._engine is None and not self._independent:
             reduced = _distributed.check_cluster(
                 "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
-                aggregated=plan.mode == "chief")
+                aggregated=not plan.reduction.applies_here)
         if self._towers:
             plan = _step.plan_step(self._groups_to_build(), self._manager, options,
                                    global_step, "MultiOptimizerLossScale.build")
-        if sequence is not None and plan.mode == "chief":
+        if sequence is not None and not plan.reduction.applies_here:
             raise ValueError("sequence=%r with a SyncReplicasOptimizer group: its chief "
                              "decides one step at a time. Leave sequence out."
                              % (list(sequence),))
@@ -670,7 +670,7 @@ class MultiOptimizerLossScale(object):
                                      _update_ops.joint(update_ops), counters,
                                      observers=observers + extra_observers + measurement)
             clear_status = plan.backend.clear_status()
-            applied = None if plan.mode == "chief" else joint.applied
+            applied = joint.applied if plan.reduction.applies_here else None
             reported = joint.reports[observers.index(diagnosis)]
             report = SkipReport(None, {}, record.last_skip(), record.recent_skips())
             if applied is not None:

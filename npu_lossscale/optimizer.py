@@ -264,7 +264,8 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
                 _distributed.check_cluster(
                     "LossScaleOptimizer.apply_gradients", plan, _CLUSTER_ROUTES,
                     "is_distributed=False",
-                    aggregated=aggregated or plan.mode == "chief", given=present)
+                    aggregated=aggregated or not plan.reduction.applies_here,
+                    given=present)
             step = _step.build_step(
                 plan, "LossScaleOptimizer %s, step %s" % (self.get_name(), scope.rstrip("/")),
                 global_step, given=present)

@@ -573,7 +573,7 @@ def fused_transform(plan, name):
     no reduction of the gradients across workers)."""
     transforms = plan.group(name).transforms
     if (len(transforms) != 1 or not transforms[0].fuses_with_unscale()
-            or plan.window.steps > 1 or plan.mode == "chief"
+            or plan.window.steps > 1 or not plan.reduction.applies_here
             or (plan.reduction.active and plan.reduction.allreduce_gradients)):
         return None
     return transforms[0]

@@ -192,14 +192,10 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     window_end = None
     accumulate_op = None
     entry_ops = None  # None: the decisions are the ops every write follows
+    close = plan.reduction.engine.wrap_close(_close.close)
     if plan.window.steps == 1:
-        closing = _close.Closing(flags, grads, after, 1)
-        if plan.mode == "chief":
-            closed = plan.reduction.engine.close(plan, closing, global_step, skipped_steps,
-                                                 observers)
-        else:
-            closed = _close.close(plan, closing, global_step, skipped_steps, update_ops,
-                                  observers, state)
+        closed = close(plan, _close.Closing(flags, grads, after, 1), global_step,
+                       skipped_steps, update_ops, observers, state)
         applied, decisions = closed.applied, closed.decisions
         seen = closed.state if closed.state is not None else state
     else:
@@ -207,9 +203,9 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
         accumulate_op = opened.accumulate_op
         if plan.window.closed_by_update_op:
             sums, entry = _window.close_by_update_op(plan, opened, grads)
-            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps,
-                                                       sums.loss_flags),
-                                  global_step, skipped_steps, update_ops, observers, state)
+            closed = close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps,
+                                                sums.loss_flags),
+                           global_step, skipped_steps, update_ops, observers, state)
             applied = _window.finish(opened, closed)
             decisions, entry_ops = closed.decisions, [entry]
             seen = closed.state
@@ -218,7 +214,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
 
             def at_window_end():
                 sums = _window.sums_at_window_end(plan, opened, this_run, grads)
-                return _window.finish(opened, _close.close(
+                return _window.finish(opened, close(
                     plan, _close.Closing(sums.flags, sums.grads, [], sums.steps,
                                          sums.loss_flags),
                     global_step, skipped_steps, update_ops, observers, state))
@@ -249,8 +245,8 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                    reports, seen)
     if substep:
         return step
-    # With mode "chief" the workers move nothing: the chief's sync op does.
-    states = [] if plan.mode == "chief" else moved_state(plan, counters)
+    # A worker whose chief applies moves nothing: the chief's sync op does.
+    states = moved_state(plan, counters) if plan.reduction.applies_here else []
     _claims.claim(states, description,
                   (decisions.ops if entry_ops is None else entry_ops)
                   + [op for hooked in heard for op in hooked.entry_ops])
