@@ -117,3 +117,45 @@ def test_the_ground_floor_imports_only_itself():
         os.path.join(package, name + ".py")) if module not in _GROUND_FLOOR])
                  for name in sorted(_GROUND_FLOOR))
     assert dict((name, found) for name, found in above.items() if found) == {}
+
+
+#: The packages that plug into the step, or stand beside it behind a protocol.
+_PLUG_INS = ("transforms", "skips", "underflow", "diagnostics", "distributed", "backends",
+             "managers")
+
+
+def _core_names_reached(path):
+    """The (core module, name) pairs a file reaches: names imported from a
+    core module, and attributes read of a core module it imports."""
+    with open(path) as source:
+        tree = ast.parse(source.read(), path)
+    aliases, reached = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "npu_lossscale.core":
+            aliases.update((alias.asname or alias.name, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "npu_lossscale.core."):
+            reached.update((node.module.split(".")[2], alias.name) for alias in node.names)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases):
+            reached.add((aliases[node.value.id], node.attr))
+    return reached
+
+
+def test_plug_ins_reach_only_the_declared_helpers_of_core():
+    import importlib  # pylint: disable=import-outside-toplevel
+    helpers = importlib.import_module("npu_lossscale.plugin_helpers")
+    declared = [getattr(helpers, name) for name in helpers.__all__]
+    undeclared = []
+    for package in _PLUG_INS:
+        folder = os.path.join(REPO, "npu_lossscale", package)
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".py"):
+                continue
+            for module, attribute in sorted(_core_names_reached(os.path.join(folder, name))):
+                value = getattr(importlib.import_module("npu_lossscale.core." + module),
+                                attribute)
+                if not any(value is helper for helper in declared):
+                    undeclared.append("%s/%s: core.%s.%s" % (package, name, module, attribute))
+    assert undeclared == []
