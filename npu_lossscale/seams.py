@@ -43,7 +43,7 @@ class StepState(collections.namedtuple(
         ``optimizer``, ``var_list``, ``manager``) and ``group_names``.
       global_step: the integer variable the step advances, or None.
       scales: ordered dict from the plan's manager-use name to the
-        ``core.gradients.Scale`` read this run (empty for given gradients).
+        ``core.scales.Scale`` read this run (empty for given gradients).
       scaled: ordered dict from group name to its (gradient, variable)
         pairs, still multiplied by the loss scale (empty for given
         gradients).

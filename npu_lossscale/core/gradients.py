@@ -11,8 +11,8 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import hooks as _hooks
-# The scale read, re-exported for the step's callers.
-from npu_lossscale.core.scales import SCALE_RANGE, Scale, read_scale, read_scales
+# The scale read, re-exported for the callers that read it from here.
+from npu_lossscale.core.scales import SCALE_RANGE, Scale, read_scale
 
 #: Dense gradients with fewer elements than this count as small: those of one
 #: shape and dtype are unscaled as one stacked tensor (``Packing``) and read by
@@ -127,7 +127,7 @@ def scaled_gradients(plan, scales, names, after=()):
 
     Args:
       plan: the ``plan.Plan``.
-      scales: the ``read_scales`` result.
+      scales: the ``scales.read_scales`` result.
       names: the group names to compute; whole backprops only.
       after: ops or tensors every gradient computation must follow.
 
@@ -348,7 +348,7 @@ def unscale_all(plan, scales, scaled, packing):
 
     Args:
       plan: the ``plan.Plan``.
-      scales: the ``read_scales`` result.
+      scales: the ``scales.read_scales`` result.
       scaled: ordered dict from group name to scaled pairs.
       packing: the step's ``Packing``.
 
@@ -375,7 +375,7 @@ def before_transforms(plan, scales, scaled, packing, unscaled):
 
     Args:
       plan: the ``plan.Plan``.
-      scales: the ``read_scales`` result.
+      scales: the ``scales.read_scales`` result.
       scaled: ordered dict from group name to scaled pairs.
       packing: the step's ``Packing``.
       unscaled: the ``unscale_all`` result.

@@ -47,6 +47,7 @@ from npu_lossscale.core import graph_walk as _graph_walk
 from npu_lossscale.core import hooks as _hooks
 from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.core import plan as _plan
+from npu_lossscale.core import scales as _scales
 from npu_lossscale.core import window as _window
 
 
@@ -178,8 +179,8 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     before_read = [_hooks.hooked(observer, "before_scale_read", state) for observer in observers]
     scales = collections.OrderedDict()
     if given is None:
-        scales = _gradients.read_scales(plan, after=[op for hooked in before_read
-                                                     for op in hooked.ops])
+        scales = _scales.read_scales(plan, after=[op for hooked in before_read
+                                                  for op in hooked.ops])
     computed = _gradients_and_flags(plan, scales, given)
     state = state._replace(scales=scales, scaled=computed.scaled, grads=computed.seen)
     flags = collections.OrderedDict(computed.flags)
