@@ -61,7 +61,7 @@ def _public_names():
                                           summaries)
     from npu_lossscale.optimizer import LossScaleOptimizer
     from npu_lossscale.seams import GradientTransform, ReductionEngine, SkipCondition, StepObserver
-    from npu_lossscale.core.overflow import all_finite
+    from npu_lossscale.backends import all_finite
     from npu_lossscale.distributed.sync_replicas import SyncReplicasOptimizer
     from npu_lossscale.underflow import summaries as underflow_summaries
     return dict(locals())

@@ -564,11 +564,11 @@ class MultiOptimizerLossScale(object):
         if self._engine is None and not self._independent:
             reduced = _distributed.check_cluster(
                 "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
-                aggregated=plan.mode == "chief")
+                aggregated=not plan.reduction.applies_here)
         if self._towers:
             plan = _step.plan_step(self._groups_to_build(), self._manager, options,
                                    global_step, "MultiOptimizerLossScale.build")
-        if sequence is not None and plan.mode == "chief":
+        if sequence is not None and not plan.reduction.applies_here:
             raise ValueError("sequence=%r with a SyncReplicasOptimizer group: its chief "
                              "decides one step at a time. Leave sequence out."
                              % (list(sequence),))
@@ -589,7 +589,8 @@ class MultiOptimizerLossScale(object):
             engine = _towers.Towers(engine if engine is not None else _seams.ReductionEngine(),
                                     self._towers)
         return _step.Options(
-            backend=self._requested_backend, gate=self._gate, skip_policy=self._skip_policy,
+            backend=_backends.resolve_backend(self._requested_backend), gate=self._gate,
+            skip_policy=self._skip_policy,
             engine=engine, allreduce_gradients=self._allreduce_gradients,
             accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps,
             conditions=conditions)
@@ -667,7 +668,7 @@ class MultiOptimizerLossScale(object):
                                      _update_ops.joint(update_ops), counters,
                                      observers=observers + extra_observers + measurement)
             clear_status = plan.backend.clear_status()
-            applied = None if plan.mode == "chief" else joint.applied
+            applied = joint.applied if plan.reduction.applies_here else None
             reported = joint.reports[observers.index(diagnosis)]
             report = SkipReport(None, {}, record.last_skip(), record.recent_skips())
             if applied is not None:

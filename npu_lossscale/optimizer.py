@@ -248,7 +248,8 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
             # The backend and the gate are decided here, at apply_gradients,
             # as npu_bridge's NPULossScaleOptimizer decides.
             options = _step.Options(
-                backend=self._requested_backend, gate=self._gate, skip_policy="all",
+                backend=_backends.resolve_backend(self._requested_backend), gate=self._gate,
+                skip_policy="all",
                 engine=_sync_replicas.engine_for([self._opt], self._engine),
                 allreduce_gradients=False, accumulation_steps=1,
                 count_skipped_steps=self._count_skipped_steps)
@@ -263,7 +264,8 @@ class LossScaleOptimizer(_tf_internals.CheckpointsWrappedState, tf.train.Optimiz
                 _distributed.check_cluster(
                     "LossScaleOptimizer.apply_gradients", plan, _CLUSTER_ROUTES,
                     "is_distributed=False",
-                    aggregated=aggregated or plan.mode == "chief", given=present)
+                    aggregated=aggregated or not plan.reduction.applies_here,
+                    given=present)
             step = _step.build_step(
                 plan, "LossScaleOptimizer %s, step %s" % (self.get_name(), scope.rstrip("/")),
                 global_step, given=present)

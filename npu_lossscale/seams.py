@@ -43,7 +43,7 @@ class StepState(collections.namedtuple(
         ``optimizer``, ``var_list``, ``manager``) and ``group_names``.
       global_step: the integer variable the step advances, or None.
       scales: ordered dict from the plan's manager-use name to the
-        ``core.gradients.Scale`` read this run (empty for given gradients).
+        ``core.scales.Scale`` read this run (empty for given gradients).
       scaled: ordered dict from group name to its (gradient, variable)
         pairs, still multiplied by the loss scale (empty for given
         gradients).
@@ -283,11 +283,35 @@ class ReductionEngine(object):
       name: names the engine in messages; the class name by default.
       mode: "local" (one worker), "workers" (``reduce`` combines workers
         before the gate) or "chief" (``close`` hands each worker's step to a
-        chief, which decides on the aggregate).
+        chief, which decides on the aggregate). Read in this module alone:
+        the step asks ``crosses_workers(engine)``, ``applies_here(engine)``
+        and ``wrap_close``.
     """
 
     name = _ClassName()
     mode = "local"
+
+    def wrap_close(self, close):
+        """The close the step runs, given the core's own.
+
+        Args:
+          close: ``close(plan, closing, global_step, skipped_steps,
+            update_ops, observers, state)``, which returns a
+            ``core.close.Closed``.
+
+        Returns:
+          A function of the same arguments: ``close`` itself by default;
+          with mode "chief", one that hands the step to ``self.close``.
+        """
+        if applies_here(self):
+            return close
+
+        def handed_to_chief(plan, closing, global_step, skipped_steps=None, update_ops=(),
+                            observers=(), state=None):
+            del update_ops, state  # the chief's sync op runs the step's writes
+            return self.close(plan, closing, global_step, skipped_steps, observers)
+
+        return handed_to_chief
 
     def check_plan(self, plan, options, global_step, api):
         """Refuses a plan the engine cannot run (ValueError), before any op."""
@@ -326,3 +350,17 @@ class ReductionEngine(object):
         ``core.close.Closed``."""
         raise NotImplementedError("%s has mode %r but no close()." % (type(self).__name__,
                                                                      self.mode))
+
+
+def crosses_workers(engine):
+    """Whether ``engine``'s ``reduce`` combines workers before the gate (mode
+    "workers"): its result is checked, and an accumulation window runs it
+    once, in ``update_op``."""
+    return engine.mode == "workers"
+
+
+def applies_here(engine):
+    """Whether a step with ``engine`` applies what this worker computes and
+    moves its own state: False with mode "chief", whose chief applies the
+    aggregate (so no transform fuses with this worker's unscale)."""
+    return engine.mode != "chief"

@@ -1,4 +1,5 @@
-"""The library's docstring and comment lines per code line (issue 31).
+"""The library's docstring and comment lines per code line (issue 31), and the
+floors core/ imports from (issue 45).
 
 ``tools/doc_ratio.py`` counts, for every module of npu_lossscale/ outside
 audit/ and port/, doc lines (every line of a module, class or function
@@ -77,3 +78,84 @@ def test_doc_lines_per_code_line_at_most_the_limit():
     assert doc / code <= doc_ratio.DEFAULT_LIMIT, (
         "doc lines per code line %.3f (code %d, doc %d) exceed %.2f; worst: %s"
         % (doc / code, code, doc, doc_ratio.DEFAULT_LIMIT, worst))
+
+
+#: What the step (core/) may import of the package: itself and the ground
+#: floor beside ``seams`` (issue 45): the seams, the protocols and their
+#: readers, and the one room for TF's internals.
+_GROUND_FLOOR = frozenset(["seams", "tf_internals", "manager_protocol", "backend_protocol",
+                           "graph_values", "cluster"])
+
+
+def _package_imports(path):
+    """The ``npu_lossscale`` modules a file imports, as dotted names below
+    the package (``from npu_lossscale import seams`` gives "seams")."""
+    with open(path) as source:
+        tree = ast.parse(source.read(), path)
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module + "." + alias.name if node.module == "npu_lossscale"
+                      else node.module for alias in node.names]
+    return sorted(set(name[len("npu_lossscale."):] for name in names
+                      if name.startswith("npu_lossscale.")))
+
+
+def test_core_imports_only_itself_and_the_ground_floor():
+    core = os.path.join(REPO, "npu_lossscale", "core")
+    above = dict((name, [module for module in _package_imports(os.path.join(core, name))
+                         if module.split(".")[0] != "core" and module not in _GROUND_FLOOR])
+                 for name in sorted(os.listdir(core)) if name.endswith(".py"))
+    assert dict((name, found) for name, found in above.items() if found) == {}
+
+
+def test_the_ground_floor_imports_only_itself():
+    package = os.path.join(REPO, "npu_lossscale")
+    above = dict((name, [module for module in _package_imports(
+        os.path.join(package, name + ".py")) if module not in _GROUND_FLOOR])
+                 for name in sorted(_GROUND_FLOOR))
+    assert dict((name, found) for name, found in above.items() if found) == {}
+
+
+#: The packages that plug into the step, or stand beside it behind a protocol.
+_PLUG_INS = ("transforms", "skips", "underflow", "diagnostics", "distributed", "backends",
+             "managers")
+
+
+def _core_names_reached(path):
+    """The (core module, name) pairs a file reaches: names imported from a
+    core module, and attributes read of a core module it imports."""
+    with open(path) as source:
+        tree = ast.parse(source.read(), path)
+    aliases, reached = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "npu_lossscale.core":
+            aliases.update((alias.asname or alias.name, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "npu_lossscale.core."):
+            reached.update((node.module.split(".")[2], alias.name) for alias in node.names)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases):
+            reached.add((aliases[node.value.id], node.attr))
+    return reached
+
+
+def test_plug_ins_reach_only_the_declared_helpers_of_core():
+    import importlib  # pylint: disable=import-outside-toplevel
+    helpers = importlib.import_module("npu_lossscale.plugin_helpers")
+    declared = [getattr(helpers, name) for name in helpers.__all__]
+    undeclared = []
+    for package in _PLUG_INS:
+        folder = os.path.join(REPO, "npu_lossscale", package)
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".py"):
+                continue
+            for module, attribute in sorted(_core_names_reached(os.path.join(folder, name))):
+                value = getattr(importlib.import_module("npu_lossscale.core." + module),
+                                attribute)
+                if not any(value is helper for helper in declared):
+                    undeclared.append("%s/%s: core.%s.%s" % (package, name, module, attribute))
+    assert undeclared == []

@@ -1,13 +1,18 @@
-"""Overflow backends: how a step learns that it overflowed. ``base.Backend``
-declares what a backend is; ``resolve_backend`` picks one."""
+"""Overflow backends: how a step learns that it overflowed.
+``backend_protocol.Backend`` declares what a backend is; ``resolve_backend``
+picks one, and ``all_finite`` asks it of some gradients."""
 
 from __future__ import absolute_import, division, print_function
 
-from npu_lossscale.backends.base import Backend, checked_flag
+import tensorflow.compat.v1 as tf
+
+from npu_lossscale.backend_protocol import Backend, checked_flag
 from npu_lossscale.backends.is_finite import IsFiniteBackend, XlaBackend
 from npu_lossscale.backends.npu import (NpuFloatStatusBackend, _import_npu_gen_ops,
                                         _warn_if_saturating, inf_nan_mode_enabled)
 from npu_lossscale.backends.register_order import Reader, claim_register, order_after_clear
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core.gradients import SMALL_GRADIENT_ELEMENTS
 
 #: The backend names ``resolve_backend`` knows.
@@ -68,3 +73,32 @@ def resolve_backend(backend, warn=True):
     if backend != "float_status" and inf_nan_mode_enabled():
         return IsFiniteBackend(on_npu=True)
     return NpuFloatStatusBackend(gen_ops)
+
+
+def all_finite(grads, backend="auto"):
+    """The bool decision the builder itself would take for ``grads``.
+
+    Args:
+      grads: gradients (tensors or IndexedSlices; None entries are left out).
+      backend: "auto", "is_finite", "xla", "npu" or "float_status", as for the
+        builder, or a ``backends.Backend`` instance. With the register
+        (Ascend, saturation mode) the read follows every gradient, and the
+        graph's one register clear is ordered before everything the
+        gradients follow.
+
+    Returns:
+      A bool scalar tensor, True when no gradient overflowed; it follows
+      every gradient.
+
+    Raises:
+      TypeError: unless ``grads`` is a list or tuple of float gradients (one
+        tensor, (gradient, variable) pairs, None, a number or a str are
+        refused).
+      ValueError: for an unknown backend, no gradient at all, gradients of
+        another graph, or the register inside a ``tf.cond``/``tf.while_loop``
+        body or a ``tf.function``.
+    """
+    grads = _checks.check_gradients(grads)
+    flag = checked_flag(resolve_backend(backend), grads)
+    with tf.control_dependencies([_gradients.dense_values(grad) for grad in grads]):
+        return tf.identity(tf.equal(flag, 0.0), name="all_finite")

@@ -9,7 +9,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import context as _context
 from npu_lossscale.core import graph_state as _graph_state
-from npu_lossscale.backends.base import Backend
+from npu_lossscale.backend_protocol import Backend
 from npu_lossscale.backends.register_order import order_after_clear
 from npu_lossscale.core.gradients import dense_values
 

@@ -12,6 +12,7 @@ import re
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import tf_internals as _tf_internals
+from npu_lossscale.graph_values import is_variable, of_another_graph, op_of  # re-exported
 from npu_lossscale.core import graph_walk as _graph_walk
 
 #: The skip policies ``build`` accepts.
@@ -112,45 +113,6 @@ def check_session(session, graph, owner):
         raise ValueError("session must run the graph of %s, got %r, which runs another "
                          "graph. Pass the training step's session, e.g. "
                          "tf.Session(graph=<the graph of %s>)." % (owner, session, owner))
-
-
-def is_variable(value):
-    """True for ref and resource variables alike (TF 1.15 and 2.x)."""
-    return (isinstance(value, tf.Variable)
-            or _tf_internals.is_resource_variable(value))
-
-
-def op_of(value):
-    """The ``tf.Operation`` behind an op, a tensor or the variable-like
-    result of ``tf.assign`` (the forms ``tf.group`` accepts), or None."""
-    if isinstance(value, tf.Operation):
-        return value
-    op = getattr(value, "op", None)
-    return op if isinstance(op, tf.Operation) else None
-
-
-def _graph_of(value):
-    """The graph of a variable or tensor; None for an eager one."""
-    try:
-        return value.graph
-    except AttributeError:  # eager variables and tensors belong to no graph
-        return None
-
-
-def _graph_and_outer_graphs(graph):
-    """``graph``, then each graph a function graph is nested in, outwards."""
-    graphs = [graph]
-    while getattr(graphs[-1], "outer_graph", None) is not None:
-        graphs.append(graphs[-1].outer_graph)
-    return graphs
-
-
-def of_another_graph(value):
-    """True when ``value`` (a variable or tensor) belongs to neither the
-    default graph nor a graph it is nested in (False for eager values)."""
-    graph = _graph_of(value)
-    return graph is not None and not any(
-        graph is other for other in _graph_and_outer_graphs(tf.get_default_graph()))
 
 
 def computed_from(tensor, source):

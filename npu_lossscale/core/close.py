@@ -13,10 +13,9 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import distributed as _distributed
 from npu_lossscale import seams as _seams
-
 from npu_lossscale.core import checks as _checks
+from npu_lossscale.core import collectives as _collectives
 from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import hooks as _hooks
@@ -85,7 +84,7 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
     flags, grads = _hooks.reduced(engine, closing.flags, closing.grads,
                                   plan.reduction.allreduce_gradients)
     if plan.reduction.active:
-        _distributed.check_reduced(engine, (closing.flags, closing.grads), (flags, grads),
+        _collectives.check_reduced(engine, (closing.flags, closing.grads), (flags, grads),
                                    plan.reduction.allreduce_gradients)
     if closing.mean_over > 1:
         grads = _gradients.means(grads, closing.mean_over)

@@ -10,40 +10,11 @@ import contextlib
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import backends as _backends
-from npu_lossscale import managers as _managers
+from npu_lossscale import backend_protocol as _backend_protocol
+from npu_lossscale import manager_protocol as _manager_protocol
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_walk as _graph_walk
-
-
-def all_finite(grads, backend="auto"):
-    """The bool decision the builder itself would take for ``grads``.
-
-    Args:
-      grads: gradients (tensors or IndexedSlices; None entries are left out).
-      backend: "auto", "is_finite", "xla", "npu" or "float_status", as for the
-        builder, or a ``backends.Backend`` instance. With the register
-        (Ascend, saturation mode) the read follows every gradient, and the
-        graph's one register clear is ordered before everything the
-        gradients follow.
-
-    Returns:
-      A bool scalar tensor, True when no gradient overflowed; it follows
-      every gradient.
-
-    Raises:
-      TypeError: unless ``grads`` is a list or tuple of float gradients (one
-        tensor, (gradient, variable) pairs, None, a number or a str are
-        refused).
-      ValueError: for an unknown backend, no gradient at all, gradients of
-        another graph, or the register inside a ``tf.cond``/``tf.while_loop``
-        body or a ``tf.function``.
-    """
-    grads = _checks.check_gradients(grads)
-    flag = _backends.checked_flag(_backends.resolve_backend(backend), grads)
-    with tf.control_dependencies([_gradients.dense_values(grad) for grad in grads]):
-        return tf.identity(tf.equal(flag, 0.0), name="all_finite")
 
 
 def flags(plan, grads, packing, after, checks=None):
@@ -69,7 +40,7 @@ def flags(plan, grads, packing, after, checks=None):
         # A scope of its own only when there are several checks to tell apart.
         scope = tf.name_scope(item.name) if len(plan.checks) > 1 else contextlib.suppress()
         with scope:
-            result[item.name] = _backends.checked_flag(plan.backend, tensors, after=list(after))
+            result[item.name] = _backend_protocol.checked_flag(plan.backend, tensors, after=list(after))
     return result
 
 
@@ -124,12 +95,12 @@ def _reads_a_moving_scale(flag, state):
     sources = []
     for use in state.plan.managers:
         scale = (state.scales or {}).get(use.name)
-        if scale is None or not _managers.scale_moves(use.manager):
+        if scale is None or not _manager_protocol.scale_moves(use.manager):
             continue
         sources.append(scale.value.op)
         if scale.inverse is not None:
             sources.append(scale.inverse.op)
-        for variable in _managers.manager_variables(use.manager):
+        for variable in _manager_protocol.manager_variables(use.manager):
             if variable is state.global_step:  # held by a scheduled manager: no scale
                 continue
             handle = getattr(variable, "handle", None)
@@ -172,12 +143,12 @@ def unscaled_flags(plan, before, unscaled):
     result = collections.OrderedDict(before)
     for item in plan.checks:
         tensors = [grad for name in item.groups
-                   if _managers.scale_may_be_below_one(plan.group(name).manager)
+                   if _manager_protocol.scale_may_be_below_one(plan.group(name).manager)
                    for grad, _ in unscaled[name]
                    if grad.dtype.base_dtype == tf.float16]
         if tensors:
             with tf.name_scope("unscaled"):
-                result[item.name] = result[item.name] + _backends.checked_flag(
+                result[item.name] = result[item.name] + _backend_protocol.checked_flag(
                     plan.backend, tensors)
     return result
 

@@ -78,7 +78,12 @@ class Reduction(collections.namedtuple("Reduction", ["engine", "allreduce_gradie
     @property
     def active(self):
         """Whether anything crosses workers before the gate."""
-        return self.engine.mode == "workers"
+        return _seams.crosses_workers(self.engine)
+
+    @property
+    def applies_here(self):
+        """Whether this worker applies its step (not a chief for it)."""
+        return _seams.applies_here(self.engine)
 
 
 class Plan(collections.namedtuple(
@@ -105,12 +110,6 @@ class Plan(collections.namedtuple(
       conditions: tuple of ``Condition``: the skip conditions after the
         overflow check, each with its flag's name.
     """
-
-    @property
-    def mode(self):
-        """How the step closes: "local", "workers" or "chief"; the one place
-        it is asked."""
-        return self.reduction.engine.mode
 
     @property
     def flag_names(self):
@@ -221,7 +220,8 @@ def make_plan(groups, manager, backend, skip_policy="all", engine=None,
         managers=_managers(groups, manager, checks),
         gates=_gates(groups, skip_policy, checks),
         skip_policy=skip_policy,
-        window=Window(accumulation_steps, engine.mode != "local" and accumulation_steps > 1),
+        window=Window(accumulation_steps,
+                      _seams.crosses_workers(engine) and accumulation_steps > 1),
         reduction=Reduction(engine, allreduce_gradients),
         backend=backend,
         count_skipped_steps=count_skipped_steps,

@@ -34,8 +34,7 @@ import os
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import backends as _backends
-from npu_lossscale import managers as _managers
+from npu_lossscale import manager_protocol as _manager_protocol
 from npu_lossscale import seams as _seams
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import claims as _claims
@@ -48,6 +47,7 @@ from npu_lossscale.core import graph_walk as _graph_walk
 from npu_lossscale.core import hooks as _hooks
 from npu_lossscale.core import overflow as _overflow
 from npu_lossscale.core import plan as _plan
+from npu_lossscale.core import scales as _scales
 from npu_lossscale.core import window as _window
 
 
@@ -57,8 +57,8 @@ class Options(collections.namedtuple(
     """A step's options, as the public API took (and checked) them.
 
     Attributes:
-      backend: the requested backend: a name of ``backends.BACKENDS`` or a
-        ``backends.Backend`` instance.
+      backend: the ``backend_protocol.Backend`` the step checks with (the
+        caller resolves a name: ``backends.resolve_backend``).
       gate: "auto", "pivot" or "cond".
       skip_policy: "all" or "per_group".
       engine: the ``seams.ReductionEngine``, or None for one worker.
@@ -86,8 +86,9 @@ class Step(collections.namedtuple(
 def plan_step(groups, manager, options, global_step, api):
     """The plan of a step, after every check that needs TF; no op made.
 
-    The backend and the gate are decided here, when the step is built, as
-    npu_bridge's ``NPULossScaleOptimizer`` decides at ``apply_gradients``.
+    The gate is decided here, when the step is built (the backend just
+    before, by the caller), as npu_bridge's ``NPULossScaleOptimizer``
+    decides at ``apply_gradients``.
 
     Args:
       groups: the ``plan.Group`` records.
@@ -105,7 +106,7 @@ def plan_step(groups, manager, options, global_step, api):
         variables, a plan rule, or a plan the engine cannot run
         (``seams.ReductionEngine.check_plan``).
     """
-    backend = _backends.resolve_backend(options.backend)
+    backend = options.backend
     if backend.reads_register and any(group.checked for group in groups):
         _context.require_top_level(api)
     cf_v2 = tf.control_flow_v2_enabled()
@@ -178,8 +179,8 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     before_read = [_hooks.hooked(observer, "before_scale_read", state) for observer in observers]
     scales = collections.OrderedDict()
     if given is None:
-        scales = _gradients.read_scales(plan, after=[op for hooked in before_read
-                                                     for op in hooked.ops])
+        scales = _scales.read_scales(plan, after=[op for hooked in before_read
+                                                  for op in hooked.ops])
     computed = _gradients_and_flags(plan, scales, given)
     state = state._replace(scales=scales, scaled=computed.scaled, grads=computed.seen)
     flags = collections.OrderedDict(computed.flags)
@@ -192,14 +193,10 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
     window_end = None
     accumulate_op = None
     entry_ops = None  # None: the decisions are the ops every write follows
+    close = plan.reduction.engine.wrap_close(_close.close)
     if plan.window.steps == 1:
-        closing = _close.Closing(flags, grads, after, 1)
-        if plan.mode == "chief":
-            closed = plan.reduction.engine.close(plan, closing, global_step, skipped_steps,
-                                                 observers)
-        else:
-            closed = _close.close(plan, closing, global_step, skipped_steps, update_ops,
-                                  observers, state)
+        closed = close(plan, _close.Closing(flags, grads, after, 1), global_step,
+                       skipped_steps, update_ops, observers, state)
         applied, decisions = closed.applied, closed.decisions
         seen = closed.state if closed.state is not None else state
     else:
@@ -207,9 +204,9 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
         accumulate_op = opened.accumulate_op
         if plan.window.closed_by_update_op:
             sums, entry = _window.close_by_update_op(plan, opened, grads)
-            closed = _close.close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps,
-                                                       sums.loss_flags),
-                                  global_step, skipped_steps, update_ops, observers, state)
+            closed = close(plan, _close.Closing(sums.flags, sums.grads, after, sums.steps,
+                                                sums.loss_flags),
+                           global_step, skipped_steps, update_ops, observers, state)
             applied = _window.finish(opened, closed)
             decisions, entry_ops = closed.decisions, [entry]
             seen = closed.state
@@ -218,7 +215,7 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
 
             def at_window_end():
                 sums = _window.sums_at_window_end(plan, opened, this_run, grads)
-                return _window.finish(opened, _close.close(
+                return _window.finish(opened, close(
                     plan, _close.Closing(sums.flags, sums.grads, [], sums.steps,
                                          sums.loss_flags),
                     global_step, skipped_steps, update_ops, observers, state))
@@ -249,8 +246,8 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                    reports, seen)
     if substep:
         return step
-    # With mode "chief" the workers move nothing: the chief's sync op does.
-    states = [] if plan.mode == "chief" else moved_state(plan, counters)
+    # A worker whose chief applies moves nothing: the chief's sync op does.
+    states = moved_state(plan, counters) if plan.reduction.applies_here else []
     _claims.claim(states, description,
                   (decisions.ops if entry_ops is None else entry_ops)
                   + [op for hooked in heard for op in hooked.entry_ops])
@@ -354,8 +351,8 @@ def moved_state(plan, counters):
     and the caller's counters."""
     states = [] if counters is None else [counters]
     for use in plan.managers:
-        if use.groups and _managers.scale_moves(use.manager):
-            states.append(_claims.StateKey(use.manager, _managers.describe(use.manager)))
+        if use.groups and _manager_protocol.scale_moves(use.manager):
+            states.append(_claims.StateKey(use.manager, _manager_protocol.describe(use.manager)))
     return states
 
 

@@ -25,14 +25,15 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 import copy
-import json
-import os
 
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
+from npu_lossscale.cluster import (HOROVOD_SIZE_VARIABLES, RANK_SIZE_VARIABLES, Cluster,
+                                   cluster_from_environment, rank_size_from_environment)
 from npu_lossscale.core import graph_walk as _graph_walk
+from npu_lossscale.core.collectives import check_reduced, data_parents, is_collective, values_op
 
 ENGINES = ("horovod", "hccl")
 #: The modes of a ``seams.ReductionEngine``.
@@ -237,105 +238,6 @@ def resolve_engine(distributed):
 
 
 #: The environment variables Ascend's launchers set to the number of devices.
-#: tf_adapter reads RANK_SIZE, else CM_WORKER_SIZE, and refuses both at once
-#: (``get_ranksize()`` in tf_adapter npu_bridge/estimator/npu/util.py).
-RANK_SIZE_VARIABLES = ("RANK_SIZE", "CM_WORKER_SIZE")
-
-
-def rank_size_from_environment(environ=None):
-    """The number of devices an Ascend launcher started, from the environment.
-
-    Read as tf_adapter reads it: ``RANK_SIZE``, else ``CM_WORKER_SIZE``; both
-    set at once is an error; neither means one device.
-
-    Args:
-      environ: a mapping to read instead of ``os.environ`` (for tests).
-
-    Returns:
-      An int >= 1.
-
-    Raises:
-      ValueError: if both are set, or the value is not a positive int.
-    """
-    environ = os.environ if environ is None else environ
-    present = [name for name in RANK_SIZE_VARIABLES if environ.get(name)]
-    if len(present) > 1:
-        raise ValueError(
-            "both RANK_SIZE=%r and CM_WORKER_SIZE=%r are set; tf_adapter refuses "
-            "that, as the device count would be ambiguous. Unset one of them."
-            % (environ["RANK_SIZE"], environ["CM_WORKER_SIZE"]))
-    if not present:
-        return 1
-    name = present[0]
-    value = environ[name]
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise ValueError(
-            "%s must be the number of devices, a positive int, got %r. Set it as "
-            "Ascend's launch scripts do (e.g. %s=8), or unset it on one device."
-            % (name, value, name))
-    return count
-
-
-#: Launchers' variables holding the number of processes of a Horovod or MPI
-#: job: horovodrun's own (Gloo and MPI), Open MPI's, MPICH's and Intel MPI's
-#: (PMI), MVAPICH2's.
-HOROVOD_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                          "MV2_COMM_WORLD_SIZE")
-#: TF_CONFIG's task types that train (parameter servers and evaluators do not).
-_TRAINING_TASKS = ("chief", "master", "worker")
-
-
-class Cluster(collections.namedtuple("Cluster", ["kind", "workers", "source"])):
-    """A multi-worker launch, as this process's environment names it.
-
-    Attributes:
-      kind: "ascend" (RANK_SIZE), "horovod" (a Horovod or MPI launcher) or
-        "tf_config" (a TF_CONFIG cluster: parameter servers, or TF's
-        multi-worker strategies).
-      workers: the number of training processes, > 1.
-      source: the environment variable that says so, for messages.
-    """
-
-
-def cluster_from_environment(environ=None):
-    """The multi-worker launch the environment names, or None for one worker.
-
-    Args:
-      environ: a mapping to read instead of ``os.environ`` (for tests).
-
-    Returns:
-      A ``Cluster``, or None.
-
-    Raises:
-      ValueError: for a bad RANK_SIZE/CM_WORKER_SIZE
-        (``rank_size_from_environment``), or a TF_CONFIG that is not JSON
-        with a "cluster" dict.
-    """
-    environ = os.environ if environ is None else environ
-    ranks = rank_size_from_environment(environ)
-    if ranks > 1:
-        return Cluster("ascend", ranks, "RANK_SIZE/CM_WORKER_SIZE")
-    for name in HOROVOD_SIZE_VARIABLES:
-        value = environ.get(name, "")
-        if value.isdigit() and int(value) > 1:
-            return Cluster("horovod", int(value), name)
-    if environ.get("TF_CONFIG"):
-        try:
-            cluster = json.loads(environ["TF_CONFIG"]).get("cluster") or {}
-            workers = sum(len(cluster.get(kind) or ()) for kind in _TRAINING_TASKS)
-        except (ValueError, AttributeError, TypeError):
-            raise ValueError(
-                "TF_CONFIG must be JSON with a 'cluster' dict, as tf.distribute reads it, "
-                "got %r. Fix it, or unset it on one worker." % (environ["TF_CONFIG"],))
-        if workers > 1:
-            return Cluster("tf_config", workers, "TF_CONFIG")
-    return None
-
-
 def check_cluster(what, plan, reduce_with, opt_out, aggregated=False, given=None):
     """Refuses a step of one of several workers whose skip decisions nothing
     makes equal, or returns the observer that checks its gradients.
@@ -417,9 +319,9 @@ class ReducedGradients(_seams.StepObserver):
         for grad, var in grads_and_vars:
             if grad is None:
                 continue
-            op = _values_op(grad)
-            if not any(_is_collective(node)
-                       for node in _graph_walk.depth_first([op], _data_parents)):
+            op = values_op(grad)
+            if not any(is_collective(node)
+                       for node in _graph_walk.depth_first([op], data_parents)):
                 raise ValueError(
                     "%s: this process is one of %d workers (%s), and group %r's gradient of "
                     "%r is not averaged across them (no collective op computes it), so the "
@@ -427,78 +329,6 @@ class ReducedGradients(_seams.StepObserver):
                     "worker trains alone." % (
                         self._what, self._cluster.workers, self._cluster.source, name,
                         var.op.name, self._route, self._opt_out))
-
-
-def check_reduced(engine, given, reduced, allreduce_gradients):
-    """Refuses, when the environment names several workers, a "workers"
-    engine whose ``reduce`` put no collective op between what it was given
-    and what it returned: each worker would then decide on its own flags
-    (and apply its own gradients) while the step looked reduced.
-
-    Args:
-      engine: the ``seams.ReductionEngine``, for the message.
-      given: ``(flags, grads)`` as ``reduce`` was given them.
-      reduced: ``(flags, grads)`` as it returned them (checked:
-        ``hooks.reduced``).
-      allreduce_gradients: whether the gradients had to be averaged too.
-
-    Raises:
-      ValueError: for a flag, or with ``allreduce_gradients`` a gradient,
-        that no collective op computes from what was given.
-    """
-    cluster = cluster_from_environment()
-    if cluster is None:
-        return
-    stops = set(_values_op(tensor) for tensor in given[0].values())
-    stops.update(_values_op(grad) for pairs in given[1].values() for grad, _ in pairs)
-    outputs = [("flag %r" % name, flag) for name, flag in reduced[0].items()]
-    if allreduce_gradients:
-        outputs += [("group %r's gradient of %r" % (name, var.op.name), grad)
-                    for name, pairs in reduced[1].items() for grad, var in pairs]
-    for what, tensor in outputs:
-        walked = _graph_walk.depth_first([_values_op(tensor)],
-                                         lambda op: [] if op in stops else _data_parents(op))
-        if not any(op not in stops and _is_collective(op) for op in walked):
-            raise ValueError(
-                "distributed=%s: this process is one of %d workers (%s), but the engine's "
-                "reduce returned %s with no collective op between it and what it was given: "
-                "each worker would decide alone. Reduce it with a collective (e.g. "
-                "hvd.allreduce), or pass distributed=False if each worker trains alone."
-                % (engine.name, cluster.workers, cluster.source, what))
-
-
-def _values_op(tensor):
-    """The op of a tensor or of an ``IndexedSlices``' values."""
-    return (tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor).op
-
-
-def _is_collective(op):
-    """Whether ``op`` is a collective (npu_bridge's emulation included, by
-    the op type it stands for), or a functional op or call whose functions
-    run one (Horovod 0.28's allreduce sits in a ``tf.cond`` on its size)."""
-    node_def = op.node_def  # a serialized copy: made once
-    if _collective_node(node_def):
-        return True
-
-    def definition(name):
-        return getattr(_tf_internals.graph_function(op.graph, name), "definition", None)
-
-    return any(body is not None and any(_collective_node(node) for node in body.node_def)
-               for _, body in _graph_walk.function_bodies(node_def, definition))
-
-
-def _collective_node(node_def):
-    """Whether a NodeDef is a collective, by its type or the type the
-    npu_bridge emulation records in ``_npu_shim_op_type``."""
-    kind = node_def.op
-    shim = node_def.attr.get("_npu_shim_op_type")
-    if shim is not None and shim.s:
-        kind = shim.s.decode("utf-8")
-    return kind in _graph_walk.COLLECTIVE_TYPES
-
-
-def _data_parents(op):
-    return [tensor.op for tensor in op.inputs]
 
 
 def check_no_strategy(what):

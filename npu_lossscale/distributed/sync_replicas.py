@@ -374,7 +374,7 @@ def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
 def check_builder_options(plan, update_ops, per_group_ops):
     """Raises ValueError for ``update_ops`` (the chief decides the skip, after
     this worker's run) or ``per_group_ops`` with a SyncReplicasOptimizer."""
-    if plan.mode != "chief":
+    if plan.reduction.applies_here:
         return
     if any(update_ops.values()):
         raise ValueError(
