@@ -16,7 +16,7 @@ from npu_lossscale.core import gradients as _gradients
 from npu_lossscale.core import graph_copy as _graph_copy
 from npu_lossscale.core import graph_walk as _graph_walk
 # float16's largest finite value: the image of +-inf in saturation mode.
-from npu_lossscale.managers.base import FLOAT16_MAX
+from npu_lossscale.manager_protocol import FLOAT16_MAX
 
 
 class LossHeads(object):
