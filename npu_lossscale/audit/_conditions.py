@@ -13,11 +13,16 @@ import collections
 
 from npu_lossscale.core import graph_walk
 
-__all__ = ["Literal", "compute", "exclusive"]
+__all__ = ["Literal", "compute", "exclusive", "pred_node"]
 
 #: A literal: the predicate tensor ("node:port"), the branch value, and its
 #: kind ("cond" for conds and gates, "loop" for loops).
 Literal = collections.namedtuple("Literal", ["pred", "value", "kind"])
+
+
+def pred_node(literal):
+    """The name of the node whose output is a literal's predicate."""
+    return literal.pred.rsplit(":", 1)[0]
 
 
 def _condition_deps(model, name):

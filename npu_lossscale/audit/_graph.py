@@ -26,7 +26,8 @@ from npu_lossscale.audit import _inline
 from npu_lossscale.audit._conditions import Literal
 from npu_lossscale.audit._inline import Node
 
-__all__ = ["GraphModel", "Literal", "Node", "is_mutation", "is_optimizer_apply", "load"]
+__all__ = ["GraphModel", "Literal", "Node", "is_mutation", "is_optimizer_apply",
+           "is_shim_internal", "load"]
 
 #: Name-scope component of the shim's per-op overflow instrumentation, which
 #: emulates the device's register writes; not a check of the user's graph.
@@ -42,6 +43,11 @@ _PASS_THROUGH_TYPES = graph_walk.IDENTITY_TYPES.union(
 is_mutation = graph_walk.is_update
 #: True for the fused optimizer update ops (ApplyAdam, ResourceApplyAdam...).
 is_optimizer_apply = graph_walk.is_optimizer_apply
+
+
+def is_shim_internal(name):
+    """True for a node of the shim's overflow instrumentation."""
+    return SHIM_INTERNAL_SCOPE in name.split("/")
 
 
 class GraphModel(object):
