@@ -8,6 +8,8 @@ import re
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale.audit import _conditions
+
 __all__ = ["find_once", "find_scale_state", "find_scale_vars"]
 
 _SCALE_STATE_NAMES = re.compile(
@@ -77,7 +79,7 @@ def find_once(facts):
                 continue
             key = (literal.pred, literal.value)
             if key not in latched:
-                read = model.ancestors([literal.pred.rsplit(":", 1)[0]], data_only=True)
+                read = model.ancestors([_conditions.pred_node(literal)], data_only=True)
                 latched[key] = any(
                     literal in model.conditions(write)
                     for var in read & latches for write in facts.mutations.get(var, ()))
