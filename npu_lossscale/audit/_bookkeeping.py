@@ -5,13 +5,21 @@ with holding no value (read only behind their own is-initialized check).
 
 from __future__ import absolute_import, division, print_function
 
+import collections
+
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale.core import graph_walk
 from npu_lossscale.audit import _conditions
 from npu_lossscale.audit import _graph
 
-__all__ = ["find_claims", "find_self_initializing"]
+__all__ = ["Claims", "find_claims", "find_self_initializing"]
+
+#: The run-time claims of a graph: ``counters``, a dict from claim (an
+#: ``Assert`` node name) to its counter variable's name, and ``writes``, the
+#: set of the claims' own writes (the counters' adds and resets and whatever
+#: else non-trainable the claims write): bookkeeping that no check reports.
+Claims = collections.namedtuple("Claims", ["counters", "writes"])
 
 #: Ops that tell whether a variable holds a value (resource and ref variables).
 _INITIALIZED_CHECK_TYPES = frozenset(["VarIsInitializedOp", "IsVariableInitialized"])
@@ -40,10 +48,7 @@ def find_claims(facts):
         and mutations).
 
     Returns:
-      (dict from Assert node name to the counter variable's name, the
-      set of the claims' own writes: the counters' adds and resets and
-      whatever else non-trainable the claims write, bookkeeping that no
-      check reports).
+      A ``Claims``.
     """
     model = facts.model
     adds = dict((op, var) for op, var in facts.target.items()
@@ -51,7 +56,7 @@ def find_claims(facts):
                 and model.dtype_enum(var) in _INTEGER and not facts.is_global_step(var))
     claims, bookkeeping = {}, set()
     if not adds:
-        return claims, bookkeeping
+        return Claims(claims, bookkeeping)
     stop = lambda n: n in facts.variables
     for name, node in model.nodes.items():
         if node.type != "Assert" or not node.inputs:
@@ -72,7 +77,7 @@ def find_claims(facts):
             bookkeeping |= set(
                 w for w in model.ancestors([name], stop=stop)
                 if w in facts.target and facts.target[w] not in facts.trainable)
-    return claims, bookkeeping
+    return Claims(claims, bookkeeping)
 
 
 def find_self_initializing(model):

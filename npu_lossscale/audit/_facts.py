@@ -106,10 +106,11 @@ class Facts(object):
         if not model.collections.trainable:
             self.trainable = set(v for op, v in self.target.items()
                                  if _graph.is_optimizer_apply(nodes[op].type))
-        self.claims, bookkeeping = _bookkeeping.find_claims(self)
+        claims = _bookkeeping.find_claims(self)
+        self.claims = claims.counters
         self._claim_sets = None
         self.bookkeeping = set()
-        for op in bookkeeping:  # the claims' own counting, not an update
+        for op in claims.writes:  # the claims' own counting, not an update
             self.bookkeeping.add(self.target[op])
             self.mutations[self.target.pop(op)].remove(op)
         self.bookkeeping |= _bookkeeping.find_self_initializing(model)
