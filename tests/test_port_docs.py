@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO
 
 DOC = os.path.join(REPO, "docs", "port.md")
-PORT = os.path.join(REPO, "npu_lossscale", "port")
+PORT = os.path.join(REPO, "npu_lossscale", "tools", "port")
 
 
 def _doc():
@@ -132,7 +132,7 @@ def test_the_tables_name_every_rule_and_no_other():
 
 def test_the_sections_the_report_names_exist():
     """README sections (or, once the README moves into docs/, a page's)."""
-    from npu_lossscale.port import _sections  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port import _sections  # pylint: disable=import-outside-toplevel
     texts = [_doc()]
     for folder in (REPO, os.path.join(REPO, "docs")):
         texts.extend(open(os.path.join(folder, n)).read()

@@ -8,8 +8,8 @@ the README's porting recipe writes. tests/test_port.py runs whole scripts.
 
 import pytest
 
-from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE
-from npu_lossscale.port._rewrite import port_source
+from npu_lossscale.tools.port._report import BY_HAND, CHANGED, LEFT_ALONE
+from npu_lossscale.tools.port._rewrite import port_source
 
 HEAD = "import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
 D_OPT = "d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), FixedLossScaleManager(8))\n"

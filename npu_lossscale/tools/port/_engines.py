@@ -17,8 +17,8 @@ import collections
 import libcst as cst
 import libcst.matchers as _matchers
 
-from npu_lossscale.port import _flow, _names
-from npu_lossscale.port._sections import SECTION_DATA_PARALLEL
+from npu_lossscale.tools.port import _flow, _names
+from npu_lossscale.tools.port._sections import SECTION_DATA_PARALLEL
 
 #: An ``if``/``else`` whose branches spell one wrapper two ways.
 #:

@@ -1,6 +1,6 @@
 """The ``--check`` side that runs in the script's own interpreter.
 
-``python -m npu_lossscale.port._probe RESULT.json SCRIPT [ARGS...]`` runs
+``python -m npu_lossscale.tools.port._probe RESULT.json SCRIPT [ARGS...]`` runs
 SCRIPT as ``__main__`` with ARGS, as ``python SCRIPT ARGS`` would. Before the
 first ``session.run`` of each distinct set of fetches that trains (whose ops
 include an optimizer's update of a variable), it audits the session's graph

@@ -13,9 +13,9 @@ import collections
 
 import libcst as cst
 
-from npu_lossscale.port import _emit, _flow, _names
-from npu_lossscale.port._find import bind_args as _bind
-from npu_lossscale.port._sections import SECTION_MANAGERS
+from npu_lossscale.tools.port import _emit, _flow, _names
+from npu_lossscale.tools.port._find import bind_args as _bind
+from npu_lossscale.tools.port._sections import SECTION_MANAGERS
 
 #: The loss-scale manager a group uses.
 #:

@@ -16,7 +16,7 @@ import libcst as cst
 from libcst.metadata import (ParentNodeProvider, PositionProvider, QualifiedNameProvider,
                              ScopeProvider)
 
-from npu_lossscale.port import _names
+from npu_lossscale.tools.port import _names
 
 #: A per-optimizer loss-scale wrapper: ``NPULossScaleOptimizer(opt, manager)``
 #: and its kin.

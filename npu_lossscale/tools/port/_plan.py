@@ -24,12 +24,12 @@ import collections
 import libcst as cst
 import libcst.matchers as _matchers
 
-from npu_lossscale.port import _emit, _engines, _flow, _managers, _names
-from npu_lossscale.port._find import bind_args as _bind
-from npu_lossscale.port._find import last_name as _last_name
-from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE, Entry
+from npu_lossscale.tools.port import _emit, _engines, _flow, _managers, _names
+from npu_lossscale.tools.port._find import bind_args as _bind
+from npu_lossscale.tools.port._find import last_name as _last_name
+from npu_lossscale.tools.port._report import BY_HAND, CHANGED, LEFT_ALONE, Entry
 
-from npu_lossscale.port._sections import (  # noqa: F401 (the report's sections)
+from npu_lossscale.tools.port._sections import (  # noqa: F401 (the report's sections)
     SECTION_PORTING,
     SECTION_SEQUENCE,
     SECTION_UPDATE_OPS,
