@@ -31,7 +31,7 @@ from npu_lossscale.audit import _facts
 from npu_lossscale.audit import _graph
 from npu_lossscale.audit._checks import CODES, Finding
 
-__all__ = ["CODES", "Finding", "audit", "load_meta_graph"]
+__all__ = ["CODES", "Finding", "audit", "load_meta_graph", "trains"]
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -82,6 +82,30 @@ def audit(graph=None, fetches=None):
         findings.append(_checks.needs_fetches_note())
     findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], f.code))
     return findings
+
+
+def trains(graph, fetches):
+    """Whether a run of ``fetches`` updates a variable through an optimizer.
+
+    The port's ``--check`` audits only the runs that train; the initializer
+    or a loss alone it passes over.
+
+    Args:
+      graph: a ``tf.Graph``, ``GraphDef`` or ``MetaGraphDef``.
+      fetches: op or tensor names (``"train"``, ``"loss:0"``, ``"^init"``);
+        a name of no node of the graph is passed over.
+
+    Returns:
+      True when the nodes the run needs include an optimizer's update of a
+      variable (the updates the checks call train updates).
+
+    Raises:
+      TypeError: if ``graph`` is of another type.
+    """
+    model = _graph.load(graph)
+    nodes = [name.lstrip("^").split(":")[0] for name in fetches]
+    run = model.ancestors([node for node in nodes if node in model.nodes])
+    return bool(set(run) & set(_facts.Facts(model).train_updates))
 
 
 #: One fetch: as given (``text``), its node, and the output port it names
