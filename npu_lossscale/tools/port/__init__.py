@@ -26,11 +26,15 @@ The steps, one module each:
 * ``_find``: finding the patterns in one module (libcst and its metadata);
 * ``_flow``: the order of statements (which assignment a read gets, what
   a line reads and binds);
-* ``_plan``: deciding what each becomes, or why it cannot be done (its
-  manager rules in ``_managers``, its distributed-training rules in
-  ``_engines``, the docs sections its report names in ``_sections``);
-* ``_emit``: the generated lines, wrapped and indented, with the script's
-  comments;
+* ``_plan``: deciding what each becomes, or why it cannot be done, in the
+  steps the rewrite takes, each a set of functions that return edit
+  records (``_edits``, which also merges them into the plan): tracing
+  where optimizers, wrappers and managers come from (``_trace``, with
+  npu_bridge's distributed layers in ``_engines``); the refusal rules
+  (``_rules``, applied to a builder's groups by ``_checks``); the manager
+  mapping (``_managers``); emitting the code (``_generate``, its lines
+  wrapped and indented by ``_emit``); the report (``_entries``, the docs
+  sections it names in ``_sections``);
 * ``_rewrite``: applying the plan, keeping formatting and comments;
 * ``_report``: the three lists and the check's findings;
 * ``_check`` and ``_probe``: ``--check``, which runs the rewritten script
