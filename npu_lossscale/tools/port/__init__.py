@@ -101,7 +101,8 @@ def port(source, destination, check=None, check_timeout=600):
       ImportError: if libcst is not installed.
     """
     _require_libcst()
-    from npu_lossscale.tools.port import _check, _rewrite  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port import (  # pylint: disable=import-outside-toplevel
+        _check, _rewrite)
     if not os.path.exists(source):
         raise ValueError("source %r does not exist. Pass a .py file or a folder." % (source,))
     if check is not None:

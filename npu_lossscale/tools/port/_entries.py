@@ -39,6 +39,7 @@ def _quote(group):
 # -- what it leaves alone ------------------------------------------------------------
 
 def npu_init_import(statement):
+    """`from npu_bridge.npu_init import *` kept: on Ascend it hands the graph to the NPU."""
     return left_alone(statement, "npu-init-import",
                       "Kept `from npu_bridge.npu_init import *`: on Ascend it hands the "
                       "graph to the NPU. On a GPU or CPU drop it and import what the "
@@ -46,11 +47,13 @@ def npu_init_import(statement):
 
 
 def already_ported(statement):
+    """A script that imports npu_lossscale: nothing to port."""
     return left_alone(statement, "already-ported",
                       "The script already imports npu_lossscale: nothing to port.")
 
 
 def update_ops_ungated(scanner, owner):
+    """A ``tf.control_dependencies`` block the drop-in keeps around its minimize."""
     return left_alone(owner, "update-ops-ungated",
                       "The drop-in keeps tf.control_dependencies(%s) around the "
                       "minimize: those updates still run on skipped steps, as before. "
@@ -60,12 +63,14 @@ def update_ops_ungated(scanner, owner):
 
 
 def manager_unused(call, origin):
+    """An npu_bridge or contrib manager no rewritten wrapper uses."""
     return left_alone(call, "manager-unused",
                       "This %s's manager feeds no wrapper the tool rewrote, so it "
                       "stays as it is." % origin, SECTION_MANAGERS)
 
 
 def unscaled_single(minimize):
+    """One ``minimize`` and no loss scaling."""
     return left_alone(minimize.call, "unscaled-single",
                       "One minimize without loss scaling: nothing to port. For float16 "
                       "compute wrap its optimizer: nl.LossScaleOptimizer(opt, "
@@ -73,6 +78,7 @@ def unscaled_single(minimize):
 
 
 def branch_unscaled(scanner, arm):
+    """A branch of a precision ``if/else`` that trains without loss scaling."""
     return left_alone(arm.block.body[0], "branch-unscaled",
                       "This branch of the if (line %d) trains without loss scaling "
                       "(the script's float32 or plain mode): it stays as it is, and "
@@ -81,6 +87,7 @@ def branch_unscaled(scanner, arm):
 
 
 def unscaled_beside(minimize):
+    """A plain ``minimize`` beside the one wrapper of a drop-in."""
     return left_alone(minimize.call, "unscaled-beside",
                       "This minimize has no loss scaling and stays as it is. To scale "
                       "it too, port the script to one MultiOptimizerLossScale by "
@@ -88,6 +95,7 @@ def unscaled_beside(minimize):
 
 
 def alternating_device_loop(top, train):
+    """Per-group ops in a script that asks for a device loop."""
     return left_alone(
         top, "alternating-device-loop",
         "The script runs a device loop (iterations_per_loop), and only the op "
@@ -130,6 +138,7 @@ def between_minimizes(m, groups, between, tops):
 
 
 def global_step_per_group(minimize):
+    """With per-group ops, global_step advances once per applied group run."""
     return by_hand(minimize.global_step, "global-step-per-group",
                    "With per-group ops global_step advances on every applied group "
                    "run (here twice per iteration, not once). Check what reads it "
@@ -138,6 +147,7 @@ def global_step_per_group(minimize):
 
 
 def update_ops_not_atomic(scanner, owner):
+    """A ``tf.control_dependencies`` block that stays around ``build()``."""
     ops = _trace.code(scanner, _trace.control_dependencies(scanner, owner))
     return by_hand(owner, "update-ops-not-atomic",
                    "tf.control_dependencies(%s) here stays around build() (the tool "
@@ -163,6 +173,7 @@ def graph_rewrite_session_config(wrapper):
 # -- what changed ---------------------------------------------------------------------
 
 def drop_in(alias, wrapper):
+    """The one wrapper is the drop-in, ``LossScaleOptimizer``."""
     return changed(wrapper.call, "drop-in",
                    "%s is now %s.LossScaleOptimizer(...), the drop-in for one optimizer "
                    "(same optimizer, same manager arguments)."
@@ -170,6 +181,7 @@ def drop_in(alias, wrapper):
 
 
 def sync_replicas_mapped(alias, sync, inside):
+    """TF's ``SyncReplicasOptimizer`` inside (ours) or around (kept) the drop-in."""
     return [changed(sync, "sync-replicas-mapped",
                     "%s; the drop-in passes count_skipped_steps=True: the workers' tokens "
                     "are global_step, and a skip that held it back would drop every later "
@@ -182,10 +194,12 @@ def sync_replicas_mapped(alias, sync, inside):
 
 
 def import_added(node, message):
+    """The library's import, said once however many branches are ported."""
     return changed(node, "import-added", message, once="import-added")
 
 
 def update_ops_lifted(owner, ops):
+    """The ``tf.control_dependencies`` block around the if, gone from the branch that scales."""
     return changed(owner, "update-ops-lifted",
                    "with tf.control_dependencies(%s) around the if is gone from the branch "
                    "that scales: its build(update_ops=...) runs those updates on applied "
@@ -216,6 +230,7 @@ def distributed_mapped(first, found, engine):
 
 
 def update_ops_each_group(text, sharing):
+    """Ops that several groups' ``minimize`` calls ran with go to each of them."""
     return changed(sharing[0].top, "update-ops-each-group",
                    "%s ran with each of %s's runs, skipped ones too; each of "
                    "their per-group steps now runs it when it applies. If each "
@@ -246,6 +261,7 @@ def wrapper_removed(call, title, group, layers=None, text=None, kept=None):
 
 
 def spelling_removed(statement, title, said, group):
+    """The if/else of a wrapper's two spellings gone."""
     return changed(statement, "wrapper-removed",
                    "This if/else (%s, spelled two ways) is gone: %s, and the builder scales "
                    "group %s, its engine following the test." % (title, said, _quote(group)),
@@ -253,6 +269,7 @@ def spelling_removed(statement, title, said, group):
 
 
 def constructor_moved(statement, manager):
+    """A constructor that moves above its ``tf.control_dependencies`` block."""
     return changed(statement, "constructor-moved",
                    "This line moves above its tf.control_dependencies block, with the "
                    "builder: %s" % (
