@@ -16,7 +16,8 @@ import audit_graphs as ag
 import models
 import npu_lossscale as nl
 from conftest import GRAPH_MODE, REPO
-from npu_lossscale.audit import CODES, Finding, audit, main
+from npu_lossscale.audit import CODES, Finding, audit
+from npu_lossscale.tools.audit_cli import main
 import warm_python
 
 

@@ -33,7 +33,7 @@ import tensorflow.compat.v1 as tf
 from conftest import REPO, SKIPPED_STEPS
 import npu_lossscale as nl
 from npu_lossscale.port import REPORT_SUFFIX, main, port
-from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE
+from npu_lossscale.tools.port._report import BY_HAND, CHANGED, LEFT_ALONE
 
 SCRIPTS = os.path.join(REPO, "tests", "port_scripts")
 EXAMPLE = os.path.join(REPO, "examples", "porting", "dcgan_alternating.py")
@@ -471,7 +471,7 @@ def test_without_libcst_it_names_the_extra(tmp_path, monkeypatch, capsys):
 def test_the_port_modules_do_not_import_tensorflow():
     """The rewrite is source work: only the probe, which runs inside the
     checked script's interpreter, imports TensorFlow."""
-    folder = os.path.join(REPO, "npu_lossscale", "port")
+    folder = os.path.join(REPO, "npu_lossscale", "tools", "port")
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".py") or name == "_probe.py":
             continue
@@ -482,9 +482,9 @@ def test_the_port_modules_do_not_import_tensorflow():
                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for module in modules:
                 assert not module.startswith(("tensorflow", "npu_lossscale.audit")) and (
-                    module in ("npu_lossscale", "npu_lossscale.port")
+                    module in ("npu_lossscale", "npu_lossscale.tools.port")
                     or not module.startswith("npu_lossscale")
-                    or module.startswith("npu_lossscale.port.")), (name, module)
+                    or module.startswith("npu_lossscale.tools.port.")), (name, module)
 
 
 def test_the_port_command_loads_no_tensorflow(tmp_path):
@@ -498,12 +498,13 @@ def test_the_port_command_loads_no_tensorflow(tmp_path):
               "except SystemExit as stop:\n"
               "    assert not stop.code, stop.code\n"
               "print(sorted(name for name in sys.modules if name.split('.')[0] in "
-              "('tensorflow', 'npu_lossscale') and not name.startswith('npu_lossscale.port')))\n"
+              "('tensorflow', 'npu_lossscale') and not name.startswith("
+              "('npu_lossscale.port', 'npu_lossscale.tools.port'))))\n"
               % (os.path.join(SCRIPTS, "npu_three_joint.py"), str(tmp_path / "out.py")))
     run = subprocess.run([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.splitlines()[-1] == "['npu_lossscale']"
+    assert run.stdout.splitlines()[-1] == "['npu_lossscale', 'npu_lossscale.tools']"
     assert "MultiOptimizerLossScale" in (tmp_path / "out.py").read_text()
 
 
@@ -515,7 +516,7 @@ def test_the_probe_audits_each_training_run_once(tmp_path, graph):
     import json  # pylint: disable=import-outside-toplevel
 
     import npu_lossscale as nl  # pylint: disable=import-outside-toplevel
-    from npu_lossscale.port import _probe  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port import _probe  # pylint: disable=import-outside-toplevel
     x = tf.placeholder(tf.float32, [4, 3])
     ops = []
     for name in ("d", "g"):
@@ -543,7 +544,7 @@ def test_the_probe_audits_each_training_run_once(tmp_path, graph):
 
 
 def test_the_check_names_the_rewritten_script(tmp_path):
-    from npu_lossscale.port import _check  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port import _check  # pylint: disable=import-outside-toplevel
     folder, out = tmp_path / "in", tmp_path / "out"
     (folder / "sub").mkdir(parents=True)
     (folder / "sub" / "train.py").write_text("")
@@ -560,7 +561,7 @@ def test_the_check_names_the_rewritten_script(tmp_path):
 
 
 def test_the_report_fails_on_a_failed_check():
-    from npu_lossscale.port._report import (AuditedRun, CheckResult,  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port._report import (AuditedRun, CheckResult,  # pylint: disable=import-outside-toplevel
                                             Report)
     report = Report()
     report.check = CheckResult("python t.py", 0, [AuditedRun(["u"], [("NLS011", "info", "m")])],
@@ -578,7 +579,7 @@ def test_the_report_fails_on_a_failed_check():
 def test_a_sync_replicas_drop_in_builds(graph, npu_shim):
     """The drop-in with ours inside builds (TF's own class there is a
     TypeError at minimize)."""
-    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
     source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
               "w = tf.Variable([1.0])\nloss = tf.reduce_sum(w * w)\n"
               "gs = tf.train.get_or_create_global_step()\n"
@@ -596,7 +597,7 @@ def test_npu_tf_optimizer_around_the_wrappers_becomes_the_hccl_engine(graph, npu
     """npu_tf_optimizer(NPULossScaleOptimizer(opt, m, is_distributed=True))
     per network (the converter's spelling): the port's builder takes
     distributed="hccl"; it builds and applies a step on one device."""
-    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
     source = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
               "d_w = tf.Variable([1.0])\ng_w = tf.Variable([2.0])\n"
               "d_loss = tf.reduce_sum(d_w * d_w)\ng_loss = tf.reduce_sum(g_w * g_w)\n"
@@ -624,7 +625,7 @@ def test_a_rank_size_spelling_ports_and_trains_on_one_device(graph, npu_shim, mo
     """Pix2Pix's `if RANK_SIZE > 1:` between npu_tf_optimizer(wrapper) and
     the wrapper: on one device the builder's engine is None, and a step
     applies both groups."""
-    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
     if rank_size is None:
         monkeypatch.delenv("RANK_SIZE", raising=False)
     else:
@@ -677,7 +678,7 @@ def test_a_checkpoint_of_pix2pixs_original_restores_in_its_port(ported, tmp_path
 def test_a_precision_if_else_ports_and_trains_in_both_branches(graph, npu_shim, fp16):
     """The loss-scaled branch gets the builder, the plain one stays: each
     builds and applies a step (the builder's on a poisoned step skips)."""
-    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
     lines = ["poison = tf.placeholder_with_default(1.0, [])"]
     for name, value in (("d", 1.0), ("g", 2.0)):
         lines += ["%s_w = tf.Variable([%s])" % (name, value),
@@ -708,7 +709,7 @@ def test_update_ops_around_a_precision_if_are_gated_in_the_scaled_branch(graph, 
     """The block around the if is lifted into the scaled branch's build():
     a poisoned step leaves the update's variable (a batch-norm statistic's
     stand-in) where it was; the plain branch still runs it on every step."""
-    from npu_lossscale.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port._rewrite import port_source  # pylint: disable=import-outside-toplevel
     lines = ["poison = tf.placeholder_with_default(1.0, [])",
              "stat = tf.Variable(0.0)",
              "update_ops = [tf.assign_add(stat, 1.0)]"]

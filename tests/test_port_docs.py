@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO
 
 DOC = os.path.join(REPO, "docs", "port.md")
-PORT = os.path.join(REPO, "npu_lossscale", "port")
+PORT = os.path.join(REPO, "npu_lossscale", "tools", "port")
 
 
 def _doc():
@@ -130,9 +130,25 @@ def test_the_tables_name_every_rule_and_no_other():
     assert not [n for n in named - rules if "-" in n], sorted(named - rules)
 
 
+def test_each_row_of_the_refusal_table_is_one_function_of_the_rules():
+    """docs/port.md's "What it leaves to you": each rule of a row is a
+    function of ``_rules`` named after it (``unparsable``, a file the tool
+    cannot read, is the rewrite's own), and ``_rules`` has no other."""
+    from npu_lossscale.tools.port import _rules  # pylint: disable=import-outside-toplevel
+    section = _doc().split("## What it leaves to you", 1)[1].split("\nFive items", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    named = [name for row in rows for name in re.findall(r"`([a-z-]+)`", row.split("|")[1])]
+    assert len(named) > 25 and "unparsable" in named
+    expected = [name.replace("-", "_") for name in named if name != "unparsable"]
+    functions = [name for name, value in vars(_rules).items() if callable(value)
+                 and getattr(value, "__module__", "") == _rules.__name__
+                 and not name.startswith("_")]
+    assert sorted(functions) == sorted(expected)
+
+
 def test_the_sections_the_report_names_exist():
     """README sections (or, once the README moves into docs/, a page's)."""
-    from npu_lossscale.port import _sections  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port import _sections  # pylint: disable=import-outside-toplevel
     texts = [_doc()]
     for folder in (REPO, os.path.join(REPO, "docs")):
         texts.extend(open(os.path.join(folder, n)).read()

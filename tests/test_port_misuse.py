@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from npu_lossscale.port import REPORT_SUFFIX, main, port
-from npu_lossscale.port._report import (BY_HAND, CHANGED, LEFT_ALONE, AuditedRun, CheckResult,
+from npu_lossscale.tools.port._report import (BY_HAND, CHANGED, LEFT_ALONE, AuditedRun, CheckResult,
                                         Report)
-from npu_lossscale.port._rewrite import port_source
+from npu_lossscale.tools.port._rewrite import port_source
 
 TWO = ("import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
        "d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), FixedLossScaleManager(8))\n"
@@ -148,7 +148,7 @@ def test_wrappers_in_a_method_minimized_there_are_followed():
 def test_a_failed_checks_report_shows_the_exception_message(tmp_path):
     """A TF error's message comes before the stack traces of its ops, which
     filled the report's tail: the exception's lines come first."""
-    from npu_lossscale.port import _check  # pylint: disable=import-outside-toplevel
+    from npu_lossscale.tools.port import _check  # pylint: disable=import-outside-toplevel
     script = tmp_path / "train.py"
     frames = "".join('    File "x.py", line %d, in f\\n' % n for n in range(40))
     script.write_text(

@@ -8,8 +8,8 @@ the README's porting recipe writes. tests/test_port.py runs whole scripts.
 
 import pytest
 
-from npu_lossscale.port._report import BY_HAND, CHANGED, LEFT_ALONE
-from npu_lossscale.port._rewrite import port_source
+from npu_lossscale.tools.port._report import BY_HAND, CHANGED, LEFT_ALONE
+from npu_lossscale.tools.port._rewrite import port_source
 
 HEAD = "import tensorflow.compat.v1 as tf\nfrom npu_bridge.npu_init import *\n\n"
 D_OPT = "d_opt = NPULossScaleOptimizer(tf.train.AdamOptimizer(), FixedLossScaleManager(8))\n"
@@ -832,3 +832,22 @@ def test_an_alternating_loop_under_a_device_loop_is_told_of_sequences():
     assert "alternating-device-loop" not in [e.rule for e in _port(alternating)[1]]
     joint = HEAD + D_OPT + G_OPT + D_MIN + G_MIN + JOINT + "# iterations_per_loop=10\n"
     assert "alternating-device-loop" not in [e.rule for e in _port(joint)[1]]
+
+
+def test_a_wrapper_spelled_under_an_if_ports_the_same_on_every_run():
+    """libcst keeps a name's assignments and reads in sets, whose order
+    changes from one run to the next: the port reads them in the order of
+    the source, so the same script gets the same rewrite and report (the
+    if's branch first)."""
+    def spelled(net):
+        return ("%s_opt = tf.train.AdamOptimizer()\n"
+                "if int(os.getenv('RANK_SIZE', '1')) > 1:\n"
+                "    %s_opt = npu_tf_optimizer(NPULossScaleOptimizer(%s_opt, "
+                "FixedLossScaleManager(8), is_distributed=True))\n"
+                "else:\n"
+                "    %s_opt = NPULossScaleOptimizer(%s_opt, FixedLossScaleManager(8))\n"
+                % ((net,) * 5))
+    source = "import os\n" + HEAD + spelled("d") + D_MIN + spelled("g") + G_MIN + JOINT
+    runs = [_port(source) for _ in range(8)]
+    assert all(run == runs[0] for run in runs)
+    assert [e.line for e in runs[0][1] if e.rule == "manager-mapped"] == [7, 13]

@@ -22,10 +22,7 @@ Example::
 
 from __future__ import absolute_import, division, print_function
 
-import argparse
 import collections
-import json
-import sys
 
 import tensorflow.compat.v1 as tf
 
@@ -34,7 +31,7 @@ from npu_lossscale.audit import _facts
 from npu_lossscale.audit import _graph
 from npu_lossscale.audit._checks import CODES, Finding
 
-__all__ = ["CODES", "Finding", "audit", "load_meta_graph", "main"]
+__all__ = ["CODES", "Finding", "audit", "load_meta_graph", "trains"]
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -85,6 +82,30 @@ def audit(graph=None, fetches=None):
         findings.append(_checks.needs_fetches_note())
     findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], f.code))
     return findings
+
+
+def trains(graph, fetches):
+    """Whether a run of ``fetches`` updates a variable through an optimizer.
+
+    The port's ``--check`` audits only the runs that train; the initializer
+    or a loss alone it passes over.
+
+    Args:
+      graph: a ``tf.Graph``, ``GraphDef`` or ``MetaGraphDef``.
+      fetches: op or tensor names (``"train"``, ``"loss:0"``, ``"^init"``);
+        a name of no node of the graph is passed over.
+
+    Returns:
+      True when the nodes the run needs include an optimizer's update of a
+      variable (the updates the checks call train updates).
+
+    Raises:
+      TypeError: if ``graph`` is of another type.
+    """
+    model = _graph.load(graph)
+    nodes = [name.lstrip("^").split(":")[0] for name in fetches]
+    run = model.ancestors([node for node in nodes if node in model.nodes])
+    return bool(set(run) & set(_facts.Facts(model).train_updates))
 
 
 #: One fetch: as given (``text``), its node, and the output port it names
@@ -195,49 +216,3 @@ def load_meta_graph(path):
             "%s holds a MetaGraphDef whose graph has no nodes. Export the graph after "
             "building it (tf.train.export_meta_graph or a Saver's save)." % (path,))
     return meta
-
-
-def _format(finding):
-    ops = ", ".join(finding.ops[:8]) + (", ..." if len(finding.ops) > 8 else "")
-    return "%s %s: %s%s" % (finding.code, finding.severity, finding.message,
-                            "\n    ops: %s" % ops if ops else "")
-
-
-def main(argv=None):
-    """The command line: ``python -m npu_lossscale.audit model.meta [--fetch NAME ...] [--json]``.
-
-    Args:
-      argv: the arguments (without the program name); ``sys.argv[1:]`` if None.
-
-    Returns:
-      The exit status: 1 when there is an error finding, 2 on a usage error
-      (a bad file or fetch included),
-      else 0.
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m npu_lossscale.audit",
-        description="Audit a TF1 MetaGraphDef for loss-scaling hazards.")
-    parser.add_argument("meta", help="a .meta file (tf.train.export_meta_graph / Saver)")
-    parser.add_argument("--fetch", action="append", default=None, metavar="NAME",
-                        help="an op or tensor run in the same session.run (repeat)")
-    parser.add_argument("--json", action="store_true",
-                        help="print a JSON list of {code, severity, message, ops}")
-    args = parser.parse_args(argv)
-    try:
-        findings = audit(load_meta_graph(args.meta), fetches=args.fetch)
-    except (IOError, OSError) as error:
-        sys.stderr.write("npu_lossscale.audit: cannot read %s (%s). Pass the path of a "
-                         ".meta file.\n" % (args.meta, error.strerror or error))
-        return 2
-    except (ValueError, TypeError) as error:
-        sys.stderr.write("npu_lossscale.audit: %s\n" % (error,))
-        return 2
-    if args.json:
-        print(json.dumps([dict(code=f.code, severity=f.severity, message=f.message,
-                               ops=list(f.ops)) for f in findings], indent=2))
-    else:
-        for finding in findings:
-            print(_format(finding))
-        if not findings:
-            print("no findings")
-    return 1 if any(f.severity == "error" for f in findings) else 0

@@ -4,7 +4,7 @@ from __future__ import absolute_import, division, print_function
 
 import sys
 
-from npu_lossscale.audit import main
+from npu_lossscale.tools.audit_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -128,7 +128,7 @@ GLOBAL_STEP_GETTERS = frozenset(["tensorflow.train.get_or_create_global_step",
 LIBRARY = "npu_lossscale"
 #: The library's tools, which an unported script may import (the audit of
 #: its graph): importing them is not a port.
-TOOL_MODULES = ("npu_lossscale.audit", "npu_lossscale.port")
+TOOL_MODULES = ("npu_lossscale.audit", "npu_lossscale.port", "npu_lossscale.tools")
 
 
 def is_library_module(name):

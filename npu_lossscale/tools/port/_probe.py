@@ -1,6 +1,6 @@
 """The ``--check`` side that runs in the script's own interpreter.
 
-``python -m npu_lossscale.port._probe RESULT.json SCRIPT [ARGS...]`` runs
+``python -m npu_lossscale.tools.port._probe RESULT.json SCRIPT [ARGS...]`` runs
 SCRIPT as ``__main__`` with ARGS, as ``python SCRIPT ARGS`` would. Before the
 first ``session.run`` of each distinct set of fetches that trains (whose ops
 include an optimizer's update of a variable), it audits the session's graph
@@ -81,11 +81,8 @@ def _fetch_names(fetches):
 
 def _trains(graph, names):
     """True when the ops a run needs include an optimizer's variable update."""
-    from npu_lossscale.audit import _facts, _graph  # pylint: disable=import-outside-toplevel
-    model = _graph.load(graph)
-    nodes = [n.lstrip("^").split(":")[0] for n in names]
-    run = model.ancestors([n for n in nodes if n in model.nodes])
-    return bool(set(run) & set(_facts.Facts(model).train_updates))
+    from npu_lossscale.audit import trains  # pylint: disable=import-outside-toplevel
+    return trains(graph, names)
 
 
 def _audit(graph, names):

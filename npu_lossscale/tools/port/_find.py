@@ -16,7 +16,7 @@ import libcst as cst
 from libcst.metadata import (ParentNodeProvider, PositionProvider, QualifiedNameProvider,
                              ScopeProvider)
 
-from npu_lossscale.port import _names
+from npu_lossscale.tools.port import _names
 
 #: A per-optimizer loss-scale wrapper: ``NPULossScaleOptimizer(opt, manager)``
 #: and its kin.
@@ -238,6 +238,16 @@ class Scanner(cst.CSTVisitor):
         """The 0-based column where ``node`` starts."""
         return self.get_metadata(PositionProvider, node).start.column
 
+    def _place(self, access):
+        """Where a libcst ``Assignment``'s or ``Access``'s node starts, as
+        ``(line, column)``: libcst keeps them in sets, whose order changes
+        from one run to the next."""
+        node = getattr(access, "node", None)
+        if not isinstance(node, cst.CSTNode):
+            return (0, 0)
+        start = self.get_metadata(PositionProvider, node).start
+        return (start.line, start.column)
+
     def parent(self, node):
         return self.get_metadata(ParentNodeProvider, node, None)
 
@@ -280,13 +290,14 @@ class Scanner(cst.CSTVisitor):
 
     def assignments(self, name):
         """The assignments a ``cst.Name`` can read, as libcst ``Assignment``s
-        (imports and builtins excluded); None if some binding is not a plain
-        assignment (an import, a parameter, a global)."""
+        in the order they stand in the source (imports and builtins
+        excluded); None if some binding is not a plain assignment (an
+        import, a parameter, a global)."""
         scope = self.get_metadata(ScopeProvider, name, None)
         if scope is None:
             return None
         found = []
-        for assignment in scope[name.value]:
+        for assignment in sorted(scope[name.value], key=self._place):
             node = getattr(assignment, "node", None)
             if not isinstance(node, cst.Name):
                 return None
@@ -305,10 +316,11 @@ class Scanner(cst.CSTVisitor):
         return assign.value
 
     def references(self, assignments):
-        """The ``cst.Name`` nodes that read any of ``assignments``."""
+        """The ``cst.Name`` nodes that read any of ``assignments``, in the
+        order of ``assignments``, then of the source."""
         seen, found = set(), []
         for assignment in assignments:
-            for access in assignment.references:
+            for access in sorted(assignment.references, key=self._place):
                 if id(access.node) not in seen:
                     seen.add(id(access.node))
                     found.append(access.node)

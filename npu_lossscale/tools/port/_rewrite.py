@@ -15,8 +15,8 @@ import ast
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from npu_lossscale.port import _emit, _find, _plan
-from npu_lossscale.port._report import BY_HAND, Entry
+from npu_lossscale.tools.port import _emit, _find, _plan
+from npu_lossscale.tools.port._report import BY_HAND, Entry
 
 
 #: A UTF-8 byte-order mark, as the decoded text starts with it.

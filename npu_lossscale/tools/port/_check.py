@@ -16,11 +16,12 @@ import shlex
 import subprocess
 import tempfile
 
-from npu_lossscale.port._report import AuditedRun, CheckResult
+from npu_lossscale.tools.port._report import AuditedRun, CheckResult
 
 #: Lines of the command's output kept in the report when it fails.
 TAIL_LINES = 15
-_LIBRARY_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: The folder that holds npu_lossscale/ (this file is npu_lossscale/tools/port/_check.py).
+_LIBRARY_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 def parse_command(command):
@@ -78,7 +79,7 @@ def run_check(command, script, timeout):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([_LIBRARY_ROOT] + [
         p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    argv = [interpreter, "-m", "npu_lossscale.port._probe", result_path, script] + list(args)
+    argv = [interpreter, "-m", "npu_lossscale.tools.port._probe", result_path, script] + list(args)
     try:
         try:
             done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
