@@ -39,8 +39,8 @@ from npu_lossscale.distributed import sync_replicas as _sync_replicas
 from npu_lossscale import underflow as _underflow
 from npu_lossscale.core import update_ops as _update_ops
 from npu_lossscale.distributed import towers as _towers
-from npu_lossscale.skips import loss_spikes as _loss_spikes
-from npu_lossscale.skips import requested as _requested
+from npu_lossscale.skips import spikes as _loss_spikes
+from npu_lossscale.skips import on_request as _requested
 from npu_lossscale.transforms import clip as _clip
 from npu_lossscale.transforms import transform_fn as _transform_fn
 from npu_lossscale.underflow import first_scale as _first_scale
