@@ -21,41 +21,26 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import assembly as _assembly
 from npu_lossscale import backends as _backends
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import claims as _claims
 from npu_lossscale.core import commit as _commit
 from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import context as _context
+# The reasons table, which build() registers its conditions' reasons in (a
+# global table until the conditions own their reasons; issue 45, part 2).
 from npu_lossscale import diagnostics as _diagnosis_reasons
 from npu_lossscale import seams as _seams
-from npu_lossscale.diagnostics import record as _diagnosis
-from npu_lossscale import distributed as _distributed
 from npu_lossscale import managers as _managers
 from npu_lossscale.core import plan as _plan
 from npu_lossscale.core import step as _step
-from npu_lossscale import sequence as _sequence
-from npu_lossscale.distributed import sync_replicas as _sync_replicas
-from npu_lossscale import underflow as _underflow
 from npu_lossscale.core import update_ops as _update_ops
-from npu_lossscale.distributed import towers as _towers
-from npu_lossscale.skips import spikes as _loss_spikes
-from npu_lossscale.skips import on_request as _requested
-from npu_lossscale.transforms import clip as _clip
-from npu_lossscale.transforms import transform_fn as _transform_fn
-from npu_lossscale.underflow import first_scale as _first_scale
-
-#: What makes a cluster's workers decide alike, per ``distributed.Cluster.kind``.
-_CLUSTER_ROUTES = {
-    "ascend": "Pass distributed='hccl' to sum the overflow decision across devices",
-    "horovod": "Pass distributed='horovod' to sum the overflow decision across ranks",
-    "tf_config": "Wrap the group's optimizer in npu_lossscale.SyncReplicasOptimizer, whose "
-                 "chief decides on the aggregated gradients",
-}
+from npu_lossscale import sugar as _sugar
 
 #: The clip_norm values for which clip_by_global_norm stays exact
-#: (``transforms.clip.CLIP_NORM_RANGE``).
-CLIP_NORM_RANGE = _clip.CLIP_NORM_RANGE
+#: (``transforms.CLIP_NORM_RANGE``).
+CLIP_NORM_RANGE = _sugar.CLIP_NORM_RANGE
 
 
 class GroupReport(collections.namedtuple("GroupReport", ["is_finite", "loss_scale"])):
@@ -236,11 +221,11 @@ class MultiOptimizerLossScale(object):
 
     def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
                  distributed=None, allreduce_gradients=True, gate="auto",
-                 allreduce_float16=False, skip_history=_diagnosis.DEFAULT_HISTORY):
+                 allreduce_float16=False, skip_history=_assembly.DEFAULT_HISTORY):
         _context.require_graph_mode("MultiOptimizerLossScale")
         self._skip_history = _checks.check_count(
             "skip_history", skip_history,
-            "Pass how many skips the record keeps, e.g. %d." % _diagnosis.DEFAULT_HISTORY)
+            "Pass how many skips the record keeps, e.g. %d." % _assembly.DEFAULT_HISTORY)
         _managers.check_manager(loss_scale_manager)
         _checks.check_bool(
             "allreduce_gradients", allreduce_gradients,
@@ -252,18 +237,11 @@ class MultiOptimizerLossScale(object):
         self._requested_backend = backend
         _backends.resolve_backend(backend, warn=False)  # refuses a bad backend now
         self._skip_policy = skip_policy
-        _checks.check_bool("allreduce_float16", allreduce_float16,
-                           "Pass True to average float16 gradients in float16.")
-        self._engine = _distributed.resolve_engine(distributed)
-        if allreduce_float16:
-            if not isinstance(self._engine, _distributed.CollectiveEngine):
-                raise ValueError(
-                    "allreduce_float16=True needs distributed='horovod' or 'hccl', got "
-                    "distributed=%r. Pass one of them, or leave allreduce_float16 off."
-                    % (distributed,))
-            self._engine = self._engine.reducing_float16()
+        self._engine = _sugar.resolve(
+            "init", "MultiOptimizerLossScale()",
+            {"distributed": distributed, "allreduce_float16": allreduce_float16}).engine
         self._independent = distributed is False
-        _distributed.check_no_strategy("MultiOptimizerLossScale")
+        _assembly.check_no_strategy("MultiOptimizerLossScale")
         self._allreduce_gradients = allreduce_gradients
         self._groups = []
         self._loss_fns = {}  # group name -> the loss callable add() took
@@ -340,7 +318,8 @@ class MultiOptimizerLossScale(object):
         if towers is None:
             loss = _checks.check_loss(loss)
         _checks.check_optimizer(optimizer)
-        transforms = _transform_fn.transforms_of(transform_grads_fn)
+        transforms = _sugar.resolve("add", "add()", {"transform_grads_fn": transform_grads_fn,
+                                                     "clip_norm": clip_norm}).transforms
         for transform in transforms:
             _checks.check_bool("%s.keeps_finite" % transform.name, transform.keeps_finite,
                                "Set it True only when finite gradients in always give finite "
@@ -349,34 +328,14 @@ class MultiOptimizerLossScale(object):
             name = "group_%d" % len(self._groups)
         name = _checks.check_group_name(name, [group.name for group in self._groups])
         if towers is not None:
-            towers = _towers.tower_losses(towers, name)
+            towers = _assembly.tower_losses(towers, name)
             loss = towers[0]  # the towers' mean replaces it at build()
         for group in self._groups:
             if group.optimizer is optimizer:
                 raise ValueError("optimizer %r is already group %r's. Give each group its "
                                  "own optimizer." % (optimizer, group.name))
         var_list = _checks.check_var_list(var_list, name, self._groups)
-        if self._engine is not None:
-            _distributed.check_not_already_reducing(optimizer, name, self._allreduce_gradients)
-            if not self._allreduce_gradients and not _distributed.reduces_gradients(optimizer):
-                tf.logging.warning(
-                    "npu_lossscale: group %r: allreduce_gradients=False and its optimizer "
-                    "(%s) does not average gradients across workers, so its replicas "
-                    "train on local gradients only. That is right for worker-local "
-                    "variables (embeddings sharded per worker); otherwise wrap the "
-                    "optimizer or pass allreduce_gradients=True."
-                    % (name, type(optimizer).__name__))
-        if clip_norm is not None:
-            # tf.clip_by_global_norm multiplies by 1 / clip_norm in float32;
-            # outside float32's normal range that quotient (or clip_norm
-            # itself) flushes to 0 or overflows, and every gradient becomes
-            # 0 or NaN on a step the check found finite.
-            _checks.check_number(
-                "clip_norm", clip_norm, minimum=CLIP_NORM_RANGE[0],
-                maximum=CLIP_NORM_RANGE[1],
-                hint="clip_by_global_norm computes 1 / clip_norm in float32, so both "
-                     "must be normal float32 numbers (2**-126 to 2**126, about 1.2e-38 "
-                     "to 8.5e37). Pass a global norm such as 1.0, or None not to clip.")
+        _assembly.check_group_engine(self._engine, optimizer, name, self._allreduce_gradients)
         if loss_scale_manager is None:
             loss_scale_manager = self._manager
         else:
@@ -387,8 +346,6 @@ class MultiOptimizerLossScale(object):
         own_backprop = (type(optimizer).compute_gradients
                         is not tf.train.Optimizer.compute_gradients
                         or "compute_gradients" in vars(optimizer))
-        if clip_norm is not None:
-            transforms += (_clip.ClipByGlobalNorm(clip_norm),)
         if towers is not None and len(towers) > 1:
             self._towers[name] = towers
         self._groups.append(_plan.Group(
@@ -399,10 +356,8 @@ class MultiOptimizerLossScale(object):
         return name
 
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,
-              update_ops=None, per_group_ops=False, measure_underflow=False,
-              skip_global_steps=None, skip_loss_spikes=None, measure_first_scale=False,
-              first_scale_margin=_first_scale.DEFAULT_MARGIN, skip_conditions=(), observers=(),
-              sequence=None):
+              update_ops=None, per_group_ops=False, skip_conditions=(), observers=(),
+              **sugar):
         """Builds the single update op for every registered group.
 
         Args:
@@ -438,48 +393,53 @@ class MultiOptimizerLossScale(object):
           per_group_ops: also build ``TrainOps.per_group``, one update op per
             group for alternating loops (see ``TrainOps``). Not with
             accumulation.
-          measure_underflow: also build ``TrainOps.underflow``, the
-            per-group underflow measurement (a float32 copy of each loss's
-            float16 forward graph and its backprop, run only when fetched).
-            Needs float32 variables and a forward graph of plain ops
-            (``underflow.check_float32_view``).
-          skip_global_steps: steps to skip through the gate, to restart past
-            a known-bad range of batches: a collection of global steps (a
-            ``range``, list or set; needs ``global_step`` and
-            ``count_skipped_steps=True``), or a bool scalar tensor (or
-            variable), True on the runs to skip; one computed from
-            ``global_step``, or from a step fed back from it, needs
-            ``count_skipped_steps=True`` too, or the step it names skips
-            forever (feed a count of your own iterations instead). Reason
-            ``requested``; the scale stays.
-          skip_loss_spikes: a number k > 1: after 100 applied steps, a step
-            whose loss exceeds k times its moving average skips (reason
-            ``loss_spike``; the scale stays).
-          measure_first_scale: measure the first loss scale from the first
-            step's float32 view, before that step reads it: the largest
-            power of two under which every tensor the backprop holds stays
-            below 65504 / 2**first_scale_margin (``underflow.first_scale``).
-            Needs managers with ``assign_loss_scale`` (the dynamic ones)
-            and float32 master weights.
-          first_scale_margin: powers of two of headroom for
-            ``measure_first_scale``, an int in 0..15; only with it.
-          skip_conditions: further ``seams.SkipCondition``s, after these.
+          skip_conditions: ``seams.SkipCondition``s after the overflow
+            check (``skips.requested``, ``skips.loss_spikes`` or your own).
           observers: further ``seams.StepObserver``s, called for every
             step op (``update_op`` and each of ``per_group``, with that
             group's state); what each one's ``report`` returns for
-            ``update_op`` is ``TrainOps.observed[observer.name]``.
-          sequence: group names, repeats allowed (``["d", "d", "g"]``):
-            ``update_op`` then runs those sub-steps in order in one op, each
-            a whole step of its group (scale, check, gate, skip, manager
-            update) built under the previous one, whose loss callable
-            (``add(lambda: ...)``) is called again there so that its forward
-            pass reads the weights the previous sub-step wrote. For a GAN
-            on a device loop (docs/features.md, "Sub-steps in one op").
-            Every group must be named and have a callable loss; not with
-            accumulation, ``update_ops`` (a sub-step gates the UPDATE_OPS its
-            callable adds), ``per_group_ops``, towers, an engine, a
-            SyncReplicasOptimizer, ``measure_underflow``,
-            ``measure_first_scale`` or ``observers``.
+            ``update_op`` is ``TrainOps.observed[observer.name]``
+            (``underflow.measure_underflow()``'s is ``TrainOps.underflow``).
+          **sugar: the keywords of ``sugar.TABLE``, each a shipped plug-in
+            by name (an unknown one is a TypeError):
+
+            measure_underflow: also build ``TrainOps.underflow``, the
+              per-group underflow measurement (a float32 copy of each loss's
+              float16 forward graph and its backprop, run only when fetched).
+              Needs float32 variables and a forward graph of plain ops
+              (``underflow.check_float32_view``).
+            skip_global_steps: steps to skip through the gate, to restart past
+              a known-bad range of batches: a collection of global steps (a
+              ``range``, list or set; needs ``global_step`` and
+              ``count_skipped_steps=True``), or a bool scalar tensor (or
+              variable), True on the runs to skip; one computed from
+              ``global_step``, or from a step fed back from it, needs
+              ``count_skipped_steps=True`` too, or the step it names skips
+              forever (feed a count of your own iterations instead). Reason
+              ``requested``; the scale stays.
+            skip_loss_spikes: a number k > 1: after 100 applied steps, a step
+              whose loss exceeds k times its moving average skips (reason
+              ``loss_spike``; the scale stays).
+            measure_first_scale: measure the first loss scale from the first
+              step's float32 view, before that step reads it: the largest
+              power of two under which every tensor the backprop holds stays
+              below 65504 / 2**first_scale_margin (``underflow.first_scale``).
+              Needs managers with ``assign_loss_scale`` (the dynamic ones)
+              and float32 master weights.
+            first_scale_margin: powers of two of headroom for
+              ``measure_first_scale``, an int in 0..15; only with it.
+            sequence: group names, repeats allowed (``["d", "d", "g"]``):
+              ``update_op`` then runs those sub-steps in order in one op, each
+              a whole step of its group (scale, check, gate, skip, manager
+              update) built under the previous one, whose loss callable
+              (``add(lambda: ...)``) is called again there so that its forward
+              pass reads the weights the previous sub-step wrote. For a GAN
+              on a device loop (docs/features.md, "Sub-steps in one op").
+              Every group must be named and have a callable loss; not with
+              accumulation, ``update_ops`` (a sub-step gates the UPDATE_OPS its
+              callable adds), ``per_group_ops``, towers, an engine, a
+              SyncReplicasOptimizer, ``measure_underflow``,
+              ``measure_first_scale`` or ``observers``.
 
         Returns:
           A ``TrainOps``.
@@ -514,7 +474,7 @@ class MultiOptimizerLossScale(object):
         second one writes anything.
         """
         _context.require_graph_mode("MultiOptimizerLossScale.build")
-        _distributed.check_no_strategy("MultiOptimizerLossScale.build")
+        _assembly.check_no_strategy("MultiOptimizerLossScale.build")
         if self._built:
             raise ValueError("build() was already called on this MultiOptimizerLossScale. "
                              "Reuse the TrainOps it returned.")
@@ -524,28 +484,26 @@ class MultiOptimizerLossScale(object):
         _checks.check_bool(
             "count_skipped_steps", count_skipped_steps,
             "Pass True to advance global_step on skipped steps too.")
-        _checks.check_bool(
-            "measure_underflow", measure_underflow,
-            "Pass True to build TrainOps.underflow.")
         _checks.check_global_step(global_step)
-        conditions = [condition for condition in (
-            _requested.requested_skips(skip_global_steps, global_step, count_skipped_steps),
-            _loss_spikes.loss_spikes(skip_loss_spikes)) if condition is not None]
-        conditions += _checks.check_instances("skip_conditions", skip_conditions,
-                                              _seams.SkipCondition)
+        resolved = _sugar.resolve("build", "build()", sugar, global_step=global_step,
+                                  count_skipped_steps=count_skipped_steps)
+        conditions = list(resolved.conditions) + _checks.check_instances(
+            "skip_conditions", skip_conditions, _seams.SkipCondition)
         for condition in conditions:
             _checks.check_bool("%s.moves_scale" % condition.name, condition.moves_scale,
                                "Set it True when a skip for this reason should count as an "
                                "overflow for the loss-scale managers.")
-        observers = _checks.check_instances("observers", observers, _seams.StepObserver)
+        given = _checks.check_instances("observers", observers, _seams.StepObserver)
+        observers = list(resolved.observers) + given
         _checks.check_unique_names("observers", observers)
+        sequence = resolved.sequence
         if sequence is not None:
-            sequence = _sequence.check_sequence(sequence, self._groups, self._loss_fns, {
+            sequence = _assembly.check_sequence(sequence, self._groups, self._loss_fns, {
                 "accumulation_steps": accumulation_steps != 1,
                 "update_ops": update_ops is not None, "per_group_ops": per_group_ops is True,
-                "measure_underflow": measure_underflow is True,
-                "measure_first_scale": measure_first_scale is True,
-                "observers": bool(observers), "distributed": self._engine is not None,
+                "measure_underflow": sugar.get("measure_underflow") is True,
+                "measure_first_scale": sugar.get("measure_first_scale") is True,
+                "observers": bool(given), "distributed": self._engine is not None,
                 "towers": bool(self._towers)})
         for condition in conditions:
             _diagnosis_reasons.register_reason(condition.reason, condition.fix,
@@ -557,21 +515,19 @@ class MultiOptimizerLossScale(object):
         options = self._options(accumulation_steps, count_skipped_steps, conditions)
         # Checked with each tower group's first tower loss; the towers' mean
         # (ops) is made once every check has passed.
-        plan = _step.plan_step(self._groups, self._manager, options, global_step,
-                               "MultiOptimizerLossScale.build")
-        first_scale = _first_scale.check_first_scale(plan, measure_first_scale,
-                                                     first_scale_margin)
+        api = "MultiOptimizerLossScale.build"
+        plan = _step.plan_step(self._groups, self._manager, options, global_step, api)
+        shipped = _assembly.hearing(plan)
+        for plugin in conditions + observers + shipped:
+            plugin.check_plan(plan, options, global_step, api)
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
-        _underflow.check_measurable(plan, measure_underflow)
-        _sync_replicas.check_builder_options(plan, update_ops, per_group_ops)
-        reduced = None
+        _assembly.check_sync_replicas_options(plan, update_ops, per_group_ops)
         if self._engine is None and not self._independent:
-            reduced = _distributed.check_cluster(
-                "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
-                aggregated=plan.mode == "chief")
+            shipped = [item for item in [_assembly.check_cluster(api, plan)]
+                       if item is not None] + shipped
         if self._towers:
-            plan = _step.plan_step(self._groups_to_build(), self._manager, options,
-                                   global_step, "MultiOptimizerLossScale.build")
+            plan = _step.plan_step(_assembly.tower_groups(self._groups, self._towers),
+                                   self._manager, options, global_step, api)
         if sequence is not None and plan.mode == "chief":
             raise ValueError("sequence=%r with a SyncReplicasOptimizer group: its chief "
                              "decides one step at a time. Leave sequence out."
@@ -579,19 +535,14 @@ class MultiOptimizerLossScale(object):
         if sequence is not None:
             train = self._build_sequence(plan, global_step, sequence)
         else:
-            train = self._build(plan, global_step, update_ops, per_group_ops,
-                                measure_underflow,
-                                [item for item in (reduced, first_scale) if item is not None],
-                                observers)
+            train = self._build(plan, global_step, update_ops, per_group_ops, shipped,
+                                observers, given)
         self._built = True
         return train
 
     def _options(self, accumulation_steps=1, count_skipped_steps=False, conditions=()):
-        engine = _sync_replicas.engine_for([group.optimizer for group in self._groups],
-                                           self._engine)
-        if self._towers:
-            engine = _towers.Towers(engine if engine is not None else _seams.ReductionEngine(),
-                                    self._towers)
+        engine = _assembly.step_engine([group.optimizer for group in self._groups],
+                                       self._engine, self._towers)
         return _step.Options(
             backend=self._requested_backend, gate=self._gate, skip_policy=self._skip_policy,
             engine=engine, allreduce_gradients=self._allreduce_gradients,
@@ -605,7 +556,7 @@ class MultiOptimizerLossScale(object):
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
             record = self._record(plan)
-            built = _sequence.build_sequence(
+            built = _assembly.build_sequence(
                 sequence, dict((group.name, group) for group in plan.groups), self._loss_fns,
                 plan, global_step, skipped_steps, record, counters, "update_op of " + what)
             last = dict((sub.name, sub) for sub in built.substeps)
@@ -640,19 +591,17 @@ class MultiOptimizerLossScale(object):
 
     def _record(self, plan):
         """The builder's skip ``Record``."""
-        return _diagnosis.Record(plan.groups, on_host=not plan.backend.on_npu,
-                                 switch_merge=plan.gate_kind == "pivot",
-                                 history=self._skip_history,
-                                 counts_skipped_steps=plan.count_skipped_steps)
+        return _assembly.record(plan, self._skip_history)
 
-    def _groups_to_build(self):
-        """The groups, a tower group's loss the mean of its towers'."""
-        return [group._replace(loss=_towers.mean_loss(self._towers[group.name]))
-                if group.name in self._towers else group for group in self._groups]
+    def _build(self, plan, global_step, update_ops, per_group_ops, shipped, observers, given):
+        """The joint step, then the per-group steps if asked.
 
-    def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow,
-               first, extra_observers):
-        """The joint step, then the per-group steps if asked."""
+        Args:
+          shipped: the observers every build wires (the cluster check, the
+            hearing), before the diagnosis joins them.
+          observers: the observers asked for, by keyword or ``observers``.
+          given: those of ``observers`` passed as ``observers``.
+        """
         what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
         counters = _claims.StateKey(self, "the step counters of " + what)
         # Absolute ("loss_scale/"): a root op named "loss_scale" (npu_bridge's
@@ -660,17 +609,16 @@ class MultiOptimizerLossScale(object):
         with tf.name_scope("loss_scale/"):
             skipped_steps = _commit.SkippedSteps()
             record = self._record(plan)
-            diagnosis = _diagnosis.SkipDiagnosis(record)
-            observers = list(first) + [diagnosis]
-            if _underflow.listens(plan):
-                observers.append(_underflow.Hearing())
-            measurement = [_underflow.Measurement()] if measure_underflow else []
+            shipped = [_assembly.diagnosis(record)] + list(shipped)
             joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
                                      _update_ops.joint(update_ops), counters,
-                                     observers=observers + extra_observers + measurement)
+                                     observers=shipped + observers)
             clear_status = plan.backend.clear_status()
             applied = None if plan.mode == "chief" else joint.applied
-            reported = joint.reports[observers.index(diagnosis)]
+            # By name: the shipped observers' and the asked-for ones' apart,
+            # since an observer of yours may take a shipped one's name.
+            reports = _reports(observers, joint.reports[len(shipped):])
+            reported = _reports(shipped, joint.reports)[_assembly.DIAGNOSIS]
             report = SkipReport(None, {}, record.last_skip(), record.recent_skips())
             if applied is not None:
                 report = report._replace(skip_reason=reported[0],
@@ -688,7 +636,7 @@ class MultiOptimizerLossScale(object):
                     per_group[group.name] = _step.build_step(
                         alone, "per_group[%s] of %s" % (group.name, what), global_step,
                         skipped_steps, _commit.Copies(update_ops.get(group.name, ())),
-                        counters, observers=observers + extra_observers).update_op
+                        counters, observers=shipped + observers).update_op
         if plan.backend.reads_register and plan.checks:
             _backends.claim_register(self, "a " + what)
         _graph_state.of(joint.update_op.graph).records[joint.update_op.name] = record
@@ -700,8 +648,13 @@ class MultiOptimizerLossScale(object):
             groups=dict((name, GroupReport(joint.group_is_finite[name],
                                            joint.loss_scales.get(name)))
                         for name in plan.group_names),
-            diagnosis=report, underflow=joint.reports[-1] if measurement else {},
-            observed=dict((observer.name, item) for observer, item in zip(
-                extra_observers, joint.reports[len(observers):])),
+            diagnosis=report, underflow=reports.get(_assembly.UNDERFLOW, {}),
+            observed=dict((observer.name, reports[observer.name]) for observer in given),
             clear_status=clear_status,
             counts_skipped_steps=None if global_step is None else plan.count_skipped_steps)
+
+
+def _reports(observers, reports):
+    """Dict from each observer's name to its report (``build_step`` gives
+    the reports in its observers' order)."""
+    return dict((observer.name, report) for observer, report in zip(observers, reports))

@@ -429,6 +429,11 @@ class Measurement(_seams.StepObserver):
 
     name = "underflow"
 
+    def check_plan(self, plan, options, global_step, api):
+        """Refuses a group whose float32 view cannot be built (ValueError)."""
+        del options, global_step, api
+        check_measurable(plan, True)
+
     def report(self, state):
         if not state.scaled:
             return {}
@@ -443,12 +448,28 @@ class Hearing(_seams.StepObserver):
 
     name = "listening"
 
+    def check_plan(self, plan, options, global_step, api):
+        """Refuses a listening group whose float32 view cannot be built."""
+        del options, global_step, api
+        check_measurable(plan, False)
+
     def before_update(self, state):
         if not state.scaled:
             return _seams.Hooked()
         return listen(state.plan, state.scales, state.scaled, state.flags)
 
 
+def measure_underflow():
+    """The observer of ``build(measure_underflow=True)``: its report is
+    ``TrainOps.underflow``, each group's ``Underflow``."""
+    return Measurement()
+
+
 def listens(plan):
     """Whether a manager of ``plan`` listens to the measurement."""
     return any(_manager_base.listens_to_underflow(use.manager) for use in plan.managers)
+
+
+# The public constructor of the first-scale observer; below, since its module
+# imports this package's float32 view.
+from npu_lossscale.underflow.first_scale import measure_first_scale  # noqa: E402

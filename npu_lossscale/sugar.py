@@ -1,0 +1,198 @@
+"""The keyword arguments that name a shipped plug-in, in one table.
+
+Each capability is a value (``transforms``, ``skips``, ``underflow``,
+``distributed``); a keyword argument of ``add()``, ``build()`` or
+``MultiOptimizerLossScale(...)`` is sugar for one. ``TABLE`` holds one row
+per keyword: the entry point that takes it, its default, the function that
+turns a value into the plug-ins (with the checks and messages of that
+keyword), and the field of ``Resolved`` they go to. So::
+
+  build(skip_loss_spikes=3.0, measure_underflow=True)
+
+is ``build(skip_conditions=[skips.loss_spikes(3.0)],
+observers=[underflow.measure_underflow()])``, and a new shipped capability
+is its module plus one row here.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import collections
+
+from npu_lossscale import distributed as _distributed
+from npu_lossscale import skips as _skips
+from npu_lossscale.skips import on_request as _on_request
+from npu_lossscale import transforms as _transforms
+from npu_lossscale import underflow as _underflow
+from npu_lossscale.core import checks as _checks
+from npu_lossscale.underflow import first_scale as _first_scale
+
+#: The clip_norm values for which clip_by_global_norm stays exact.
+CLIP_NORM_RANGE = _transforms.CLIP_NORM_RANGE
+
+
+class Row(collections.namedtuple("Row", ["kwarg", "entry", "default", "resolve", "gives"])):
+    """One keyword argument and the plug-in it names.
+
+    Attributes:
+      kwarg: the keyword's name.
+      entry: who takes it: "init" (``MultiOptimizerLossScale(...)``), "add"
+        or "build".
+      default: its value when not given.
+      resolve: ``resolve(value, given)``, with ``given`` the ``Given``,
+        returns what it adds to ``Resolved.<gives>``: a tuple of plug-ins,
+        or for "engine" and "sequence" the field's new value.
+      gives: the field of ``Resolved``.
+    """
+
+
+class Given(collections.namedtuple("Given", ["values", "context", "resolved"])):
+    """What a row's ``resolve`` may read.
+
+    Attributes:
+      values: dict from keyword to the value passed (defaults left out).
+      context: dict of the entry's own arguments a row needs
+        (``global_step``, ``count_skipped_steps`` for "build").
+      resolved: the ``Resolved`` of the rows before it.
+    """
+
+    def get(self, kwarg):
+        """The value of ``kwarg``, passed or default."""
+        return self.values.get(kwarg, _ROWS[kwarg].default)
+
+
+class Resolved(collections.namedtuple(
+        "Resolved", ["transforms", "conditions", "observers", "engine", "sequence"])):
+    """The plug-ins an entry's keywords name.
+
+    Attributes:
+      transforms: ``seams.GradientTransform``s of a group, in order.
+      conditions: ``seams.SkipCondition``s, before the ones passed.
+      observers: ``seams.StepObserver``s, before the ones passed.
+      engine: the ``seams.ReductionEngine``, or None.
+      sequence: ``build(sequence=...)``'s value, or None (its own entry:
+        several steps in one op, not a capability of one step).
+    """
+
+    def __new__(cls, transforms=(), conditions=(), observers=(), engine=None, sequence=None):
+        return super(Resolved, cls).__new__(cls, transforms, conditions, observers, engine,
+                                            sequence)
+
+
+def _transform_grads_fn(value, given):
+    del given
+    return _transforms.as_transforms(value)
+
+
+def _clip_norm(value, given):
+    del given
+    if value is None:
+        return ()
+    return (_transforms.ClipByGlobalNorm(_transforms.check_norm(
+        "clip_norm", value, "Pass a global norm such as 1.0, or None not to clip.")),)
+
+
+def _engine(value, given):
+    del given
+    return _distributed.resolve_engine(value)
+
+
+def _allreduce_float16(value, given):
+    _checks.check_bool("allreduce_float16", value,
+                       "Pass True to average float16 gradients in float16.")
+    engine = given.resolved.engine
+    if not value:
+        return engine
+    if not isinstance(engine, _distributed.CollectiveEngine):
+        raise ValueError(
+            "allreduce_float16=True needs distributed='horovod' or 'hccl', got "
+            "distributed=%r. Pass one of them, or leave allreduce_float16 off."
+            % (given.get("distributed"),))
+    return engine.reducing_float16()
+
+
+def _skip_global_steps(value, given):
+    condition = _on_request.requested_skips(value, given.context["global_step"],
+                                                  given.context["count_skipped_steps"])
+    return () if condition is None else (condition,)
+
+
+def _skip_loss_spikes(value, given):
+    del given
+    return () if value is None else (_skips.loss_spikes(value, "skip_loss_spikes"),)
+
+
+def _measure_first_scale(value, given):
+    observer = _first_scale.check_first_scale(value, given.get("first_scale_margin"))
+    return () if observer is None else (observer,)
+
+
+def _read_with_measure_first_scale(value, given):
+    del value, given  # measure_first_scale's row reads and checks it
+    return ()
+
+
+def _measure_underflow(value, given):
+    del given
+    _checks.check_bool("measure_underflow", value, "Pass True to build TrainOps.underflow.")
+    return (_underflow.measure_underflow(),) if value else ()
+
+
+def _sequence(value, given):
+    del given  # checked by sequence.check_sequence, with the groups
+    return value
+
+
+#: The keywords, in the order they resolve (and check) within an entry.
+TABLE = (
+    Row("distributed", "init", None, _engine, "engine"),
+    Row("allreduce_float16", "init", False, _allreduce_float16, "engine"),
+    Row("transform_grads_fn", "add", None, _transform_grads_fn, "transforms"),
+    Row("clip_norm", "add", None, _clip_norm, "transforms"),
+    Row("measure_underflow", "build", False, _measure_underflow, "observers"),
+    Row("skip_global_steps", "build", None, _skip_global_steps, "conditions"),
+    Row("skip_loss_spikes", "build", None, _skip_loss_spikes, "conditions"),
+    Row("measure_first_scale", "build", False, _measure_first_scale, "observers"),
+    Row("first_scale_margin", "build", _first_scale.DEFAULT_MARGIN,
+        _read_with_measure_first_scale, "observers"),
+    Row("sequence", "build", None, _sequence, "sequence"),
+)
+_ROWS = dict((row.kwarg, row) for row in TABLE)
+
+
+def keywords(entry):
+    """The keywords ``entry`` takes, in the table's order."""
+    return [row.kwarg for row in TABLE if row.entry == entry]
+
+
+def resolve(entry, api, values, **context):
+    """The plug-ins that ``values``, keyword arguments of ``entry``, name.
+
+    Args:
+      entry: "init", "add" or "build".
+      api: the entry's name for a message, e.g. "build()".
+      values: dict from keyword to value.
+      **context: the entry's own arguments the rows read.
+
+    Returns:
+      A ``Resolved``.
+
+    Raises:
+      TypeError: for a keyword the entry does not take, as Python says it,
+        with the ones it takes; or as a row's checks.
+      ValueError: as a row's checks.
+    """
+    known = keywords(entry)
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise TypeError("%s got an unexpected keyword argument %r; besides its own it "
+                        "takes %s." % (api, unknown[0], ", ".join(known)))
+    resolved = Resolved()
+    for row in TABLE:
+        if row.entry != entry:
+            continue
+        made = row.resolve(values.get(row.kwarg, row.default),
+                           Given(values, context, resolved))
+        if row.gives not in ("engine", "sequence"):
+            made = getattr(resolved, row.gives) + tuple(made)
+        resolved = resolved._replace(**{row.gives: made})
+    return resolved
