@@ -355,6 +355,7 @@ class MultiOptimizerLossScale(object):
             self._loss_fns[name] = loss_fn
         return name
 
+    @_sugar.documents("build")
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,
               update_ops=None, per_group_ops=False, skip_conditions=(), observers=(),
               **sugar):
@@ -401,45 +402,8 @@ class MultiOptimizerLossScale(object):
             ``update_op`` is ``TrainOps.observed[observer.name]``
             (``underflow.measure_underflow()``'s is ``TrainOps.underflow``).
           **sugar: the keywords of ``sugar.TABLE``, each a shipped plug-in
-            by name (an unknown one is a TypeError):
-
-            measure_underflow: also build ``TrainOps.underflow``, the
-              per-group underflow measurement (a float32 copy of each loss's
-              float16 forward graph and its backprop, run only when fetched).
-              Needs float32 variables and a forward graph of plain ops
-              (``underflow.check_float32_view``).
-            skip_global_steps: steps to skip through the gate, to restart past
-              a known-bad range of batches: a collection of global steps (a
-              ``range``, list or set; needs ``global_step`` and
-              ``count_skipped_steps=True``), or a bool scalar tensor (or
-              variable), True on the runs to skip; one computed from
-              ``global_step``, or from a step fed back from it, needs
-              ``count_skipped_steps=True`` too, or the step it names skips
-              forever (feed a count of your own iterations instead). Reason
-              ``requested``; the scale stays.
-            skip_loss_spikes: a number k > 1: after 100 applied steps, a step
-              whose loss exceeds k times its moving average skips (reason
-              ``loss_spike``; the scale stays).
-            measure_first_scale: measure the first loss scale from the first
-              step's float32 view, before that step reads it: the largest
-              power of two under which every tensor the backprop holds stays
-              below 65504 / 2**first_scale_margin (``underflow.first_scale``).
-              Needs managers with ``assign_loss_scale`` (the dynamic ones)
-              and float32 master weights.
-            first_scale_margin: powers of two of headroom for
-              ``measure_first_scale``, an int in 0..15; only with it.
-            sequence: group names, repeats allowed (``["d", "d", "g"]``):
-              ``update_op`` then runs those sub-steps in order in one op, each
-              a whole step of its group (scale, check, gate, skip, manager
-              update) built under the previous one, whose loss callable
-              (``add(lambda: ...)``) is called again there so that its forward
-              pass reads the weights the previous sub-step wrote. For a GAN
-              on a device loop (docs/features.md, "Sub-steps in one op").
-              Every group must be named and have a callable loss; not with
-              accumulation, ``update_ops`` (a sub-step gates the UPDATE_OPS its
-              callable adds), ``per_group_ops``, towers, an engine, a
-              SyncReplicasOptimizer, ``measure_underflow``,
-              ``measure_first_scale`` or ``observers``.
+            by name (an unknown one is a TypeError); the table's rows:
+            SUGAR_KEYWORDS
 
         Returns:
           A ``TrainOps``.

@@ -17,6 +17,7 @@ is its module plus one row here.
 from __future__ import absolute_import, division, print_function
 
 import collections
+import textwrap
 
 from npu_lossscale import distributed as _distributed
 from npu_lossscale import skips as _skips
@@ -30,7 +31,8 @@ from npu_lossscale.underflow import first_scale as _first_scale
 CLIP_NORM_RANGE = _transforms.CLIP_NORM_RANGE
 
 
-class Row(collections.namedtuple("Row", ["kwarg", "entry", "default", "resolve", "gives"])):
+class Row(collections.namedtuple("Row", ["kwarg", "entry", "default", "resolve", "gives",
+                                         "doc"])):
     """One keyword argument and the plug-in it names.
 
     Attributes:
@@ -42,13 +44,19 @@ class Row(collections.namedtuple("Row", ["kwarg", "entry", "default", "resolve",
         returns what it adds to ``Resolved.<gives>``: a tuple of plug-ins,
         or for "engine" and "sequence" the field's new value.
       gives: the field of ``Resolved``.
+      doc: what the keyword does, for the entry's docstring ("build"; the
+        others document their keywords in their own).
     """
 
+    def __new__(cls, kwarg, entry, default, resolve, gives, doc=""):
+        return super(Row, cls).__new__(cls, kwarg, entry, default, resolve, gives, doc)
 
-class Given(collections.namedtuple("Given", ["values", "context", "resolved"])):
+
+class Given(collections.namedtuple("Given", ["kwarg", "values", "context", "resolved"])):
     """What a row's ``resolve`` may read.
 
     Attributes:
+      kwarg: the row's keyword, for messages.
       values: dict from keyword to the value passed (defaults left out).
       context: dict of the entry's own arguments a row needs
         (``global_step``, ``count_skipped_steps`` for "build").
@@ -76,6 +84,14 @@ class Resolved(collections.namedtuple(
     def __new__(cls, transforms=(), conditions=(), observers=(), engine=None, sequence=None):
         return super(Resolved, cls).__new__(cls, transforms, conditions, observers, engine,
                                             sequence)
+
+
+def _optional(make):
+    """The ``resolve`` of a keyword whose value, unless None, is the
+    argument of ``make(value, kwarg)``, a plug-in's checked constructor."""
+    def resolve(value, given):
+        return () if value is None else (make(value, given.kwarg),)
+    return resolve
 
 
 def _transform_grads_fn(value, given):
@@ -116,11 +132,6 @@ def _skip_global_steps(value, given):
     return () if condition is None else (condition,)
 
 
-def _skip_loss_spikes(value, given):
-    del given
-    return () if value is None else (_skips.loss_spikes(value, "skip_loss_spikes"),)
-
-
 def _measure_first_scale(value, given):
     observer = _first_scale.check_first_scale(value, given.get("first_scale_margin"))
     return () if observer is None else (observer,)
@@ -148,15 +159,65 @@ TABLE = (
     Row("allreduce_float16", "init", False, _allreduce_float16, "engine"),
     Row("transform_grads_fn", "add", None, _transform_grads_fn, "transforms"),
     Row("clip_norm", "add", None, _clip_norm, "transforms"),
-    Row("measure_underflow", "build", False, _measure_underflow, "observers"),
-    Row("skip_global_steps", "build", None, _skip_global_steps, "conditions"),
-    Row("skip_loss_spikes", "build", None, _skip_loss_spikes, "conditions"),
-    Row("measure_first_scale", "build", False, _measure_first_scale, "observers"),
+    Row("skip_global_steps", "build", None, _skip_global_steps, "conditions",
+        "steps to skip through the gate, to restart past a known-bad range of batches: a "
+        "collection of global steps (a ``range``, list or set; needs ``global_step`` and "
+        "``count_skipped_steps=True``), or a bool scalar tensor (or variable), True on the "
+        "runs to skip; one computed from ``global_step``, or from a step fed back from it, "
+        "needs ``count_skipped_steps=True`` too, or the step it names skips forever (feed a "
+        "count of your own iterations instead). Reason ``requested``; the scale stays. "
+        "Sugar for ``skip_conditions=[skips.requested(steps)]``."),
+    Row("skip_loss_spikes", "build", None, _optional(_skips.loss_spikes), "conditions",
+        "a number k > 1: after 100 applied steps, a step whose loss exceeds k times its "
+        "moving average skips (reason ``loss_spike``; the scale stays). Sugar for "
+        "``skip_conditions=[skips.loss_spikes(k)]``."),
+    Row("measure_first_scale", "build", False, _measure_first_scale, "observers",
+        "measure the first loss scale from the first step's float32 view, before that step "
+        "reads it: the largest power of two under which every tensor the backprop holds "
+        "stays below 65504 / 2**first_scale_margin (``underflow.first_scale``). Needs "
+        "managers with ``assign_loss_scale`` (the dynamic ones) and float32 master weights. "
+        "Sugar for ``observers=[underflow.measure_first_scale(margin)]``."),
     Row("first_scale_margin", "build", _first_scale.DEFAULT_MARGIN,
-        _read_with_measure_first_scale, "observers"),
-    Row("sequence", "build", None, _sequence, "sequence"),
+        _read_with_measure_first_scale, "observers",
+        "powers of two of headroom for ``measure_first_scale``, an int in 0..15; only with "
+        "it."),
+    Row("measure_underflow", "build", False, _measure_underflow, "observers",
+        "also build ``TrainOps.underflow``, the per-group underflow measurement (a float32 "
+        "copy of each loss's float16 forward graph and its backprop, run only when "
+        "fetched). Needs float32 variables and a forward graph of plain ops "
+        "(``underflow.check_float32_view``). Sugar for "
+        "``observers=[underflow.measure_underflow()]``."),
+    Row("sequence", "build", None, _sequence, "sequence",
+        "group names, repeats allowed (``[\"d\", \"d\", \"g\"]``): ``update_op`` then runs "
+        "those sub-steps in order in one op, each a whole step of its group (scale, check, "
+        "gate, skip, manager update) built under the previous one, whose loss callable "
+        "(``add(lambda: ...)``) is called again there so that its forward pass reads the "
+        "weights the previous sub-step wrote. For a GAN on a device loop (docs/features.md, "
+        "\"Sub-steps in one op\"). Every group must be named and have a callable loss; not "
+        "with accumulation, ``update_ops`` (a sub-step gates the UPDATE_OPS its callable "
+        "adds), ``per_group_ops``, towers, an engine, a SyncReplicasOptimizer, "
+        "``measure_underflow``, ``measure_first_scale`` or ``observers``. Not a plug-in: "
+        "the entry of several steps in one op (``sequence.py``)."),
 )
 _ROWS = dict((row.kwarg, row) for row in TABLE)
+
+
+def documents(entry):
+    """A decorator: the entry's docstring, its line ``SUGAR_KEYWORDS``
+    replaced by the table's keywords of ``entry`` and their ``doc``."""
+    def document(function):
+        if function.__doc__:  # None under python -OO
+            lines = []
+            for row in TABLE:
+                if row.entry == entry:
+                    lines.extend(textwrap.wrap("%s: %s" % (row.kwarg, row.doc), 76,
+                                               initial_indent=" " * 12,
+                                               subsequent_indent=" " * 14,
+                                               break_on_hyphens=False))
+            function.__doc__ = function.__doc__.replace(
+                " " * 12 + "SUGAR_KEYWORDS", "\n".join(lines))
+        return function
+    return document
 
 
 def keywords(entry):
@@ -191,7 +252,7 @@ def resolve(entry, api, values, **context):
         if row.entry != entry:
             continue
         made = row.resolve(values.get(row.kwarg, row.default),
-                           Given(values, context, resolved))
+                           Given(row.kwarg, values, context, resolved))
         if row.gives not in ("engine", "sequence"):
             made = getattr(resolved, row.gives) + tuple(made)
         resolved = resolved._replace(**{row.gives: made})
