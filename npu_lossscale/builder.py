@@ -124,10 +124,13 @@ class TrainOps(collections.namedtuple(
       groups: dict from group name to its ``GroupReport``.
       diagnosis: the ``SkipReport`` (its ``skip_reason`` None through a
         SyncReplicasOptimizer, whose chief decides).
-      underflow: with ``build(measure_underflow=True)``, a dict from group
-        name to its ``underflow.Underflow``; empty otherwise.
+      underflow: with ``build(measure_underflow=True)`` (or
+        ``underflow.measure_underflow()`` among the observers), a dict from
+        group name to its ``underflow.Underflow``: the report of the
+        observer named "underflow"; empty otherwise.
       observed: dict from the name of each observer passed to
-        ``build(observers=...)`` to what its ``report`` returned.
+        ``build(observers=...)`` to what its ``report`` returned (the
+        keywords' observers are not in it).
       clear_status: the op that clears Ascend's float-status register (a
         no-op off the register); every register-reading step runs it first.
       counts_skipped_steps: whether ``update_op`` advances ``global_step`` on

@@ -34,6 +34,9 @@ from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.core import graph_walk as _graph_walk
 
+__all__ = ["CollectiveEngine", "HcclEngine", "HorovodEngine", "ENGINES", "MODES",
+           "resolve_engine", "Cluster", "cluster_from_environment"]
+
 ENGINES = ("horovod", "hccl")
 #: The modes of a ``seams.ReductionEngine``.
 MODES = ("local", "workers", "chief")

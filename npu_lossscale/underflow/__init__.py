@@ -35,6 +35,9 @@ from npu_lossscale.core import plan as _plan
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
 from npu_lossscale.managers import base as _manager_base
 
+__all__ = ["FLOAT16_MAX", "FLOAT16_MIN_NORMAL", "RAISE_BITS", "Underflow", "Measurement",
+           "Hearing", "combine", "measure_first_scale", "measure_underflow", "summaries"]
+
 #: float16's largest finite value (IEEE 754 binary16), the top of the
 #: headroom (``managers.base.FLOAT16_MAX``).
 FLOAT16_MAX = _manager_base.FLOAT16_MAX
