@@ -295,9 +295,10 @@ class MultiOptimizerLossScale(object):
             builder's.
           transform_grads_fn: TF-GAN's hook: a function from the group's
             list of unscaled (gradient, variable) pairs to the list to
-            apply, or a ``seams.GradientTransform``. It runs before the
-            decision, and the overflow check covers what it returns;
-            ``clip_norm`` clips after it.
+            apply, or a ``seams.GradientTransform``, or a
+            ``transforms.chain(...)`` of them (the group takes each in
+            order). It runs before the decision, and the overflow check
+            covers what it returns; ``clip_norm`` clips after it.
 
         Returns:
           The group's name.

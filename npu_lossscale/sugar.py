@@ -128,7 +128,7 @@ def _allreduce_float16(value, given):
 
 def _skip_global_steps(value, given):
     condition = _on_request.requested_skips(value, given.context["global_step"],
-                                                  given.context["count_skipped_steps"])
+                                            given.context["count_skipped_steps"])
     return () if condition is None else (condition,)
 
 
