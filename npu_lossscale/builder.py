@@ -41,6 +41,7 @@ from npu_lossscale.train_ops import GroupReport, SkipReport, TrainOps  # noqa: F
 CLIP_NORM_RANGE = _sugar.CLIP_NORM_RANGE
 
 
+@_sugar.documents("init")
 class MultiOptimizerLossScale(object):
     """Loss scaling for several optimizers, with one decision per step.
 
@@ -77,20 +78,7 @@ class MultiOptimizerLossScale(object):
         any op that ran before its read did (a forward op it shares with a
         later group, or that group's forward pass, which TF may schedule
         early). No group misses its own overflow.
-      distributed: None, "horovod", "hccl" or False. With "horovod" or
-        "hccl" every worker reaches the
-        same decision: the overflow flags are summed across workers before
-        the apply gate (zero means finite everywhere), and no collective is
-        ever placed inside a cond or the gate. With
-        ``hvd.broadcast_global_variables(0)`` (or the engine's equivalent) at
-        start, weights and loss scales stay equal on every worker. None: one
-        worker; ``build()`` refuses it when the environment names several
-        (RANK_SIZE, a Horovod/MPI launcher, a TF_CONFIG cluster), unless a
-        SyncReplicasOptimizer group's chief decides, or every checked
-        group's optimizer averages its gradients before the check
-        (``hvd.DistributedOptimizer``; not on the float-status register).
-        False: the workers are independent (asynchronous parameter-server
-        workers), each skipping on its own overflows.
+      SUGAR_KEYWORDS
       allreduce_gradients: with ``distributed``, average the gradients across
         workers (outside the gate). Pass False when the optimizers already do
         it (``hvd.DistributedOptimizer``) or for worker-local gradients such
@@ -98,13 +86,6 @@ class MultiOptimizerLossScale(object):
         and flags are reduced once per window, by ``update_op``; the
         micro-batches before it run ``accumulate_op``, which holds no
         collective, so no collective ever needs a cond around it.
-      allreduce_float16: with "horovod" or "hccl", average float16 gradients
-        in float16, each worker's divided by the number of workers first (a
-        sum of values at most 65504 / n cannot overflow): half the bytes of
-        the default float32 average, at the cost of the values below
-        n * 2**-24, which flush to 0. For bandwidth-bound float16 models;
-        an accumulation window's sums are float32 and stay so.
-
       gate: how the apply gate is built. "auto" (default): a ``tf.cond``
         where Ascend needs one (``ENABLE_FORCE_V2_CONTROL=1`` set, or the npu
         backend with control flow v2 on, as for dynamic shapes), else the
@@ -164,6 +145,7 @@ class MultiOptimizerLossScale(object):
         """
         return _backends.resolve_backend(self._requested_backend, warn=False).name
 
+    @_sugar.documents("add")
     def add(self, loss, optimizer, var_list=None, name=None, clip_norm=None,
             loss_scale_manager=None, transform_grads_fn=None):
         """Registers a group: a loss minimised by an optimizer over variables.
@@ -189,18 +171,10 @@ class MultiOptimizerLossScale(object):
             trainable variable (only sensible with a single group).
           name: the group's name (a valid name scope); defaults to
             ``group_<index>``. Keys the dicts of ``TrainOps``.
-          clip_norm: if set, the group's unscaled gradients are clipped by
-            their global norm to this value before the apply, on finite
-            steps only (with accumulation: the window's mean).
+          SUGAR_KEYWORDS
           loss_scale_manager: a manager for this group alone (its own scale
             and its own updates, as Apex's ``num_losses``); defaults to the
             builder's.
-          transform_grads_fn: TF-GAN's hook: a function from the group's
-            list of unscaled (gradient, variable) pairs to the list to
-            apply, or a ``seams.GradientTransform``, or a
-            ``transforms.chain(...)`` of them (the group takes each in
-            order). It runs before the decision, and the overflow check
-            covers what it returns; ``clip_norm`` clips after it.
 
         Returns:
           The group's name.

@@ -44,8 +44,8 @@ class Row(collections.namedtuple("Row", ["kwarg", "entry", "default", "resolve",
         returns what it adds to ``Resolved.<gives>``: a tuple of plug-ins,
         or for "engine" and "sequence" the field's new value.
       gives: the field of ``Resolved``.
-      doc: what the keyword does, for the entry's docstring ("build"; the
-        others document their keywords in their own).
+      doc: what the keyword does, for the entry's docstring
+        (``documents``).
     """
 
     def __new__(cls, kwarg, entry, default, resolve, gives, doc=""):
@@ -155,10 +155,38 @@ def _sequence(value, given):
 
 #: The keywords, in the order they resolve (and check) within an entry.
 TABLE = (
-    Row("distributed", "init", None, _engine, "engine"),
-    Row("allreduce_float16", "init", False, _allreduce_float16, "engine"),
-    Row("transform_grads_fn", "add", None, _transform_grads_fn, "transforms"),
-    Row("clip_norm", "add", None, _clip_norm, "transforms"),
+    Row("distributed", "init", None, _engine, "engine",
+        'None, "horovod", "hccl" or False. With "horovod" or "hccl" every worker '
+        "reaches the same decision: the overflow flags are summed across workers before "
+        "the apply gate (zero means finite everywhere), and no collective is ever "
+        "placed inside a cond or the gate. With ``hvd.broadcast_global_variables(0)`` "
+        "(or the engine's equivalent) at start, weights and loss scales stay equal on "
+        "every worker. None: one worker; ``build()`` refuses it when the environment "
+        "names several (RANK_SIZE, a Horovod/MPI launcher, a TF_CONFIG cluster), unless "
+        "a SyncReplicasOptimizer group's chief decides, or every checked group's "
+        "optimizer averages its gradients before the check "
+        "(``hvd.DistributedOptimizer``; not on the float-status register). False: the "
+        "workers are independent (asynchronous parameter-server workers), each skipping "
+        "on its own overflows. Sugar for an engine of ``distributed`` (or your own "
+        "``seams.ReductionEngine``, passed as it is)."),
+    Row("allreduce_float16", "init", False, _allreduce_float16, "engine",
+        "with \"horovod\" or \"hccl\", average float16 gradients in float16, each worker's "
+        "divided by the number of workers first (a sum of values at most 65504 / n "
+        "cannot overflow): half the bytes of the default float32 average, at the cost "
+        "of the values below n * 2**-24, which flush to 0. For bandwidth-bound float16 "
+        "models; an accumulation window's sums are float32 and stay so. Sugar for the "
+        "engine's ``reducing_float16()``."),
+    Row("transform_grads_fn", "add", None, _transform_grads_fn, "transforms",
+        "TF-GAN's hook: a function from the group's list of unscaled (gradient, "
+        "variable) pairs to the list to apply, or a ``seams.GradientTransform``, or a "
+        "``transforms.chain(...)`` of them (the group takes each in order). It runs "
+        "before the decision, and the overflow check covers what it returns; "
+        "``clip_norm`` clips after it."),
+    Row("clip_norm", "add", None, _clip_norm, "transforms",
+        "if set, the group's unscaled gradients are clipped by their global norm to "
+        "this value before the apply, on finite steps only (with accumulation: the "
+        "window's mean). Sugar for ``transforms.clip_by_global_norm(clip_norm)``, after "
+        "``transform_grads_fn``."),
     Row("skip_global_steps", "build", None, _skip_global_steps, "conditions",
         "steps to skip through the gate, to restart past a known-bad range of batches: a "
         "collection of global steps (a ``range``, list or set; needs ``global_step`` and "
@@ -188,12 +216,12 @@ TABLE = (
         "(``underflow.check_float32_view``). Sugar for "
         "``observers=[underflow.measure_underflow()]``."),
     Row("sequence", "build", None, _sequence, "sequence",
-        "group names, repeats allowed (``[\"d\", \"d\", \"g\"]``): ``update_op`` then runs "
+        'group names, repeats allowed (``["d", "d", "g"]``): ``update_op`` then runs '
         "those sub-steps in order in one op, each a whole step of its group (scale, check, "
         "gate, skip, manager update) built under the previous one, whose loss callable "
         "(``add(lambda: ...)``) is called again there so that its forward pass reads the "
         "weights the previous sub-step wrote. For a GAN on a device loop (docs/features.md, "
-        "\"Sub-steps in one op\"). Every group must be named and have a callable loss; not "
+        '"Sub-steps in one op"). Every group must be named and have a callable loss; not '
         "with accumulation, ``update_ops`` (a sub-step gates the UPDATE_OPS its callable "
         "adds), ``per_group_ops``, towers, an engine, a SyncReplicasOptimizer, "
         "``measure_underflow``, ``measure_first_scale`` or ``observers``. Not a plug-in: "
@@ -204,19 +232,23 @@ _ROWS = dict((row.kwarg, row) for row in TABLE)
 
 def documents(entry):
     """A decorator: the entry's docstring, its line ``SUGAR_KEYWORDS``
-    replaced by the table's keywords of ``entry`` and their ``doc``."""
-    def document(function):
-        if function.__doc__:  # None under python -OO
+    replaced by the table's keywords of ``entry`` and their ``doc``, indented
+    as that line is."""
+    def document(documented):
+        doc = documented.__doc__
+        if doc:  # None under python -OO
+            marker = doc.index("SUGAR_KEYWORDS")
+            indent = marker - doc.rindex("\n", 0, marker) - 1
             lines = []
             for row in TABLE:
                 if row.entry == entry:
-                    lines.extend(textwrap.wrap("%s: %s" % (row.kwarg, row.doc), 76,
-                                               initial_indent=" " * 12,
-                                               subsequent_indent=" " * 14,
+                    lines.extend(textwrap.wrap("%s: %s" % (row.kwarg, row.doc), 78,
+                                               initial_indent=" " * indent,
+                                               subsequent_indent=" " * (indent + 2),
                                                break_on_hyphens=False))
-            function.__doc__ = function.__doc__.replace(
-                " " * 12 + "SUGAR_KEYWORDS", "\n".join(lines))
-        return function
+            documented.__doc__ = doc.replace(" " * indent + "SUGAR_KEYWORDS",
+                                             "\n".join(lines))
+        return documented
     return document
 
 
