@@ -17,8 +17,6 @@ manager update), and the run-time claims (``claims``).
 
 from __future__ import absolute_import, division, print_function
 
-import tensorflow.compat.v1 as tf
-
 from npu_lossscale import assembly as _assembly
 from npu_lossscale import backends as _backends
 from npu_lossscale.core import checks as _checks
@@ -26,9 +24,8 @@ from npu_lossscale.core import context as _context
 # The reasons table, which build() registers its conditions' reasons in (a
 # global table until each condition owns its reason).
 from npu_lossscale import diagnostics as _diagnosis_reasons
-from npu_lossscale import seams as _seams
+from npu_lossscale import groups as _groups
 from npu_lossscale import managers as _managers
-from npu_lossscale.core import plan as _plan
 from npu_lossscale.core import step as _step
 from npu_lossscale.core import update_ops as _update_ops
 from npu_lossscale import sugar as _sugar
@@ -191,49 +188,16 @@ class MultiOptimizerLossScale(object):
         if self._built:
             raise ValueError("add() came after build(), for loss %r. Add every group "
                              "first, then build() once." % (loss,))
-        loss_fn = None
-        if callable(loss) and not isinstance(loss, tf.Tensor):
-            loss_fn, loss = loss, loss()  # as tf.train.Optimizer.minimize accepts
-        towers = loss if isinstance(loss, (list, tuple)) else None
-        if towers is None:
-            loss = _checks.check_loss(loss)
-        _checks.check_optimizer(optimizer)
-        transforms = _sugar.resolve("add", "add()", {"transform_grads_fn": transform_grads_fn,
-                                                     "clip_norm": clip_norm}).transforms
-        for transform in transforms:
-            _checks.check_bool("%s.keeps_finite" % transform.name, transform.keeps_finite,
-                               "Set it True only when finite gradients in always give finite "
-                               "gradients out (a clip by a finite norm).")
-        if name is None:
-            name = "group_%d" % len(self._groups)
-        name = _checks.check_group_name(name, [group.name for group in self._groups])
-        if towers is not None:
-            towers = _assembly.tower_losses(towers, name)
-            loss = towers[0]  # the towers' mean replaces it at build()
-        for group in self._groups:
-            if group.optimizer is optimizer:
-                raise ValueError("optimizer %r is already group %r's. Give each group its "
-                                 "own optimizer." % (optimizer, group.name))
-        var_list = _checks.check_var_list(var_list, name, self._groups)
-        _assembly.check_group_engine(self._engine, optimizer, name, self._allreduce_gradients)
-        if loss_scale_manager is None:
-            loss_scale_manager = self._manager
-        else:
-            _managers.check_manager(loss_scale_manager)
-        # An optimizer whose compute_gradients is its own (Horovod's, NPU's,
-        # or one patched in place by npu_distributed_optimizer_wrapper) must
-        # compute its gradients itself: a shared tf.gradients would bypass it.
-        own_backprop = (type(optimizer).compute_gradients
-                        is not tf.train.Optimizer.compute_gradients
-                        or "compute_gradients" in vars(optimizer))
-        if towers is not None and len(towers) > 1:
-            self._towers[name] = towers
-        self._groups.append(_plan.Group(
-            name, loss, optimizer, var_list, transforms, loss_scale_manager,
-            _managers.overflow_check_enabled(loss_scale_manager), own_backprop))
-        if loss_fn is not None:
-            self._loss_fns[name] = loss_fn
-        return name
+        added = _groups.checked_group(
+            loss, optimizer, var_list, name, loss_scale_manager,
+            {"transform_grads_fn": transform_grads_fn, "clip_norm": clip_norm},
+            self._groups, self._manager, self._engine, self._allreduce_gradients)
+        if len(added.towers) > 1:
+            self._towers[added.group.name] = added.towers
+        self._groups.append(added.group)
+        if added.loss_fn is not None:
+            self._loss_fns[added.group.name] = added.loss_fn
+        return added.group.name
 
     @_sugar.documents("build")
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,
@@ -310,12 +274,6 @@ class MultiOptimizerLossScale(object):
             an op name (a string) in ``update_ops``, or a group whose
             optimizer is TF's own ``tf.train.SyncReplicasOptimizer``
             (``npu_lossscale.SyncReplicasOptimizer`` takes its place).
-
-        A manager may be shared with other builders and
-        ``LossScaleOptimizer``s: each ``session.run`` that fetches one of
-        their step ops updates it once. A run that fetches two step ops
-        updating one manager fails with an InvalidArgumentError before the
-        second one writes anything.
         """
         _context.require_graph_mode("MultiOptimizerLossScale.build")
         _assembly.check_no_strategy("MultiOptimizerLossScale.build")
@@ -331,15 +289,7 @@ class MultiOptimizerLossScale(object):
         _checks.check_global_step(global_step)
         resolved = _sugar.resolve("build", "build()", sugar, global_step=global_step,
                                   count_skipped_steps=count_skipped_steps)
-        conditions = list(resolved.conditions) + _checks.check_instances(
-            "skip_conditions", skip_conditions, _seams.SkipCondition)
-        for condition in conditions:
-            _checks.check_bool("%s.moves_scale" % condition.name, condition.moves_scale,
-                               "Set it True when a skip for this reason should count as an "
-                               "overflow for the loss-scale managers.")
-        given = _checks.check_instances("observers", observers, _seams.StepObserver)
-        observers = list(resolved.observers) + given
-        _checks.check_unique_names("observers", observers)
+        conditions, observers, given = _sugar.with_passed(resolved, skip_conditions, observers)
         sequence = resolved.sequence
         if sequence is not None:
             sequence = _assembly.check_sequence(sequence, self._groups, self._loss_fns, {
@@ -372,15 +322,12 @@ class MultiOptimizerLossScale(object):
         if self._towers:
             plan = _step.plan_step(_assembly.tower_groups(self._groups, self._towers),
                                    self._manager, options, global_step, api)
-        if sequence is not None and plan.mode == "chief":
-            raise ValueError("sequence=%r with a SyncReplicasOptimizer group: its chief "
-                             "decides one step at a time. Leave sequence out."
-                             % (list(sequence),))
         if sequence is not None:
-            train = self._build_sequence(plan, global_step, sequence)
+            train = _train_ops.sequence_ops(self, plan, global_step, sequence, self._loss_fns,
+                                            self._manager, self._skip_history)
         else:
-            train = self._build(plan, global_step, update_ops, per_group_ops, shipped,
-                                observers, given)
+            train = _train_ops.joint_ops(self, plan, global_step, update_ops, per_group_ops,
+                                         shipped, observers, given, self._skip_history)
         self._built = True
         return train
 
@@ -392,14 +339,3 @@ class MultiOptimizerLossScale(object):
             engine=engine, allreduce_gradients=self._allreduce_gradients,
             accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps,
             conditions=conditions)
-
-    def _build_sequence(self, plan, global_step, sequence):
-        """The sequence's op (``sequence.build_sequence``), as a ``TrainOps``."""
-        return _train_ops.sequence_ops(self, plan, global_step, sequence, self._loss_fns,
-                                       self._manager, self._skip_history)
-
-    def _build(self, plan, global_step, update_ops, per_group_ops, shipped, observers, given):
-        """The joint step, then the per-group steps if asked
-        (``train_ops.joint_ops``)."""
-        return _train_ops.joint_ops(self, plan, global_step, update_ops, per_group_ops,
-                                    shipped, observers, given, self._skip_history)

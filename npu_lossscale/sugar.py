@@ -20,6 +20,7 @@ import collections
 import textwrap
 
 from npu_lossscale import distributed as _distributed
+from npu_lossscale import seams as _seams
 from npu_lossscale import skips as _skips
 from npu_lossscale.skips import on_request as _on_request
 from npu_lossscale import transforms as _transforms
@@ -250,6 +251,40 @@ def documents(entry):
                                              "\n".join(lines))
         return documented
     return document
+
+
+class Passed(collections.namedtuple("Passed", ["conditions", "observers", "given"])):
+    """A build's plug-ins: the keywords' first, then the ones passed.
+
+    Attributes:
+      conditions: the ``seams.SkipCondition``s.
+      observers: the ``seams.StepObserver``s.
+      given: the observers passed as ``observers`` (``TrainOps.observed``).
+    """
+
+
+def with_passed(resolved, skip_conditions, observers):
+    """``build()``'s plug-ins: ``resolved``'s, then ``skip_conditions`` and
+    ``observers``, checked as one list of each.
+
+    Returns:
+      A ``Passed``.
+
+    Raises:
+      TypeError: for what is no instance of its seam, or a non-bool
+        ``moves_scale``.
+      ValueError: for two observers of one name.
+    """
+    conditions = list(resolved.conditions) + _checks.check_instances(
+        "skip_conditions", skip_conditions, _seams.SkipCondition)
+    for condition in conditions:
+        _checks.check_bool("%s.moves_scale" % condition.name, condition.moves_scale,
+                           "Set it True when a skip for this reason should count as an "
+                           "overflow for the loss-scale managers.")
+    given = _checks.check_instances("observers", observers, _seams.StepObserver)
+    observers = list(resolved.observers) + given
+    _checks.check_unique_names("observers", observers)
+    return Passed(conditions, observers, given)
 
 
 def keywords(entry):

@@ -74,7 +74,11 @@ class TrainOps(collections.namedtuple(
         and updates the loss scales. With accumulation and no engine, run
         it for every micro-batch; with an engine, run ``accumulate_op`` for
         the first ``accumulation_steps - 1`` micro-batches and ``update_op``
-        for the last.
+        for the last. A manager may be shared with other builders and
+        ``LossScaleOptimizer``s: each ``session.run`` that fetches one of
+        their step ops updates it once. A run that fetches two step ops
+        updating one manager fails with an InvalidArgumentError before the
+        second one writes anything.
       per_group: with ``build(per_group_ops=True)``, a dict from group name
         to an op that computes, checks and applies that group alone (same
         managers and counters), for alternating loops; empty otherwise.
@@ -202,7 +206,14 @@ def sequence_ops(owner, plan, global_step, sequence, loss_fns, manager, history)
 
     Returns:
       A ``TrainOps``.
+
+    Raises:
+      ValueError: with a SyncReplicasOptimizer group, before any op.
     """
+    if plan.mode == "chief":
+        raise ValueError("sequence=%r with a SyncReplicasOptimizer group: its chief "
+                         "decides one step at a time. Leave sequence out."
+                         % (list(sequence),))
     what = "MultiOptimizerLossScale (sequence %s)" % ", ".join(sequence)
     counters = _claims.StateKey(owner, "the step counters of " + what)
     with tf.name_scope("loss_scale/"):
