@@ -198,3 +198,23 @@ def test_build_takes_the_steps_parameters_and_the_tables_keywords():
     add = inspect.signature(nl.MultiOptimizerLossScale.add).parameters
     assert all(name in init for name in sugar.keywords("init"))
     assert all(name in add for name in sugar.keywords("add"))
+
+
+def test_a_new_keyword_is_one_row_of_the_table(graph, monkeypatch):
+    """A row added to ``sugar.TABLE``, and nothing else, gives ``build()`` a
+    keyword: here ``skip_first_steps=n``, sugar for ``skips.requested(range(n))``."""
+    row = sugar.Row("skip_first_steps", "build", None,
+                    lambda n, given: () if n is None else (skips.requested(range(n)),),
+                    "conditions", "skip the first n global steps.")
+    monkeypatch.setattr(sugar, "TABLE", sugar.TABLE + (row,))
+    monkeypatch.setitem(sugar._ROWS, row.kwarg, row)  # pylint: disable=protected-access
+    model = two_group_gan(compute_dtype=tf.float16)
+    global_step = tf.train.get_or_create_global_step()
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0))
+    scaler.add(model.d_loss, tf.train.GradientDescentOptimizer(0.1), var_list=model.d_vars)
+    train = scaler.build(global_step=global_step, count_skipped_steps=True, skip_first_steps=2)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        applied = [sess.run([train.update_op, train.applied], model.feed)[1]
+                   for _ in range(3)]
+    assert applied == [False, False, True]
