@@ -26,7 +26,7 @@ PIP_FLAGS := -q --disable-pip-version-check
 # graph we make or read. For a capability built on a seam (its file named
 # with ::tests), the tests that build its ops into a step and run it: the
 # refusals, the argument checks and the variations of each run on v2 only.
-V1_TESTS := tests/test_builder.py tests/test_gate.py tests/test_optimizer.py \
+V1_TESTS := tests/test_builder.py tests/test_plugins.py tests/test_gate.py tests/test_optimizer.py \
             tests/test_gradients.py tests/test_overflow.py tests/test_window.py \
             tests/test_close.py tests/test_update_ops.py tests/test_graph_state.py \
             tests/test_alternating.py tests/test_claims.py \

@@ -17,140 +17,25 @@ manager update), and the run-time claims (``claims``).
 
 from __future__ import absolute_import, division, print_function
 
-import collections
-
-import tensorflow.compat.v1 as tf
-
+from npu_lossscale import assembly as _assembly
 from npu_lossscale import backends as _backends
 from npu_lossscale.core import checks as _checks
-from npu_lossscale.core import claims as _claims
-from npu_lossscale.core import commit as _commit
-from npu_lossscale.core import graph_state as _graph_state
 from npu_lossscale.core import context as _context
-from npu_lossscale.diagnostics import reasons as _diagnosis_reasons
-from npu_lossscale import seams as _seams
-from npu_lossscale.diagnostics import record as _diagnosis
-from npu_lossscale import distributed as _distributed
+from npu_lossscale import groups as _groups
 from npu_lossscale import managers as _managers
-from npu_lossscale.core import plan as _plan
 from npu_lossscale.core import step as _step
-from npu_lossscale import sequence as _sequence
-from npu_lossscale.distributed import sync_replicas as _sync_replicas
-from npu_lossscale import underflow as _underflow
 from npu_lossscale.core import update_ops as _update_ops
-from npu_lossscale.distributed import towers as _towers
-from npu_lossscale.skips import loss_spikes as _loss_spikes
-from npu_lossscale.skips import requested as _requested
-from npu_lossscale.transforms import clip as _clip
-from npu_lossscale.transforms import transform_fn as _transform_fn
-from npu_lossscale.underflow import first_scale as _first_scale
-
-#: What makes a cluster's workers decide alike, per ``distributed.Cluster.kind``.
-_CLUSTER_ROUTES = {
-    "ascend": "Pass distributed='hccl' to sum the overflow decision across devices",
-    "horovod": "Pass distributed='horovod' to sum the overflow decision across ranks",
-    "tf_config": "Wrap the group's optimizer in npu_lossscale.SyncReplicasOptimizer, whose "
-                 "chief decides on the aggregated gradients",
-}
+from npu_lossscale import sugar as _sugar
+from npu_lossscale import train_ops as _train_ops
+# What build() returns, defined with the step ops it is made of.
+from npu_lossscale.train_ops import GroupReport, SkipReport, TrainOps  # noqa: F401
 
 #: The clip_norm values for which clip_by_global_norm stays exact
-#: (``transforms.clip.CLIP_NORM_RANGE``).
-CLIP_NORM_RANGE = _clip.CLIP_NORM_RANGE
+#: (``transforms.CLIP_NORM_RANGE``).
+CLIP_NORM_RANGE = _sugar.CLIP_NORM_RANGE
 
 
-class GroupReport(collections.namedtuple("GroupReport", ["is_finite", "loss_scale"])):
-    """One group's part of a run of ``update_op`` (``TrainOps.groups``).
-
-    Attributes:
-      is_finite: bool scalar, the group's overflow decision (equal to
-        ``TrainOps.is_finite`` on a single check).
-      loss_scale: float32 scalar, the scale the group used.
-    """
-
-
-class SkipReport(collections.namedtuple("SkipReport", ["skip_reason", "groups_overflowed",
-                                                       "last_skip", "recent_skips"])):
-    """Why steps skipped (``TrainOps.diagnosis``; docs/diagnosis.md).
-
-    Attributes:
-      skip_reason: int32 scalar, why this run of ``update_op`` skipped: 0
-        when it applied (or closed no accumulation window), else a code of
-        ``diagnostics.REASONS``.
-      groups_overflowed: dict from group name to a bool scalar, True when
-        this run skipped and that group's loss or gradients were not finite
-        on this worker (or saturated, on Ascend's register).
-      last_skip: a ``diagnostics.LastSkip``: reads of the record of the last
-        skipped step of any step op of the builder (``read_last_skip``),
-        with counts by reason and by group; in no collection, so not saved.
-      recent_skips: a ``diagnostics.RecentSkips``: reads of the history of
-        the last ``skip_history`` skips, oldest first, each with its global
-        step and streak (``read_recent_skips``): after a run of many device
-        iterations, every skip of the run.
-    """
-
-
-class TrainOps(collections.namedtuple(
-        "TrainOps", ["update_op", "per_group", "accumulate_op", "is_finite", "applied",
-                     "loss_scale", "skipped_steps", "window_end", "grads_and_vars",
-                     "groups", "diagnosis", "underflow", "observed", "clear_status",
-                     "counts_skipped_steps"])):
-    """What ``MultiOptimizerLossScale.build`` returns.
-
-    Fetch one step op per ``session.run``: ``update_op``, or one op of
-    ``per_group``. Every other field is a value of a run of ``update_op``:
-    fetched with it, it is that run's; fetched without it, it is worked out
-    for that run's batch and state, and nothing is applied or written
-    (``skipped_steps``, ``loss_scale`` and ``diagnosis.last_skip`` are
-    reads of the state, so they suit a run of a ``per_group`` op too). With
-    a ``distributed`` engine, fetch the fields that reduce across workers
-    (``is_finite``, ``applied``, ``diagnosis``) with ``update_op`` only:
-    alone, they would wait for the other workers' collectives.
-
-    Attributes:
-      update_op: the single op to run each step, in place of the
-        per-optimizer ``minimize`` ops: it applies every group (or none)
-        and updates the loss scales. With accumulation and no engine, run
-        it for every micro-batch; with an engine, run ``accumulate_op`` for
-        the first ``accumulation_steps - 1`` micro-batches and ``update_op``
-        for the last.
-      per_group: with ``build(per_group_ops=True)``, a dict from group name
-        to an op that computes, checks and applies that group alone (same
-        managers and counters), for alternating loops; empty otherwise.
-      accumulate_op: with accumulation, the op that adds a micro-batch
-        without closing the window (no collective, no cond); None otherwise.
-      is_finite: bool scalar, the run's overflow decision (all groups; the
-        window's, with accumulation and an engine).
-      applied: bool scalar, True when the run applies (any group, with
-        ``skip_policy="per_group"``); None with a SyncReplicasOptimizer
-        group, whose chief decides.
-      loss_scale: float32 scalar, the builder manager's scale for this run,
-        before the manager's update.
-      skipped_steps: int64 scalar, the checkpointed count of steps (windows)
-        on which some group did not apply, before this run.
-      window_end: bool scalar, True when the run closes an accumulation
-        window (always True without accumulation).
-      grads_and_vars: dict from group name to its unscaled (gradient,
-        variable) pairs of this run, before the reduction across workers,
-        an accumulation window's mean and every transform (``clip_norm``,
-        ``transform_grads_fn``): what skip conditions and observers see
-        as ``seams.StepState.grads``. Where the step fuses a clip into the
-        unscale, these are a multiply of their own that runs only when
-        fetched.
-      groups: dict from group name to its ``GroupReport``.
-      diagnosis: the ``SkipReport`` (its ``skip_reason`` None through a
-        SyncReplicasOptimizer, whose chief decides).
-      underflow: with ``build(measure_underflow=True)``, a dict from group
-        name to its ``underflow.Underflow``; empty otherwise.
-      observed: dict from the name of each observer passed to
-        ``build(observers=...)`` to what its ``report`` returned.
-      clear_status: the op that clears Ascend's float-status register (a
-        no-op off the register); every register-reading step runs it first.
-      counts_skipped_steps: whether ``update_op`` advances ``global_step`` on
-        skipped steps too (``build(count_skipped_steps=True)``); None without
-        a ``global_step``. A device loop (docs/ascend.md) needs True.
-    """
-
-
+@_sugar.documents("init")
 class MultiOptimizerLossScale(object):
     """Loss scaling for several optimizers, with one decision per step.
 
@@ -187,20 +72,7 @@ class MultiOptimizerLossScale(object):
         any op that ran before its read did (a forward op it shares with a
         later group, or that group's forward pass, which TF may schedule
         early). No group misses its own overflow.
-      distributed: None, "horovod", "hccl" or False. With "horovod" or
-        "hccl" every worker reaches the
-        same decision: the overflow flags are summed across workers before
-        the apply gate (zero means finite everywhere), and no collective is
-        ever placed inside a cond or the gate. With
-        ``hvd.broadcast_global_variables(0)`` (or the engine's equivalent) at
-        start, weights and loss scales stay equal on every worker. None: one
-        worker; ``build()`` refuses it when the environment names several
-        (RANK_SIZE, a Horovod/MPI launcher, a TF_CONFIG cluster), unless a
-        SyncReplicasOptimizer group's chief decides, or every checked
-        group's optimizer averages its gradients before the check
-        (``hvd.DistributedOptimizer``; not on the float-status register).
-        False: the workers are independent (asynchronous parameter-server
-        workers), each skipping on its own overflows.
+      SUGAR_KEYWORDS
       allreduce_gradients: with ``distributed``, average the gradients across
         workers (outside the gate). Pass False when the optimizers already do
         it (``hvd.DistributedOptimizer``) or for worker-local gradients such
@@ -208,13 +80,6 @@ class MultiOptimizerLossScale(object):
         and flags are reduced once per window, by ``update_op``; the
         micro-batches before it run ``accumulate_op``, which holds no
         collective, so no collective ever needs a cond around it.
-      allreduce_float16: with "horovod" or "hccl", average float16 gradients
-        in float16, each worker's divided by the number of workers first (a
-        sum of values at most 65504 / n cannot overflow): half the bytes of
-        the default float32 average, at the cost of the values below
-        n * 2**-24, which flush to 0. For bandwidth-bound float16 models;
-        an accumulation window's sums are float32 and stay so.
-
       gate: how the apply gate is built. "auto" (default): a ``tf.cond``
         where Ascend needs one (``ENABLE_FORCE_V2_CONTROL=1`` set, or the npu
         backend with control flow v2 on, as for dynamic shapes), else the
@@ -236,11 +101,11 @@ class MultiOptimizerLossScale(object):
 
     def __init__(self, loss_scale_manager, backend="auto", skip_policy="all",
                  distributed=None, allreduce_gradients=True, gate="auto",
-                 allreduce_float16=False, skip_history=_diagnosis.DEFAULT_HISTORY):
+                 allreduce_float16=False, skip_history=_assembly.DEFAULT_HISTORY):
         _context.require_graph_mode("MultiOptimizerLossScale")
         self._skip_history = _checks.check_count(
             "skip_history", skip_history,
-            "Pass how many skips the record keeps, e.g. %d." % _diagnosis.DEFAULT_HISTORY)
+            "Pass how many skips the record keeps, e.g. %d." % _assembly.DEFAULT_HISTORY)
         _managers.check_manager(loss_scale_manager)
         _checks.check_bool(
             "allreduce_gradients", allreduce_gradients,
@@ -252,18 +117,11 @@ class MultiOptimizerLossScale(object):
         self._requested_backend = backend
         _backends.resolve_backend(backend, warn=False)  # refuses a bad backend now
         self._skip_policy = skip_policy
-        _checks.check_bool("allreduce_float16", allreduce_float16,
-                           "Pass True to average float16 gradients in float16.")
-        self._engine = _distributed.resolve_engine(distributed)
-        if allreduce_float16:
-            if not isinstance(self._engine, _distributed.CollectiveEngine):
-                raise ValueError(
-                    "allreduce_float16=True needs distributed='horovod' or 'hccl', got "
-                    "distributed=%r. Pass one of them, or leave allreduce_float16 off."
-                    % (distributed,))
-            self._engine = self._engine.reducing_float16()
+        self._engine = _sugar.resolve(
+            "init", "MultiOptimizerLossScale()",
+            {"distributed": distributed, "allreduce_float16": allreduce_float16}).engine
         self._independent = distributed is False
-        _distributed.check_no_strategy("MultiOptimizerLossScale")
+        _assembly.check_no_strategy("MultiOptimizerLossScale")
         self._allreduce_gradients = allreduce_gradients
         self._groups = []
         self._loss_fns = {}  # group name -> the loss callable add() took
@@ -281,6 +139,7 @@ class MultiOptimizerLossScale(object):
         """
         return _backends.resolve_backend(self._requested_backend, warn=False).name
 
+    @_sugar.documents("add")
     def add(self, loss, optimizer, var_list=None, name=None, clip_norm=None,
             loss_scale_manager=None, transform_grads_fn=None):
         """Registers a group: a loss minimised by an optimizer over variables.
@@ -306,17 +165,10 @@ class MultiOptimizerLossScale(object):
             trainable variable (only sensible with a single group).
           name: the group's name (a valid name scope); defaults to
             ``group_<index>``. Keys the dicts of ``TrainOps``.
-          clip_norm: if set, the group's unscaled gradients are clipped by
-            their global norm to this value before the apply, on finite
-            steps only (with accumulation: the window's mean).
+          SUGAR_KEYWORDS
           loss_scale_manager: a manager for this group alone (its own scale
             and its own updates, as Apex's ``num_losses``); defaults to the
             builder's.
-          transform_grads_fn: TF-GAN's hook: a function from the group's
-            list of unscaled (gradient, variable) pairs to the list to
-            apply, or a ``seams.GradientTransform``. It runs before the
-            decision, and the overflow check covers what it returns;
-            ``clip_norm`` clips after it.
 
         Returns:
           The group's name.
@@ -333,76 +185,21 @@ class MultiOptimizerLossScale(object):
         if self._built:
             raise ValueError("add() came after build(), for loss %r. Add every group "
                              "first, then build() once." % (loss,))
-        loss_fn = None
-        if callable(loss) and not isinstance(loss, tf.Tensor):
-            loss_fn, loss = loss, loss()  # as tf.train.Optimizer.minimize accepts
-        towers = loss if isinstance(loss, (list, tuple)) else None
-        if towers is None:
-            loss = _checks.check_loss(loss)
-        _checks.check_optimizer(optimizer)
-        transforms = _transform_fn.transforms_of(transform_grads_fn)
-        for transform in transforms:
-            _checks.check_bool("%s.keeps_finite" % transform.name, transform.keeps_finite,
-                               "Set it True only when finite gradients in always give finite "
-                               "gradients out (a clip by a finite norm).")
-        if name is None:
-            name = "group_%d" % len(self._groups)
-        name = _checks.check_group_name(name, [group.name for group in self._groups])
-        if towers is not None:
-            towers = _towers.tower_losses(towers, name)
-            loss = towers[0]  # the towers' mean replaces it at build()
-        for group in self._groups:
-            if group.optimizer is optimizer:
-                raise ValueError("optimizer %r is already group %r's. Give each group its "
-                                 "own optimizer." % (optimizer, group.name))
-        var_list = _checks.check_var_list(var_list, name, self._groups)
-        if self._engine is not None:
-            _distributed.check_not_already_reducing(optimizer, name, self._allreduce_gradients)
-            if not self._allreduce_gradients and not _distributed.reduces_gradients(optimizer):
-                tf.logging.warning(
-                    "npu_lossscale: group %r: allreduce_gradients=False and its optimizer "
-                    "(%s) does not average gradients across workers, so its replicas "
-                    "train on local gradients only. That is right for worker-local "
-                    "variables (embeddings sharded per worker); otherwise wrap the "
-                    "optimizer or pass allreduce_gradients=True."
-                    % (name, type(optimizer).__name__))
-        if clip_norm is not None:
-            # tf.clip_by_global_norm multiplies by 1 / clip_norm in float32;
-            # outside float32's normal range that quotient (or clip_norm
-            # itself) flushes to 0 or overflows, and every gradient becomes
-            # 0 or NaN on a step the check found finite.
-            _checks.check_number(
-                "clip_norm", clip_norm, minimum=CLIP_NORM_RANGE[0],
-                maximum=CLIP_NORM_RANGE[1],
-                hint="clip_by_global_norm computes 1 / clip_norm in float32, so both "
-                     "must be normal float32 numbers (2**-126 to 2**126, about 1.2e-38 "
-                     "to 8.5e37). Pass a global norm such as 1.0, or None not to clip.")
-        if loss_scale_manager is None:
-            loss_scale_manager = self._manager
-        else:
-            _managers.check_manager(loss_scale_manager)
-        # An optimizer whose compute_gradients is its own (Horovod's, NPU's,
-        # or one patched in place by npu_distributed_optimizer_wrapper) must
-        # compute its gradients itself: a shared tf.gradients would bypass it.
-        own_backprop = (type(optimizer).compute_gradients
-                        is not tf.train.Optimizer.compute_gradients
-                        or "compute_gradients" in vars(optimizer))
-        if clip_norm is not None:
-            transforms += (_clip.ClipByGlobalNorm(clip_norm),)
-        if towers is not None and len(towers) > 1:
-            self._towers[name] = towers
-        self._groups.append(_plan.Group(
-            name, loss, optimizer, var_list, transforms, loss_scale_manager,
-            _managers.overflow_check_enabled(loss_scale_manager), own_backprop))
-        if loss_fn is not None:
-            self._loss_fns[name] = loss_fn
-        return name
+        added = _groups.checked_group(
+            loss, optimizer, var_list, name, loss_scale_manager,
+            {"transform_grads_fn": transform_grads_fn, "clip_norm": clip_norm},
+            self._groups, self._manager, self._engine, self._allreduce_gradients)
+        if len(added.towers) > 1:
+            self._towers[added.group.name] = added.towers
+        self._groups.append(added.group)
+        if added.loss_fn is not None:
+            self._loss_fns[added.group.name] = added.loss_fn
+        return added.group.name
 
+    @_sugar.documents("build")
     def build(self, global_step=None, accumulation_steps=1, count_skipped_steps=False,
-              update_ops=None, per_group_ops=False, measure_underflow=False,
-              skip_global_steps=None, skip_loss_spikes=None, measure_first_scale=False,
-              first_scale_margin=_first_scale.DEFAULT_MARGIN, skip_conditions=(), observers=(),
-              sequence=None):
+              update_ops=None, per_group_ops=False, skip_conditions=(), observers=(),
+              **sugar):
         """Builds the single update op for every registered group.
 
         Args:
@@ -438,48 +235,16 @@ class MultiOptimizerLossScale(object):
           per_group_ops: also build ``TrainOps.per_group``, one update op per
             group for alternating loops (see ``TrainOps``). Not with
             accumulation.
-          measure_underflow: also build ``TrainOps.underflow``, the
-            per-group underflow measurement (a float32 copy of each loss's
-            float16 forward graph and its backprop, run only when fetched).
-            Needs float32 variables and a forward graph of plain ops
-            (``underflow.check_float32_view``).
-          skip_global_steps: steps to skip through the gate, to restart past
-            a known-bad range of batches: a collection of global steps (a
-            ``range``, list or set; needs ``global_step`` and
-            ``count_skipped_steps=True``), or a bool scalar tensor (or
-            variable), True on the runs to skip; one computed from
-            ``global_step``, or from a step fed back from it, needs
-            ``count_skipped_steps=True`` too, or the step it names skips
-            forever (feed a count of your own iterations instead). Reason
-            ``requested``; the scale stays.
-          skip_loss_spikes: a number k > 1: after 100 applied steps, a step
-            whose loss exceeds k times its moving average skips (reason
-            ``loss_spike``; the scale stays).
-          measure_first_scale: measure the first loss scale from the first
-            step's float32 view, before that step reads it: the largest
-            power of two under which every tensor the backprop holds stays
-            below 65504 / 2**first_scale_margin (``underflow.first_scale``).
-            Needs managers with ``assign_loss_scale`` (the dynamic ones)
-            and float32 master weights.
-          first_scale_margin: powers of two of headroom for
-            ``measure_first_scale``, an int in 0..15; only with it.
-          skip_conditions: further ``seams.SkipCondition``s, after these.
+          skip_conditions: ``seams.SkipCondition``s after the overflow
+            check (``skips.requested``, ``skips.loss_spikes`` or your own).
           observers: further ``seams.StepObserver``s, called for every
             step op (``update_op`` and each of ``per_group``, with that
             group's state); what each one's ``report`` returns for
-            ``update_op`` is ``TrainOps.observed[observer.name]``.
-          sequence: group names, repeats allowed (``["d", "d", "g"]``):
-            ``update_op`` then runs those sub-steps in order in one op, each
-            a whole step of its group (scale, check, gate, skip, manager
-            update) built under the previous one, whose loss callable
-            (``add(lambda: ...)``) is called again there so that its forward
-            pass reads the weights the previous sub-step wrote. For a GAN
-            on a device loop (docs/features.md, "Sub-steps in one op").
-            Every group must be named and have a callable loss; not with
-            accumulation, ``update_ops`` (a sub-step gates the UPDATE_OPS its
-            callable adds), ``per_group_ops``, towers, an engine, a
-            SyncReplicasOptimizer, ``measure_underflow``,
-            ``measure_first_scale`` or ``observers``.
+            ``update_op`` is ``TrainOps.observed[observer.name]``
+            (``underflow.measure_underflow()``'s is ``TrainOps.underflow``).
+          **sugar: the keywords of ``sugar.TABLE``, each a shipped plug-in
+            by name (an unknown one is a TypeError); the table's rows:
+            SUGAR_KEYWORDS
 
         Returns:
           A ``TrainOps``.
@@ -506,15 +271,9 @@ class MultiOptimizerLossScale(object):
             an op name (a string) in ``update_ops``, or a group whose
             optimizer is TF's own ``tf.train.SyncReplicasOptimizer``
             (``npu_lossscale.SyncReplicasOptimizer`` takes its place).
-
-        A manager may be shared with other builders and
-        ``LossScaleOptimizer``s: each ``session.run`` that fetches one of
-        their step ops updates it once. A run that fetches two step ops
-        updating one manager fails with an InvalidArgumentError before the
-        second one writes anything.
         """
         _context.require_graph_mode("MultiOptimizerLossScale.build")
-        _distributed.check_no_strategy("MultiOptimizerLossScale.build")
+        _assembly.check_no_strategy("MultiOptimizerLossScale.build")
         if self._built:
             raise ValueError("build() was already called on this MultiOptimizerLossScale. "
                              "Reuse the TrainOps it returned.")
@@ -524,183 +283,52 @@ class MultiOptimizerLossScale(object):
         _checks.check_bool(
             "count_skipped_steps", count_skipped_steps,
             "Pass True to advance global_step on skipped steps too.")
-        _checks.check_bool(
-            "measure_underflow", measure_underflow,
-            "Pass True to build TrainOps.underflow.")
         _checks.check_global_step(global_step)
-        conditions = [condition for condition in (
-            _requested.requested_skips(skip_global_steps, global_step, count_skipped_steps),
-            _loss_spikes.loss_spikes(skip_loss_spikes)) if condition is not None]
-        conditions += _checks.check_instances("skip_conditions", skip_conditions,
-                                              _seams.SkipCondition)
-        for condition in conditions:
-            _checks.check_bool("%s.moves_scale" % condition.name, condition.moves_scale,
-                               "Set it True when a skip for this reason should count as an "
-                               "overflow for the loss-scale managers.")
-        observers = _checks.check_instances("observers", observers, _seams.StepObserver)
-        _checks.check_unique_names("observers", observers)
+        resolved = _sugar.resolve("build", "build()", sugar, global_step=global_step,
+                                  count_skipped_steps=count_skipped_steps)
+        conditions, observers, given = _sugar.with_passed(resolved, skip_conditions, observers)
+        sequence = resolved.sequence
         if sequence is not None:
-            sequence = _sequence.check_sequence(sequence, self._groups, self._loss_fns, {
+            sequence = _assembly.check_sequence(sequence, self._groups, self._loss_fns, {
                 "accumulation_steps": accumulation_steps != 1,
                 "update_ops": update_ops is not None, "per_group_ops": per_group_ops is True,
-                "measure_underflow": measure_underflow is True,
-                "measure_first_scale": measure_first_scale is True,
-                "observers": bool(observers), "distributed": self._engine is not None,
+                "measure_underflow": sugar.get("measure_underflow") is True,
+                "measure_first_scale": sugar.get("measure_first_scale") is True,
+                "observers": bool(given), "distributed": self._engine is not None,
                 "towers": bool(self._towers)})
         # The builder's own reasons, refused here when in conflict; the
-        # record is made with them (``_record``).
-        _diagnosis_reasons.collect(conditions, self._groups)
+        # record collects them again from the plan.
+        _assembly.reasons(conditions, self._groups)
         options = self._options(accumulation_steps, count_skipped_steps, conditions)
         # Checked with each tower group's first tower loss; the towers' mean
         # (ops) is made once every check has passed.
-        plan = _step.plan_step(self._groups, self._manager, options, global_step,
-                               "MultiOptimizerLossScale.build")
-        first_scale = _first_scale.check_first_scale(plan, measure_first_scale,
-                                                     first_scale_margin)
+        api = "MultiOptimizerLossScale.build"
+        plan = _step.plan_step(self._groups, self._manager, options, global_step, api)
+        shipped = _assembly.hearing(plan)
+        for plugin in conditions + observers + shipped:
+            plugin.check_plan(plan, options, global_step, api)
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
-        _underflow.check_measurable(plan, measure_underflow)
-        _sync_replicas.check_builder_options(plan, update_ops, per_group_ops)
-        reduced = None
+        _assembly.check_sync_replicas_options(plan, update_ops, per_group_ops)
         if self._engine is None and not self._independent:
-            reduced = _distributed.check_cluster(
-                "MultiOptimizerLossScale.build", plan, _CLUSTER_ROUTES, "distributed=False",
-                aggregated=not plan.reduction.applies_here)
+            shipped = [item for item in [_assembly.check_cluster(api, plan)]
+                       if item is not None] + shipped
         if self._towers:
-            plan = _step.plan_step(self._groups_to_build(), self._manager, options,
-                                   global_step, "MultiOptimizerLossScale.build")
-        if sequence is not None and not plan.reduction.applies_here:
-            raise ValueError("sequence=%r with a SyncReplicasOptimizer group: its chief "
-                             "decides one step at a time. Leave sequence out."
-                             % (list(sequence),))
+            plan = _step.plan_step(_assembly.tower_groups(self._groups, self._towers),
+                                   self._manager, options, global_step, api)
         if sequence is not None:
-            train = self._build_sequence(plan, global_step, sequence)
+            train = _train_ops.sequence_ops(self, plan, global_step, sequence, self._loss_fns,
+                                            self._manager, self._skip_history)
         else:
-            train = self._build(plan, global_step, update_ops, per_group_ops,
-                                measure_underflow,
-                                [item for item in (reduced, first_scale) if item is not None],
-                                observers)
+            train = _train_ops.joint_ops(self, plan, global_step, update_ops, per_group_ops,
+                                         shipped, observers, given, self._skip_history)
         self._built = True
         return train
 
     def _options(self, accumulation_steps=1, count_skipped_steps=False, conditions=()):
-        engine = _sync_replicas.engine_for([group.optimizer for group in self._groups],
-                                           self._engine)
-        if self._towers:
-            engine = _towers.Towers(engine if engine is not None else _seams.ReductionEngine(),
-                                    self._towers)
+        engine = _assembly.step_engine([group.optimizer for group in self._groups],
+                                       self._engine, self._towers)
         return _step.Options(
             backend=_backends.resolve_backend(self._requested_backend), gate=self._gate,
-            skip_policy=self._skip_policy,
-            engine=engine, allreduce_gradients=self._allreduce_gradients,
+            skip_policy=self._skip_policy, engine=engine, allreduce_gradients=self._allreduce_gradients,
             accumulation_steps=accumulation_steps, count_skipped_steps=count_skipped_steps,
             conditions=conditions)
-
-    def _build_sequence(self, plan, global_step, sequence):
-        """The sequence's op (``sequence.build_sequence``), as a ``TrainOps``."""
-        what = "MultiOptimizerLossScale (sequence %s)" % ", ".join(sequence)
-        counters = _claims.StateKey(self, "the step counters of " + what)
-        with tf.name_scope("loss_scale/"):
-            skipped_steps = _commit.SkippedSteps()
-            record = self._record(plan)
-            built = _sequence.build_sequence(
-                sequence, dict((group.name, group) for group in plan.groups), self._loss_fns,
-                plan, global_step, skipped_steps, record, counters, "update_op of " + what)
-            last = dict((sub.name, sub) for sub in built.substeps)
-            reasons = [sub.step.reports[0][0] for sub in built.substeps]
-            reason = reasons[-1]
-            for earlier in reversed(reasons[:-1]):  # the first sub-step that skipped
-                reason = tf.where(tf.not_equal(earlier, 0), earlier, reason)
-            overflowed = dict((name, tf.reduce_any(tf.stack(
-                [sub.step.reports[0][1][name] for sub in built.substeps if sub.name == name])))
-                for name in plan.group_names)
-            report = SkipReport(tf.identity(reason, name="skip_reason"), overflowed,
-                                record.last_skip(), record.recent_skips())
-            clear_status = plan.backend.clear_status()
-        if plan.backend.reads_register and plan.checks:
-            _backends.claim_register(self, "a " + what)
-        _graph_state.of(built.update_op.graph).records[built.update_op.name] = record
-        first = built.substeps[0].step
-        return TrainOps(
-            update_op=built.update_op, per_group={}, accumulate_op=None,
-            is_finite=built.is_finite, applied=built.applied,
-            loss_scale=next((sub.step.loss_scale for sub in built.substeps
-                             if plan.group(sub.name).manager is self._manager),
-                            first.loss_scale),
-            skipped_steps=skipped_steps.before, window_end=tf.constant(True),
-            grads_and_vars=dict((name, sub.step.grads_and_vars[name])
-                                for name, sub in last.items()),
-            groups=dict((name, GroupReport(sub.step.group_is_finite[name],
-                                           sub.step.loss_scales.get(name)))
-                        for name, sub in last.items()),
-            diagnosis=report, underflow={}, observed={}, clear_status=clear_status,
-            counts_skipped_steps=None if global_step is None else plan.count_skipped_steps)
-
-    def _record(self, plan):
-        """The builder's skip ``Record``."""
-        reasons = _diagnosis_reasons.collect([item.condition for item in plan.conditions],
-                                             plan.groups)
-        return _diagnosis.Record(plan.groups, reasons=reasons, on_host=not plan.backend.on_npu,
-                                 switch_merge=plan.gate_kind == "pivot",
-                                 history=self._skip_history,
-                                 counts_skipped_steps=plan.count_skipped_steps)
-
-    def _groups_to_build(self):
-        """The groups, a tower group's loss the mean of its towers'."""
-        return [group._replace(loss=_towers.mean_loss(self._towers[group.name]))
-                if group.name in self._towers else group for group in self._groups]
-
-    def _build(self, plan, global_step, update_ops, per_group_ops, measure_underflow,
-               first, extra_observers):
-        """The joint step, then the per-group steps if asked."""
-        what = "MultiOptimizerLossScale (groups %s)" % ", ".join(plan.group_names)
-        counters = _claims.StateKey(self, "the step counters of " + what)
-        # Absolute ("loss_scale/"): a root op named "loss_scale" (npu_bridge's
-        # name for the scale) must not move this scope to "loss_scale_1".
-        with tf.name_scope("loss_scale/"):
-            skipped_steps = _commit.SkippedSteps()
-            record = self._record(plan)
-            diagnosis = _diagnosis.SkipDiagnosis(record)
-            observers = list(first) + [diagnosis]
-            if _underflow.listens(plan):
-                observers.append(_underflow.Hearing())
-            measurement = [_underflow.Measurement()] if measure_underflow else []
-            joint = _step.build_step(plan, "update_op of " + what, global_step, skipped_steps,
-                                     _update_ops.joint(update_ops), counters,
-                                     observers=observers + extra_observers + measurement)
-            clear_status = plan.backend.clear_status()
-            applied = joint.applied if plan.reduction.applies_here else None
-            reported = joint.reports[observers.index(diagnosis)]
-            report = SkipReport(None, {}, record.last_skip(), record.recent_skips())
-            if applied is not None:
-                report = report._replace(skip_reason=reported[0],
-                                         groups_overflowed=reported[1])
-        per_group = {}
-        if per_group_ops:
-            for group in plan.groups:
-                alone = _plan.make_plan(
-                    [group], group.manager, plan.backend, engine=plan.reduction.engine,
-                    allreduce_gradients=plan.reduction.allreduce_gradients,
-                    count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind,
-                    conditions=[item.condition for item in plan.conditions])
-                with tf.name_scope("loss_scale_%s" % group.name):
-                    # Copies: the originals already belong to update_op's gate.
-                    per_group[group.name] = _step.build_step(
-                        alone, "per_group[%s] of %s" % (group.name, what), global_step,
-                        skipped_steps, _commit.Copies(update_ops.get(group.name, ())),
-                        counters, observers=observers + extra_observers).update_op
-        if plan.backend.reads_register and plan.checks:
-            _backends.claim_register(self, "a " + what)
-        _graph_state.of(joint.update_op.graph).records[joint.update_op.name] = record
-        return TrainOps(
-            update_op=joint.update_op, per_group=per_group, accumulate_op=joint.accumulate_op,
-            is_finite=joint.is_finite, applied=applied, loss_scale=joint.loss_scale,
-            skipped_steps=skipped_steps.before, window_end=joint.window_end,
-            grads_and_vars=joint.grads_and_vars,
-            groups=dict((name, GroupReport(joint.group_is_finite[name],
-                                           joint.loss_scales.get(name)))
-                        for name in plan.group_names),
-            diagnosis=report, underflow=joint.reports[-1] if measurement else {},
-            observed=dict((observer.name, item) for observer, item in zip(
-                extra_observers, joint.reports[len(observers):])),
-            clear_status=clear_status,
-            counts_skipped_steps=None if global_step is None else plan.count_skipped_steps)

@@ -34,13 +34,15 @@ from npu_lossscale.core import step as _step
 from npu_lossscale.diagnostics import record as _record
 
 
-class SubStep(collections.namedtuple("SubStep", ["index", "name", "step"])):
+class SubStep(collections.namedtuple("SubStep", ["index", "name", "step", "diagnosis"])):
     """One sub-step of a sequence.
 
     Attributes:
       index: its place in the sequence.
       name: its group's name.
       step: the ``core.step.Step`` built for it.
+      diagnosis: its skip diagnosis's report: the reason code, and the dict
+        from group name to whether it overflowed.
     """
 
 
@@ -144,13 +146,13 @@ def build_sequence(sequence, groups, loss_fns, plan, global_step, skipped_steps,
                     allreduce_gradients=plan.reduction.allreduce_gradients,
                     count_skipped_steps=plan.count_skipped_steps, gate_kind=plan.gate_kind,
                     conditions=[item.condition for item in plan.conditions])
+                diagnosis = _record.SkipDiagnosis(record, substep=index)
                 step = _step.build_step(
                     alone, "sub-step %d (%s) of %s" % (index, name, description), global_step,
-                    skipped_steps, update_ops,
-                    observers=[_record.SkipDiagnosis(record, substep=index)], substep=True)
+                    skipped_steps, update_ops, observers=[diagnosis], substep=True)
         moved.extend(state for state in _step.moved_state(alone, None)
                      if all(state.key is not seen.key for seen in moved))
-        substeps.append(SubStep(index, name, step))
+        substeps.append(SubStep(index, name, step, step.reports[0]))  # its one observer
         previous = step.update_op
     with tf.name_scope(scope):
         applied = tf.reduce_any(tf.stack([sub.step.applied for sub in substeps]),

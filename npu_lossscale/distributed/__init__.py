@@ -35,6 +35,9 @@ from npu_lossscale.cluster import (HOROVOD_SIZE_VARIABLES, RANK_SIZE_VARIABLES, 
 from npu_lossscale.core import graph_walk as _graph_walk
 from npu_lossscale.core.collectives import check_reduced, data_parents, is_collective, values_op
 
+__all__ = ["CollectiveEngine", "HcclEngine", "HorovodEngine", "ENGINES", "MODES",
+           "resolve_engine", "Cluster", "cluster_from_environment"]
+
 ENGINES = ("horovod", "hccl")
 #: The modes of a ``seams.ReductionEngine``.
 MODES = ("local", "workers", "chief")

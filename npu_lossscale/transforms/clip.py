@@ -5,6 +5,7 @@ from __future__ import absolute_import, division, print_function
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
+from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import gradients as _gradients
 
 # The clip_norm values for which clip_by_global_norm stays exact: clip_norm
@@ -48,6 +49,32 @@ class ClipByGlobalNorm(_seams.GradientTransform):
         del group
         norm = _global_norm([_cast(grad, tf.float32) for grad, _ in scaled_pairs])
         return inverse * self.clip_norm / tf.maximum(norm * inverse, self.clip_norm)
+
+
+def check_norm(argument, norm, fix):
+    """``norm``, checked to lie in ``CLIP_NORM_RANGE``.
+
+    ``tf.clip_by_global_norm`` multiplies by 1 / norm in float32; outside
+    float32's normal range that quotient (or the norm itself) flushes to 0
+    or overflows, and every gradient becomes 0 or NaN on a step the check
+    found finite.
+
+    Args:
+      argument: the argument's name, for the message.
+      norm: what it was given.
+      fix: the message's last sentence.
+
+    Returns:
+      ``norm``.
+
+    Raises:
+      TypeError, ValueError: as ``checks.check_number``.
+    """
+    _checks.check_number(
+        argument, norm, minimum=CLIP_NORM_RANGE[0], maximum=CLIP_NORM_RANGE[1],
+        hint="clip_by_global_norm computes 1 / clip_norm in float32, so both must be "
+             "normal float32 numbers (2**-126 to 2**126, about 1.2e-38 to 8.5e37). " + fix)
+    return norm
 
 
 def _global_norm(grads):

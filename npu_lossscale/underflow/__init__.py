@@ -35,6 +35,9 @@ from npu_lossscale.core import plan as _plan
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
 from npu_lossscale.managers import base as _manager_base
 
+__all__ = ["FLOAT16_MAX", "FLOAT16_MIN_NORMAL", "RAISE_BITS", "Underflow", "Measurement",
+           "Hearing", "combine", "measure_first_scale", "measure_underflow", "summaries"]
+
 #: float16's largest finite value (IEEE 754 binary16), the top of the
 #: headroom (``managers.base.FLOAT16_MAX``).
 FLOAT16_MAX = _manager_base.FLOAT16_MAX
@@ -429,6 +432,11 @@ class Measurement(_seams.StepObserver):
 
     name = "underflow"
 
+    def check_plan(self, plan, options, global_step, api):
+        """Refuses a group whose float32 view cannot be built (ValueError)."""
+        del options, global_step, api
+        check_measurable(plan, True)
+
     def report(self, state):
         if not state.scaled:
             return {}
@@ -443,12 +451,28 @@ class Hearing(_seams.StepObserver):
 
     name = "listening"
 
+    def check_plan(self, plan, options, global_step, api):
+        """Refuses a listening group whose float32 view cannot be built."""
+        del options, global_step, api
+        check_measurable(plan, False)
+
     def before_update(self, state):
         if not state.scaled:
             return _seams.Hooked()
         return listen(state.plan, state.scales, state.scaled, state.flags)
 
 
+def measure_underflow():
+    """The observer of ``build(measure_underflow=True)``: its report is
+    ``TrainOps.underflow``, each group's ``Underflow``."""
+    return Measurement()
+
+
 def listens(plan):
     """Whether a manager of ``plan`` listens to the measurement."""
     return any(_manager_base.listens_to_underflow(use.manager) for use in plan.managers)
+
+
+# The public constructor of the first-scale observer; below, since its module
+# imports this package's float32 view.
+from npu_lossscale.underflow.first_scale import measure_first_scale  # noqa: E402

@@ -60,6 +60,24 @@ class FirstScale(_seams.StepObserver):
         self._scope = _graph_state.current_scope()
         self._measured = []  # a _Measured per manager
 
+    def check_plan(self, plan, options, global_step, api):
+        """Refuses a manager that cannot take a measured scale
+        (``managers.base.assign_scale``), or a group whose float32 view
+        cannot be built (``float32_view.check_float32_view``): ValueError."""
+        del options, global_step, api
+        for use in plan.managers:
+            if use.groups and not _manager_base.takes_measured_scale(use.manager):
+                raise ValueError(
+                    "measure_first_scale=True, but the manager of groups %s (%s) cannot take "
+                    "a measured scale. Use DynamicLossScaleManager or "
+                    "ExponentialUpdateLossScaleManager, or leave measure_first_scale off."
+                    % (list(use.groups), type(use.manager).__name__))
+        for group in plan.groups:
+            if group.loss is not None:
+                check_float32_view(
+                    group.loss, group.var_list, group.name, "measure_first_scale=True",
+                    "Leave measure_first_scale off and pick an initial scale.")
+
     def _state(self, use):
         for known in self._measured:
             if known.manager is use.manager:
@@ -176,45 +194,53 @@ def _dense(grad):
 DEFAULT_MARGIN = 1
 
 
-def check_first_scale(plan, measure_first_scale, margin):
+def check_first_scale(measure_first_scale, margin):
     """The observer of ``build(measure_first_scale=..., first_scale_margin=...)``,
-    checked.
+    its arguments checked (the plan's in ``FirstScale.check_plan``).
 
     Returns:
       A ``FirstScale``, or None when not asked.
 
     Raises:
       TypeError: for a non-bool ``measure_first_scale`` or a non-int margin.
-      ValueError: for a margin outside 0..15, a margin other than the
-        default without ``measure_first_scale``, a manager that cannot take a
-        measured scale (``managers.base.assign_scale``), or a group whose
-        float32 view cannot be built (``float32_view.check_float32_view``).
+      ValueError: for a margin outside 0..15, or a margin other than the
+        default without ``measure_first_scale``.
     """
     if not isinstance(measure_first_scale, bool):
         raise TypeError("measure_first_scale must be a bool, got %r. Pass True to measure "
                         "the first loss scale." % (measure_first_scale,))
-    if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)):
-        raise TypeError("first_scale_margin must be an int, got %r. Pass e.g. 1 (a factor of "
-                        "2 below 65504)." % (margin,))
-    if margin < 0 or margin > 15:
-        raise ValueError("first_scale_margin must be in 0..15 powers of two, got %r. Pass "
-                         "e.g. 1." % (margin,))
+    _check_margin(margin)
     if not measure_first_scale:
         if margin != DEFAULT_MARGIN:
             raise ValueError("first_scale_margin=%r has no effect without "
                              "measure_first_scale=True. Pass measure_first_scale=True too, or "
                              "leave the margin out." % (margin,))
         return None
-    for use in plan.managers:
-        if use.groups and not _manager_base.takes_measured_scale(use.manager):
-            raise ValueError(
-                "measure_first_scale=True, but the manager of groups %s (%s) cannot take a "
-                "measured scale. Use DynamicLossScaleManager or "
-                "ExponentialUpdateLossScaleManager, or leave measure_first_scale off."
-                % (list(use.groups), type(use.manager).__name__))
-    for group in plan.groups:
-        if group.loss is not None:
-            check_float32_view(
-                group.loss, group.var_list, group.name, "measure_first_scale=True",
-                "Leave measure_first_scale off and pick an initial scale.")
     return FirstScale(int(margin))
+
+
+def measure_first_scale(margin=DEFAULT_MARGIN):
+    """The first-scale observer (``underflow.measure_first_scale``), as
+    ``build(measure_first_scale=True, first_scale_margin=margin)`` makes it.
+
+    Args:
+      margin: powers of two of headroom below 65504, an int in 0..15.
+
+    Returns:
+      A ``FirstScale``.
+
+    Raises:
+      TypeError, ValueError: for a margin that is not an int in 0..15.
+    """
+    return FirstScale(int(_check_margin(margin)))
+
+
+def _check_margin(margin):
+    """``margin``, checked to be an int in 0..15 (TypeError, ValueError)."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)):
+        raise TypeError("first_scale_margin must be an int, got %r. Pass e.g. 1 (a factor of "
+                        "2 below 65504)." % (margin,))
+    if margin < 0 or margin > 15:
+        raise ValueError("first_scale_margin must be in 0..15 powers of two, got %r. Pass "
+                         "e.g. 1." % (margin,))
+    return margin

@@ -31,14 +31,58 @@ class RequestedSkips(_seams.SkipCondition):
     Args:
       steps: a ``range``, or a sorted tuple of distinct global steps; or a
         bool scalar tensor.
+      given: what the user passed, for messages.
     """
 
     name = "requested_skip"
     reason = _reasons.REQUESTED.name
     fix = _reasons.REQUESTED.fix
 
-    def __init__(self, steps):
+    def __init__(self, steps, given=None):
         self.steps = steps
+        self.given = steps if given is None else given
+
+    def check_plan(self, plan, options, global_step, api):
+        """``check_step`` with the build's ``global_step`` and
+        ``count_skipped_steps``."""
+        del plan, api
+        self.check_step(global_step, options.count_skipped_steps)
+
+    def check_step(self, global_step, count_skipped_steps):
+        """Refuses steps that the build's ``global_step`` cannot reach.
+
+        Raises:
+          ValueError: for a collection without ``global_step`` or without
+            ``count_skipped_steps=True``, a step above what its dtype holds,
+            or a tensor computed from ``global_step`` without
+            ``count_skipped_steps=True``.
+        """
+        steps = self.given
+        if isinstance(self.steps, tf.Tensor):
+            if (global_step is not None and not count_skipped_steps
+                    and _checks.computed_from(self.steps, global_step.op)):
+                raise ValueError(
+                    "skip_global_steps=%r is computed from global_step, with "
+                    "count_skipped_steps=False: a skipped step would leave global_step where "
+                    "it is, so the same step would be skipped forever. Pass "
+                    "count_skipped_steps=True." % (steps,))
+            return
+        if not len(self.steps):
+            return
+        if global_step is None:
+            raise ValueError(
+                "skip_global_steps=%r names global steps, but build() got no global_step. "
+                "Pass global_step=tf.train.get_or_create_global_step()." % (steps,))
+        largest = global_step.dtype.base_dtype.max
+        if max(self.steps) > largest:
+            raise ValueError(
+                "skip_global_steps=%r holds a step above %d, the largest %s global_step "
+                "holds. Drop it." % (steps, largest, global_step.dtype.base_dtype.name))
+        if not count_skipped_steps:
+            raise ValueError(
+                "skip_global_steps=%r with count_skipped_steps=False: a skipped step would "
+                "leave global_step where it is, so the same step would be skipped forever. "
+                "Pass count_skipped_steps=True." % (steps,))
 
     def flag(self, state):
         if isinstance(self.steps, tf.Tensor):
@@ -68,14 +112,33 @@ def requested_skips(steps, global_step, count_skipped_steps):
       A ``RequestedSkips``, or None for None or an empty collection.
 
     Raises:
-      TypeError: for anything else, or a tensor that is not a bool scalar.
-      ValueError: for a negative step or one above what ``global_step``'s
-        dtype holds, a collection without ``global_step`` or without
-        ``count_skipped_steps=True``, a tensor of another graph, or one
-        computed from ``global_step`` without ``count_skipped_steps=True``.
+      TypeError, ValueError: as ``requested`` and ``RequestedSkips.check_step``.
     """
     if steps is None:
         return None
+    condition = requested(steps)
+    if isinstance(condition.steps, tuple) and not condition.steps:
+        return None
+    condition.check_step(global_step, count_skipped_steps)
+    return condition
+
+
+def requested(steps):
+    """A condition that skips the steps asked for (``skips.requested``).
+
+    Args:
+      steps: a collection of global steps (a list, tuple, set, ``range`` or
+        1-D integer array), or a bool scalar tensor (or variable), True on
+        the runs to skip.
+
+    Returns:
+      A ``RequestedSkips``; ``build()`` checks it against its
+      ``global_step`` and ``count_skipped_steps`` (``check_plan``).
+
+    Raises:
+      TypeError: for anything else, or a tensor that is not a bool scalar.
+      ValueError: for a negative step, or a tensor of another graph.
+    """
     if isinstance(steps, tf.Tensor) or _checks.is_variable(steps):
         if steps.dtype.base_dtype != tf.bool or steps.shape.ndims != 0:
             raise TypeError(
@@ -86,22 +149,15 @@ def requested_skips(steps, global_step, count_skipped_steps):
             raise ValueError(
                 "skip_global_steps=%r belongs to another graph. Build it in the graph of "
                 "the losses." % (steps,))
-        tensor = steps.read_value() if _checks.is_variable(steps) else steps
-        if (global_step is not None and not count_skipped_steps
-                and _checks.computed_from(tensor, global_step.op)):
-            raise ValueError(
-                "skip_global_steps=%r is computed from global_step, with "
-                "count_skipped_steps=False: a skipped step would leave global_step where it "
-                "is, so the same step would be skipped forever. Pass "
-                "count_skipped_steps=True." % (steps,))
-        return RequestedSkips(tensor)
+        return RequestedSkips(steps.read_value() if _checks.is_variable(steps) else steps,
+                              steps)
     if isinstance(steps, (str, bytes, bool, numbers.Number)) or not hasattr(steps, "__iter__"):
         raise TypeError(
             "skip_global_steps must be a collection of global steps or a bool scalar "
             "tensor, got %r. Pass e.g. range(4000, 4100) or [4000, 4001]." % (steps,))
     if isinstance(steps, range):
         # Ascending, whatever the direction given.
-        chosen = (None if not len(steps) else steps if steps.step > 0
+        chosen = (() if not len(steps) else steps if steps.step > 0
                   else range(steps[-1], steps[0] + 1, -steps.step))
     else:
         values = list(steps)
@@ -110,24 +166,8 @@ def requested_skips(steps, global_step, count_skipped_steps):
             raise TypeError(
                 "skip_global_steps must hold int global steps, got %r. Pass e.g. "
                 "range(4000, 4100)." % (steps,))
-        chosen = tuple(sorted(set(int(v) for v in values))) or None
-    if chosen is None:
-        return None
-    if min(chosen) < 0:
+        chosen = tuple(sorted(set(int(v) for v in values)))
+    if len(chosen) and min(chosen) < 0:
         raise ValueError("skip_global_steps must hold global steps >= 0, got %r. Drop the "
                          "negative ones." % (steps,))
-    if global_step is None:
-        raise ValueError(
-            "skip_global_steps=%r names global steps, but build() got no global_step. Pass "
-            "global_step=tf.train.get_or_create_global_step()." % (steps,))
-    largest = global_step.dtype.base_dtype.max
-    if max(chosen) > largest:
-        raise ValueError(
-            "skip_global_steps=%r holds a step above %d, the largest %s global_step holds. "
-            "Drop it." % (steps, largest, global_step.dtype.base_dtype.name))
-    if not count_skipped_steps:
-        raise ValueError(
-            "skip_global_steps=%r with count_skipped_steps=False: a skipped step would "
-            "leave global_step where it is, so the same step would be skipped forever. "
-            "Pass count_skipped_steps=True." % (steps,))
-    return RequestedSkips(chosen)
+    return RequestedSkips(chosen, steps)

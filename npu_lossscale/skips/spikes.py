@@ -101,26 +101,25 @@ class LossSpikes(_seams.SkipCondition):
         return ops
 
 
-def loss_spikes(factor):
-    """The condition of ``build(skip_loss_spikes=factor)``, checked.
+def loss_spikes(factor, argument="k"):
+    """A condition that skips a step whose loss exceeds ``factor`` times its
+    moving average (``skips.loss_spikes``; ``build(skip_loss_spikes=k)``).
 
     Args:
-      factor: None, or a number > 1.
+      factor: a number > 1.
+      argument: the argument's name, for the messages.
 
     Returns:
-      A ``LossSpikes``, or None.
+      A ``LossSpikes``.
 
     Raises:
       TypeError: for a non-number (a bool, a str, a tensor).
       ValueError: for a number that is not finite or not above 1.
     """
-    if factor is None:
-        return None
     if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
-        raise TypeError("skip_loss_spikes must be a number > 1, got %r. Pass e.g. "
-                        "skip_loss_spikes=3.0 (skip a loss above 3x its average)."
-                        % (factor,))
+        raise TypeError("%s must be a number > 1, got %r. Pass e.g. %s=3.0 (skip a loss "
+                        "above 3x its average)." % (argument, factor, argument))
     if not 1.0 < float(factor) < float("inf"):
-        raise ValueError("skip_loss_spikes must be a finite number > 1, got %r. Pass e.g. "
-                         "skip_loss_spikes=3.0." % (factor,))
+        raise ValueError("%s must be a finite number > 1, got %r. Pass e.g. %s=3.0."
+                         % (argument, factor, argument))
     return LossSpikes(factor)
