@@ -362,8 +362,9 @@ def unscale_all(plan, scales, scaled, packing):
         if fused is not None:
             with tf.name_scope("%s/%s" % (name, fused.name)):
                 inverse = tf.ones([]) if scale.is_unit else scale.inverse
-                scale = scale._replace(inverse=_checked_factor(
-                    fused, name, inverse, fused.unscale_factor(plan.group(name), pairs, inverse)),
+                factor = fused.unscale_factor(_hooks.group_view(plan.group(name)), pairs,
+                                              inverse)
+                scale = scale._replace(inverse=_checked_factor(fused, name, inverse, factor),
                                        is_unit=False)
         result[name] = packing.unscale(pairs, scale)
     return result

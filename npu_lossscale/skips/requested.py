@@ -22,7 +22,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale.diagnostics import reasons as _reasons
-from npu_lossscale.core import checks as _checks
+from npu_lossscale import plugin_helpers as _helpers
 
 
 class RequestedSkips(_seams.SkipCondition):
@@ -76,19 +76,19 @@ def requested_skips(steps, global_step, count_skipped_steps):
     """
     if steps is None:
         return None
-    if isinstance(steps, tf.Tensor) or _checks.is_variable(steps):
+    if isinstance(steps, tf.Tensor) or _helpers.is_variable(steps):
         if steps.dtype.base_dtype != tf.bool or steps.shape.ndims != 0:
             raise TypeError(
                 "skip_global_steps must be a bool scalar tensor or a collection of global "
                 "steps, got %r. Pass e.g. tf.equal(global_step %% 1000, 999) or "
                 "range(4000, 4100)." % (steps,))
-        if _checks.of_another_graph(steps):
+        if _helpers.of_another_graph(steps):
             raise ValueError(
                 "skip_global_steps=%r belongs to another graph. Build it in the graph of "
                 "the losses." % (steps,))
-        tensor = steps.read_value() if _checks.is_variable(steps) else steps
+        tensor = steps.read_value() if _helpers.is_variable(steps) else steps
         if (global_step is not None and not count_skipped_steps
-                and _checks.computed_from(tensor, global_step.op)):
+                and _helpers.computed_from(tensor, global_step.op)):
             raise ValueError(
                 "skip_global_steps=%r is computed from global_step, with "
                 "count_skipped_steps=False: a skipped step would leave global_step where it "
