@@ -23,7 +23,6 @@ import numbers
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
-from npu_lossscale.diagnostics import reasons as _reasons
 from npu_lossscale import plugin_helpers as _helpers
 
 #: Applied steps before a spike can skip: the average needs that many
@@ -43,8 +42,9 @@ class LossSpikes(_seams.SkipCondition):
     """
 
     name = "loss_spikes"
-    reason = _reasons.LOSS_SPIKE.name
-    fix = _reasons.LOSS_SPIKE.fix
+    reason = "loss_spike"
+    fix = ("a loss exceeded skip_loss_spikes times its moving average: check the batch "
+           "behind it; the weights and the loss scale stayed as they were.")
 
     def __init__(self, factor, warmup=DEFAULT_WARMUP, decay=DEFAULT_DECAY):
         self.factor = float(factor)

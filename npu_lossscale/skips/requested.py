@@ -21,7 +21,6 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
-from npu_lossscale.diagnostics import reasons as _reasons
 from npu_lossscale import plugin_helpers as _helpers
 
 
@@ -34,8 +33,8 @@ class RequestedSkips(_seams.SkipCondition):
     """
 
     name = "requested_skip"
-    reason = _reasons.REQUESTED.name
-    fix = _reasons.REQUESTED.fix
+    reason = "requested"
+    fix = "the step was asked to be skipped (build(skip_global_steps=...)): nothing to fix."
 
     def __init__(self, steps):
         self.steps = steps
