@@ -37,7 +37,8 @@ class _ClassName(object):
 
 
 class GroupView(collections.namedtuple(
-        "GroupView", ["name", "loss", "var_list", "optimizer", "manager", "checked"])):
+        "GroupView", ["name", "loss", "var_list", "optimizer", "manager", "checked",
+                      "own_backprop"])):
     """One group of the step (one ``add()``), as the hooks see it.
 
     Attributes:
@@ -49,6 +50,9 @@ class GroupView(collections.namedtuple(
       manager: the loss-scale manager whose scale it uses.
       checked: whether an overflow check covers its gradients (its manager
         skips overflowing steps).
+      own_backprop: whether its optimizer computes its own gradients (it
+        overrides ``compute_gradients``, as Horovod's does), which no other
+        group then shares.
     """
 
 
@@ -355,10 +359,11 @@ class ReductionEngine(object):
     """How the flags and gradients of replicas combine into one decision.
 
     The default is one replica on one worker. In-graph replicas (towers)
-    give each group one loss per replica, each differentiated in
-    ``replica_scope``, combined by ``combine_replicas``; workers sum their
-    flags and average their gradients in ``reduce``, at the top level of the
-    graph (never inside a cond: workers that disagree would deadlock).
+    give each group (a ``GroupView``) one loss per replica, each
+    differentiated in ``replica_scope``, combined by ``combine_replicas``;
+    workers sum their flags and average their gradients in ``reduce``, at
+    the top level of the graph (never inside a cond: workers that disagree
+    would deadlock).
 
     Attributes:
       name: names the engine in messages; the class name by default.

@@ -23,9 +23,11 @@ from npu_lossscale.core import graph_walk as _graph_walk
 
 
 def group_view(group):
-    """The ``seams.GroupView`` of a ``plan.Group``."""
+    """The ``seams.GroupView`` of a ``plan.Group`` (a view as it is)."""
+    if isinstance(group, _seams.GroupView):
+        return group
     return _seams.GroupView(group.name, group.loss, group.var_list, group.optimizer,
-                            group.manager, group.checked)
+                            group.manager, group.checked, group.own_backprop)
 
 
 def plan_view(plan):
@@ -162,7 +164,8 @@ def replica_losses(engine, group):
 
     Args:
       engine: the ``seams.ReductionEngine``.
-      group: the ``plan.Group``.
+      group: the ``plan.Group``, or its ``seams.GroupView``; the engine is
+        given the view.
 
     Returns:
       A tuple of loss tensors.
@@ -173,7 +176,7 @@ def replica_losses(engine, group):
         gradient would be the sum's: twice the gradient for two entries), or
         of another graph than the group's loss.
     """
-    value = engine.replica_losses(group)
+    value = engine.replica_losses(group_view(group))
     if not isinstance(value, (list, tuple)) or not value or not all(
             isinstance(loss, tf.Tensor) and loss.dtype.base_dtype.is_floating
             for loss in value):
