@@ -37,14 +37,14 @@ def plan_view(plan):
         tuple(group_view(group) for group in plan.groups),
         tuple(_seams.ManagerView(use.name, use.manager, use.groups) for use in plan.managers),
         plan.gate_kind, plan.reduction.engine)
-    view.step_plan = plan
+    view._step_plan = plan  # pylint: disable=protected-access
     return view
 
 
 def step_plan(state):
     """The ``plan.Plan`` behind ``state.plan``, a ``seams.PlanView`` made by
     ``plan_view``."""
-    return state.plan.step_plan
+    return state.plan._step_plan  # pylint: disable=protected-access
 
 
 def step_state(plan, global_step):
