@@ -170,7 +170,8 @@ class GradientTransform(object):
     the mean of an accumulation window), before the decision: on a step
     that skips, what it returns is never applied, and when ``keeps_finite``
     is False the step's overflow check also covers what it returns (a skip
-    for its own inf or NaN is diagnosed as ``<name>_not_finite``). Its ops
+    for its own inf or NaN is diagnosed as ``<name>_not_finite``, and the
+    loss scale holds on it: the transform failed, not the scale). Its ops
     run before the gate, so state a transform keeps (a variable it assigns)
     moves on skipped steps too, and each ``per_group_ops`` op calls it
     again, with a copy of that state: keep such state in a

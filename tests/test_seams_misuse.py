@@ -467,3 +467,35 @@ def test_a_flag_from_the_global_step_a_manager_holds_is_no_flag_from_the_scale(g
         sess.run(tf.global_variables_initializer())
         assert [sess.run([train.update_op, train.applied])[1] for _ in range(3)] == [
             True, False, True]
+
+
+@pytest.mark.parametrize("accumulation_steps", [1, 2])
+def test_a_transforms_own_nan_holds_the_scale(graph, accumulation_steps):
+    """Issue 44: a transform's NaN on finite gradients halved the loss
+    scale, though the scale was not at fault. The managers now hold on it
+    (2**8 stays 2**8), and an overflow of the gradients themselves still
+    halves the scale (2**8 -> 2**7), as without a transform."""
+    from npu_lossscale import diagnostics  # pylint: disable=import-outside-toplevel
+    w, loss = _net()
+    gain = tf.placeholder_with_default(1.0, [], name="gain")
+    scaler = nl.MultiOptimizerLossScale(
+        nl.DynamicLossScaleManager(initial_scale=2.0 ** 8, growth_steps=1000),
+        backend="is_finite")
+    scaler.add(loss * gain, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="net",
+               transform_grads_fn=DivideByNorm())
+    train = scaler.build(accumulation_steps=accumulation_steps)
+
+    def window(value):
+        for _ in range(accumulation_steps):
+            applied = sess.run([train.update_op, train.applied], {gain: value})[1]
+        return applied, sess.run(train.loss_scale), diagnostics.read_last_skip(sess, train)
+
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        assert window(1.0)[:2] == (True, 2.0 ** 8)
+        applied, scale, skip = window(0.0)  # a zero gradient: its norm is 0
+        assert (applied, skip.reason) == (False, "DivideByNorm_not_finite")
+        assert scale == 2.0 ** 8 and "The loss scale held." in diagnostics.describe(skip)
+        applied, scale, skip = window(np.inf)
+        assert not applied and skip.reason in ("gradients_overflowed", "loss_not_finite")
+        assert scale == 2.0 ** 7

@@ -8,6 +8,7 @@ from __future__ import absolute_import, division, print_function
 import collections
 import itertools
 
+from npu_lossscale.audit import _conditions
 from npu_lossscale.audit import _facts
 from npu_lossscale.audit import _graph
 from npu_lossscale.audit._findings import Finding, _some, _sorted
@@ -258,12 +259,12 @@ def _updates(context, writes):
     facts, model = context.facts, context.model
     roots, before = {}, {}
     for write in writes:
-        preds = [l.pred.rsplit(":", 1)[0] for l in model.conditions(write)
+        preds = [_conditions.pred_node(l) for l in model.conditions(write)
                  if l.kind == "cond"]
         seen = model.ancestors(facts.value_inputs(write) + preds, data_only=True)
         roots[write] = frozenset(n for n in seen if n in facts.flag_vars or (
             model.nodes[n].type in _facts.CHECK_TYPES
-            and _graph.SHIM_INTERNAL_SCOPE not in n.split("/")))
+            and not _graph.is_shim_internal(n)))
         before[write] = model.ancestors([write])
     groups = []  # lists of writes, merged as they join
     for write in sorted(writes):

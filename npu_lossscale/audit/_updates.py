@@ -11,6 +11,7 @@ import collections
 import itertools
 
 from npu_lossscale.core import graph_walk
+from npu_lossscale.audit import _conditions
 from npu_lossscale.audit import _graph
 from npu_lossscale.audit._findings import Finding, _if_run_together, _some, _sorted
 
@@ -293,7 +294,7 @@ def check_ungated_accumulation(context):
 
 def _gate_sees_window(context, gates, accumulators):
     facts, model = context.facts, context.model
-    preds = [l.pred.rsplit(":", 1)[0] for l in gates]
+    preds = [_conditions.pred_node(l) for l in gates]
     seen = model.ancestors(preds, data_only=True)
     if seen & (facts.flag_vars | accumulators):
         return True

@@ -83,7 +83,7 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
     if closing.mean_over > 1:
         grads = _gradients.means(grads, closing.mean_over)
     grads = transformed(plan, grads)
-    flags = _overflow.transformed_flags(plan, flags, grads)
+    flags, faults = _overflow.transformed_flags(plan, flags, grads)
     decisions = Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
     # The groups whose transforms may turn finite values into non-finite
     # ones: the skip diagnosis tells their fault from an overflow.
@@ -106,7 +106,7 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
     # The managers' updates (user hooks that may fail) come before the
     # commit makes any state; they follow the step's scale reads, which is
     # all the step reads of the scale.
-    updates = update_managers(plan, decisions, list(closing.after))
+    updates = update_managers(plan, decisions, list(closing.after), faults)
     committed = _commit.commit(plan, grads, decisions, global_step, skipped_steps, update_ops,
                                on_skip=on_skip, on_apply=on_apply if plan.conditions else None)
     with tf.control_dependencies(committed.ops + updates):
@@ -241,23 +241,29 @@ def update_op(manager, update):
         % (type(manager).__name__, update))
 
 
-def update_managers(plan, decisions, after):
+def update_managers(plan, decisions, after, faults=None):
     """Every used manager's update, fed with its groups' decision.
 
     A manager no group uses (the builder's, when every group brings its own)
     is read for ``TrainOps.loss_scale`` but never updated. A skip condition
     that does not move the scale holds the updates: on a step it skips while
-    the overflow checks pass, no manager updates.
+    the overflow checks pass, no manager updates. So does a transform's own
+    fault: on a step whose gradients passed a manager's checks and whose
+    transforms returned inf or NaN, that manager does not update (unless a
+    condition that moves the scale failed too).
 
     Args:
       plan: the ``plan.Plan``.
       decisions: the step's ``close.Decisions``.
       after: ops or tensors every update must follow (the applies and the
         scale reads, so that the step reads the scale before it moves).
+      faults: ordered dict from check name to the bool that the check's
+        transforms failed (``overflow.Transformed.faults``), or None.
 
     Returns:
       A list of ops.
     """
+    faults = faults or {}
     moving = [item.name for item in plan.conditions if item.condition.moves_scale]
     holding = [item.name for item in plan.conditions if not item.condition.moves_scale]
     updates = []
@@ -265,10 +271,16 @@ def update_managers(plan, decisions, after):
         if not use.groups:
             continue
         finite = decisions.all_of(list(use.checks) + moving)
-        if not holding:
+        held = [faults[check] for check in use.checks if check in faults]
+        if not holding and not held:
             updates.append(update_manager(use.manager, finite, after))
             continue
         free = tf.logical_or(decisions.all_of(holding), tf.logical_not(finite))
+        if held:
+            fault = tf.reduce_any(tf.stack(held))
+            if moving:
+                fault = tf.logical_and(fault, decisions.all_of(moving))
+            free = tf.logical_and(free, tf.logical_not(fault))
         updates.append(_commit.run_if(
             free, lambda scope, manager=use.manager, finite=finite: [
                 update_manager(manager, finite, after)], "update_%s" % use.name).op)

@@ -168,18 +168,37 @@ def transformed_flags(plan, before, after):
     cond, where a float-status read cannot be built.
 
     Returns:
-      A new ordered dict of the same names.
+      A ``Transformed``: the new flags, of the same names, and each covering
+      check's transform fault.
     """
     result = collections.OrderedDict(before)
+    faults = collections.OrderedDict()
     for item in plan.checks:
         tensors = [grad for name in item.groups
                    if not all(t.keeps_finite for t in plan.group(name).transforms)
                    for grad, _ in after[name]]
         if tensors and item.name in result:
             with tf.name_scope("transformed"):
-                result[item.name] = result[item.name] + values_flag(
-                    tensors, plan.backend.reads_register)
-    return result
+                flag = values_flag(tensors, plan.backend.reads_register)
+                # The transforms' own fault: finite before them, not after.
+                faults[item.name] = tf.logical_and(tf.equal(result[item.name], 0.0),
+                                                   tf.not_equal(flag, 0.0))
+                result[item.name] = result[item.name] + flag
+    return Transformed(result, faults)
+
+
+class Transformed(collections.namedtuple("Transformed", ["flags", "faults"])):
+    """The checks' flags after the transforms (``transformed_flags``).
+
+    Attributes:
+      flags: ordered dict from flag name to float32 flag, each check's
+        covering its groups' transformed gradients.
+      faults: ordered dict from the name of each check whose groups have a
+        transform that may turn finite values into non-finite ones to a
+        bool scalar: True when the check passed on the gradients and failed
+        on what the transforms returned. The managers hold on such a step:
+        the transform failed, not the loss scale.
+    """
 
 
 def values_flag(tensors, saturation):

@@ -176,8 +176,10 @@ def transform_reason(group):
       group: a ``core.plan.Group``.
 
     Returns:
-      A ``Reason`` that moves the scale (the step counts it as an
-      overflow), or None.
+      A ``Reason``, or None. A skip for it leaves the managers as they
+      were (``core.close.update_managers``: the transform failed, not the
+      scale), yet it is not ``holds_scale``: it extends the skip streak, so
+      a transform that keeps failing is a collapse for ``CollapseMonitor``.
     """
     names = [transform.name for transform in group.transforms if not transform.keeps_finite]
     if not names:
@@ -186,7 +188,7 @@ def transform_reason(group):
     return Reason("%s_not_finite" % which,
                   "the gradient transform %s returned inf or NaN from finite gradients and "
                   "losses: its own fault, not the loss scale's; make it keep finite values "
-                  "(guard its divisions and logs). The step counted it as an overflow."
+                  "(guard its divisions and logs). The loss scale held."
                   % which, False)
 
 
