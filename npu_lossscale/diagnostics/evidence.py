@@ -244,7 +244,7 @@ class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturatio
         whose loss was not finite; None otherwise.
       transformed: ordered dict from group name to the pairs its transforms
         returned, for the groups whose transforms may not keep finite
-        values (``close.Closing.transformed``); None when unknown.
+        values (``seams.CloseView.transformed``); None when unknown.
     """
 
 
