@@ -401,7 +401,15 @@ class ReductionEngine(object):
         return handed_to_chief
 
     def check_plan(self, plan, options, global_step, api):
-        """Refuses a plan the engine cannot run (ValueError), before any op."""
+        """Refuses a step the engine cannot run (ValueError), before any op.
+
+        Args:
+          plan: the step's ``PlanView``.
+          options: the build's options, as the public API took them
+            (``accumulation_steps``, ``count_skipped_steps``, ``engine``...).
+          global_step: the integer variable the step advances, or None.
+          api: the public name being built, for messages.
+        """
 
     def replica_losses(self, group):
         """The group's loss per in-graph replica. Default: its one loss."""

@@ -118,7 +118,7 @@ def plan_step(groups, manager, options, global_step, api):
         accumulation_steps=options.accumulation_steps,
         count_skipped_steps=options.count_skipped_steps, gate_kind=gate_kind,
         conditions=options.conditions)
-    plan.reduction.engine.check_plan(plan, options, global_step, api)
+    plan.reduction.engine.check_plan(_hooks.plan_view(plan), options, global_step, api)
     for group in plan.groups:
         if group.loss is not None:
             _hooks.replica_losses(plan.reduction.engine, group)  # refused before any op

@@ -69,7 +69,8 @@ def aggregated(grads):
 
 def _check_plan(plan, options, global_step, api):
     """Refuses a step with a SyncReplicasOptimizer group that cannot work
-    (``api`` names the public call in messages).
+    (``plan``, a ``seams.PlanView``; ``api`` names the public call in
+    messages).
 
     Raises:
       ValueError: for such a group beside others, with accumulation, with a
