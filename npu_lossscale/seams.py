@@ -14,7 +14,9 @@ library:
 * ``ReductionEngine``: how the flags and gradients of replicas combine:
   in-graph towers, Horovod, HCCL, a SyncReplicasOptimizer's chief.
 
-Each hook receives a ``StepState``: what the step has made so far.
+Each hook receives a ``StepState``: what the step has made so far, in the
+seams' own records (``PlanView``, ``GroupView``, ``ManagerView``,
+``ScaleView``, ``CloseView``), which the step makes from its own.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -23,7 +25,8 @@ import collections
 import contextlib
 
 __all__ = ["GradientTransform", "SkipCondition", "StepObserver", "ReductionEngine",
-           "StepState", "Hooked"]
+           "StepState", "Hooked", "GroupView", "ManagerView", "PlanView", "ScaleView",
+           "CloseView"]
 
 
 class _ClassName(object):
@@ -33,17 +36,95 @@ class _ClassName(object):
         return owner.__name__
 
 
+class GroupView(collections.namedtuple(
+        "GroupView", ["name", "loss", "var_list", "optimizer", "manager", "checked",
+                      "own_backprop"])):
+    """One group of the step (one ``add()``), as the hooks see it.
+
+    Attributes:
+      name: the group's name (a valid name scope).
+      loss: its scalar loss tensor (with in-graph towers, their mean); None
+        for given gradients.
+      var_list: tuple of the variables it updates.
+      optimizer: its optimizer.
+      manager: the loss-scale manager whose scale it uses.
+      checked: whether an overflow check covers its gradients (its manager
+        skips overflowing steps).
+      own_backprop: whether its optimizer computes its own gradients (it
+        overrides ``compute_gradients``, as Horovod's does), which no other
+        group then shares.
+    """
+
+
+class ManagerView(collections.namedtuple("ManagerView", ["name", "manager", "groups"])):
+    """One loss-scale manager of the step and the names of the ``groups``
+    that use its scale (none for the builder's own when every group brings
+    one); ``name`` scopes its ops ("shared" for the builder's)."""
+
+
+class PlanView(collections.namedtuple("PlanView", ["groups", "managers", "gate_kind",
+                                                   "engine"])):
+    """The step's groups and managers, as the hooks see them.
+
+    Attributes:
+      groups: tuple of ``GroupView``, in ``add()`` order (a per-group op's
+        holds its own group).
+      managers: tuple of ``ManagerView``, the builder's first.
+      gate_kind: "pivot" or "cond", the step's gate (``build(gate=...)``).
+      engine: the step's ``ReductionEngine``.
+    """
+
+    @property
+    def group_names(self):
+        """The groups' names, in order."""
+        return tuple(group.name for group in self.groups)
+
+    def group(self, name):
+        """The ``GroupView`` called ``name`` (KeyError if none)."""
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+
+class ScaleView(collections.namedtuple("ScaleView", ["value", "inverse", "is_unit"])):
+    """One manager's loss scale as this run reads it: ``value``, a float32
+    scalar that every use in the step reads; ``inverse``, ``1 / value``;
+    ``is_unit``, True when the scale is the constant 1."""
+
+
+class CloseView(collections.namedtuple("CloseView", ["flags", "grads", "mean_over",
+                                                     "loss_flags", "transformed"])):
+    """What the close of a step decides on.
+
+    Attributes:
+      flags: ordered dict from check or condition name to float32 flag,
+        before the reduction across workers.
+      grads: ordered dict from group name to (gradient, variable) pairs:
+        this run's unscaled gradients, or an accumulation window's sums.
+      mean_over: the number of micro-batches ``grads`` sum (1 without
+        accumulation).
+      loss_flags: for an accumulation window, ordered dict from group name
+        to the count of its micro-batches whose loss was not finite; None
+        when the losses themselves are at hand.
+      transformed: ordered dict from group name to the pairs its transforms
+        returned, for the groups whose transforms may turn finite values
+        into non-finite ones; None where the close transformed nothing.
+    """
+
+
 class StepState(collections.namedtuple(
         "StepState", ["plan", "global_step", "scales", "scaled", "grads", "flags",
-                      "closing", "reduced_flags", "window_end"])):
+                      "closing", "reduced_flags", "window_end", "loss_scales"])):
     """What the step has made when a hook is called (None: not yet).
 
     Attributes:
-      plan: the ``core.plan.Plan``: its ``groups`` (``name``, ``loss``,
-        ``optimizer``, ``var_list``, ``manager``) and ``group_names``.
+      plan: the ``PlanView``: its ``groups`` (``GroupView``: ``name``,
+        ``loss``, ``var_list``, ``optimizer``, ``manager``), ``group_names``
+        and ``managers``.
       global_step: the integer variable the step advances, or None.
-      scales: ordered dict from the plan's manager-use name to the
-        ``core.scales.Scale`` read this run (empty for given gradients).
+      scales: ordered dict from a ``ManagerView``'s name to the
+        ``ScaleView`` read this run (empty for given gradients).
       scaled: ordered dict from group name to its (gradient, variable)
         pairs, still multiplied by the loss scale (empty for given
         gradients).
@@ -54,20 +135,24 @@ class StepState(collections.namedtuple(
         towers' pairs are combined (``combine_replicas``).
       flags: ordered dict from check or condition name to this run's
         float32 flag, 0.0 to apply.
-      closing: at the close, the ``core.close.Closing`` it decides on (this
-        run's, or an accumulation window's sums and flags).
+      closing: at the close, the ``CloseView`` it decides on (this run's,
+        or an accumulation window's sums and flags).
       reduced_flags: at the close, the flags after the reduction across
         replicas and workers.
       window_end: for ``report`` in an accumulation window closed by
         ``update_op`` itself, the bool that this run closes the window
         (``closing`` is then the window as the run sees it, read without
         writing); None when the run closes its step.
+      loss_scales: ordered dict from group name to the float32 loss scale
+        its gradients were scaled by this run (empty for given gradients).
     """
 
     def __new__(cls, plan, global_step=None, scales=None, scaled=None, grads=None,
-                flags=None, closing=None, reduced_flags=None, window_end=None):
+                flags=None, closing=None, reduced_flags=None, window_end=None,
+                loss_scales=None):
         return super(StepState, cls).__new__(cls, plan, global_step, scales, scaled, grads,
-                                             flags, closing, reduced_flags, window_end)
+                                             flags, closing, reduced_flags, window_end,
+                                             loss_scales)
 
 
 class Hooked(collections.namedtuple("Hooked", ["ops", "entry_ops"])):
@@ -117,7 +202,7 @@ class GradientTransform(object):
         """The pairs to apply.
 
         Args:
-          group: the ``core.plan.Group`` (its ``name``, ``var_list``...).
+          group: the ``GroupView`` (its ``name``, ``var_list``...).
           grads_and_vars: list of (gradient, variable) pairs, unscaled.
 
         Returns:
@@ -139,7 +224,7 @@ class GradientTransform(object):
         ``transform``. Otherwise ``transform`` is called.
 
         Args:
-          group: the ``core.plan.Group``.
+          group: the ``GroupView``.
           scaled_pairs: its scaled (gradient, variable) pairs.
           inverse: float32 scalar, one over the loss scale.
 
@@ -283,10 +368,11 @@ class ReductionEngine(object):
     """How the flags and gradients of replicas combine into one decision.
 
     The default is one replica on one worker. In-graph replicas (towers)
-    give each group one loss per replica, each differentiated in
-    ``replica_scope``, combined by ``combine_replicas``; workers sum their
-    flags and average their gradients in ``reduce``, at the top level of the
-    graph (never inside a cond: workers that disagree would deadlock).
+    give each group (a ``GroupView``) one loss per replica, each
+    differentiated in ``replica_scope``, combined by ``combine_replicas``;
+    workers sum their flags and average their gradients in ``reduce``, at
+    the top level of the graph (never inside a cond: workers that disagree
+    would deadlock).
 
     Attributes:
       name: names the engine in messages; the class name by default.
@@ -323,7 +409,15 @@ class ReductionEngine(object):
         return handed_to_chief
 
     def check_plan(self, plan, options, global_step, api):
-        """Refuses a plan the engine cannot run (ValueError), before any op."""
+        """Refuses a step the engine cannot run (ValueError), before any op.
+
+        Args:
+          plan: the step's ``PlanView``.
+          options: the build's options, as the public API took them
+            (``accumulation_steps``, ``count_skipped_steps``, ``engine``...).
+          global_step: the integer variable the step advances, or None.
+          api: the public name being built, for messages.
+        """
 
     def replica_losses(self, group):
         """The group's loss per in-graph replica. Default: its one loss."""

@@ -9,6 +9,7 @@ The classes are the ones docs/extending.md shows; the last tests run its
 examples and check that they define these classes, word for word.
 """
 
+import ast
 import collections
 import contextlib
 import inspect
@@ -120,6 +121,49 @@ def _session():
     sess = tf.Session()
     sess.run(tf.global_variables_initializer())
     return sess
+
+
+# -- what the hooks are given: the seams' own records --
+
+class _Seen(seams.StepObserver, seams.GradientTransform):
+    """Keeps the state each hook is given, and the group a transform is."""
+
+    keeps_finite = True
+
+    def __init__(self):
+        self.states, self.groups = [], []
+
+    def transform(self, group, grads_and_vars):
+        self.groups.append(group)
+        return grads_and_vars
+
+    def before_update(self, state):
+        self.states.append(state)
+
+    def on_skip(self, state):
+        self.states.append(state)
+
+
+def test_the_hooks_are_given_the_seams_own_records(graph):
+    seen = _Seen()
+    c, w, manager, gs, train = _step(seen, observers=[seen])
+    before, closed = seen.states
+    assert isinstance(before.plan, seams.PlanView)
+    assert before.plan.group_names == ("net",)
+    group = before.plan.group("net")
+    assert isinstance(group, seams.GroupView) and seen.groups == [group]
+    assert (group.var_list, group.manager, group.checked) == ((w,), manager, True)
+    assert [(use.name, use.manager, use.groups) for use in before.plan.managers] == [
+        ("shared", manager, ("net",))]
+    assert (before.plan.gate_kind, before.global_step) == ("pivot", gs)
+    assert isinstance(before.plan.engine, seams.ReductionEngine)
+    assert [type(scale) for scale in before.scales.values()] == [seams.ScaleView]
+    assert list(before.loss_scales) == ["net"]
+    assert before.loss_scales["net"] is before.scales["shared"].value
+    assert isinstance(closed.closing, seams.CloseView) and closed.closing.mean_over == 1
+    assert list(closed.reduced_flags) == list(before.flags) == ["shared"]
+    with _session() as sess:
+        assert sess.run(before.loss_scales["net"]) == 1024.0
 
 
 # -- GradientTransform --
@@ -691,6 +735,17 @@ EXAMPLES = [("extending-transform", Halve, block("extending-transform")),
             ("extending-condition", SkipNegativeLoss, block("extending-condition")),
             ("extending-observer", CountSkips, block("extending-observer")),
             ("extending-engine", LoopbackPeer, block("extending-engine"))]
+
+
+@pytest.mark.parametrize("name,cls,code", EXAMPLES, ids=[name for name, _, _ in EXAMPLES])
+def test_the_docs_example_imports_nothing_of_core(name, cls, code):
+    del cls
+    imported = [node.module if isinstance(node, ast.ImportFrom) else alias.name
+                for node in ast.walk(ast.parse(code, name))
+                if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names]
+    assert imported and not [module for module in imported
+                             if module.startswith("npu_lossscale.core")], imported
 
 
 @pytest.mark.parametrize("name,cls,code", EXAMPLES, ids=[name for name, _, _ in EXAMPLES])

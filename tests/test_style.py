@@ -159,3 +159,20 @@ def test_plug_ins_reach_only_the_declared_helpers_of_core():
                 if not any(value is helper for helper in declared):
                     undeclared.append("%s/%s: core.%s.%s" % (package, name, module, attribute))
     assert undeclared == []
+
+
+#: The packages that plug into the step's seams: they import ``core`` only
+#: through ``plugin_helpers``.
+_SEAM_PLUG_INS = ("transforms", "skips", "underflow", "diagnostics", "distributed")
+
+
+def test_the_seams_plug_ins_import_core_only_through_plugin_helpers():
+    found = []
+    for package in _SEAM_PLUG_INS:
+        folder = os.path.join(REPO, "npu_lossscale", package)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                found += ["%s/%s: %s" % (package, name, module)
+                          for module in _package_imports(os.path.join(folder, name))
+                          if module.split(".")[0] == "core"]
+    assert found == []

@@ -13,7 +13,6 @@ import collections
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale import seams as _seams
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import collectives as _collectives
 from npu_lossscale.core import commit as _commit
@@ -23,8 +22,7 @@ from npu_lossscale.core import overflow as _overflow
 
 
 class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mean_over",
-                                                 "loss_flags", "transformed"],
-                                     defaults=(None, None))):
+                                                 "loss_flags"], defaults=(None,))):
     """What closing a step needs.
 
     Attributes:
@@ -41,10 +39,6 @@ class Closing(collections.namedtuple("Closing", ["flags", "grads", "after", "mea
       loss_flags: for an accumulation window, ordered dict from group name
         to the count of its micro-batches whose loss was not finite; None
         when the losses themselves are at hand.
-      transformed: in the ``StepState`` of the close, ordered dict from
-        group name to the pairs its transforms returned, for the groups
-        whose transforms may turn finite values into non-finite ones (the
-        skip diagnosis tells their fault from an overflow); None before.
     """
 
 
@@ -91,8 +85,10 @@ def close(plan, closing, global_step, skipped_steps=None, update_ops=(), observe
     grads = transformed(plan, grads)
     flags, faults = _overflow.transformed_flags(plan, flags, grads)
     decisions = Decisions(flags, [g for pairs in grads.values() for g, _ in pairs])
-    state = (state if state is not None else _seams.StepState(plan, global_step))._replace(
-        closing=closing._replace(transformed=collections.OrderedDict(
+    # The groups whose transforms may turn finite values into non-finite
+    # ones: the skip diagnosis tells their fault from an overflow.
+    state = (state if state is not None else _hooks.step_state(plan, global_step))._replace(
+        closing=_hooks.close_view(closing, collections.OrderedDict(
             (name, pairs) for name, pairs in grads.items()
             if any(not transform.keeps_finite for transform in plan.group(name).transforms))),
         reduced_flags=flags)
@@ -142,7 +138,7 @@ def transformed(plan, grads):
             with tf.name_scope("%s/%s" % (name, transform.name)):
                 pairs = _hooks.checked_pairs(
                     transform.name, name, pairs,
-                    transform.transform(group, list(pairs)),
+                    transform.transform(_hooks.group_view(group), list(pairs)),
                     "Return e.g. [(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars].")
         result[name] = pairs
     return result

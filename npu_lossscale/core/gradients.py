@@ -176,7 +176,8 @@ def scaled_gradients(plan, scales, names, after=()):
             first = plan.group(backprop.groups[0])
             replicas = _hooks.replica_losses(engine, first)
             for index, loss in enumerate(replicas):
-                with tf.name_scope(first.name), engine.replica_scope(first, index):
+                with tf.name_scope(first.name), engine.replica_scope(
+                        _hooks.group_view(first), index):
                     if first.own_backprop:
                         per_replica[first.name].append(first.optimizer.compute_gradients(
                             scaled_loss(loss, first.manager), var_list=list(first.var_list)))
@@ -197,7 +198,7 @@ def scaled_gradients(plan, scales, names, after=()):
         replicas = [[(grad, var) for grad, var in pairs if grad is not None]
                     for pairs in per_replica[name]]
         pairs = (replicas[0] if len(replicas) == 1
-                 else engine.combine_replicas(group, replicas))
+                 else engine.combine_replicas(_hooks.group_view(group), replicas))
         pairs = [(_summed_duplicates(grad), var) for grad, var in pairs]
         if not pairs:
             raise ValueError(
@@ -362,8 +363,9 @@ def unscale_all(plan, scales, scaled, packing):
         if fused is not None:
             with tf.name_scope("%s/%s" % (name, fused.name)):
                 inverse = tf.ones([]) if scale.is_unit else scale.inverse
-                scale = scale._replace(inverse=_checked_factor(
-                    fused, name, inverse, fused.unscale_factor(plan.group(name), pairs, inverse)),
+                factor = fused.unscale_factor(_hooks.group_view(plan.group(name)), pairs,
+                                              inverse)
+                scale = scale._replace(inverse=_checked_factor(fused, name, inverse, factor),
                                        is_unit=False)
         result[name] = packing.unscale(pairs, scale)
     return result

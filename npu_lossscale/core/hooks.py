@@ -1,6 +1,8 @@
-"""Calling the seams' hooks: what each one returns is checked where the step
-takes it, so that a hook of the user's that returns the wrong thing fails at
-graph-build time with its name, not deep in TensorFlow or, worse, silently.
+"""Calling the seams' hooks: what they are given is the seams' own records
+(``seams.StepState`` and its views, made here from the step's), and what
+each one returns is checked where the step takes it, so that a hook of the
+user's that returns the wrong thing fails at graph-build time with its
+name, not deep in TensorFlow or, worse, silently.
 
 ``seams.StepObserver`` hooks may return nothing (None). The ops of the
 hooks that run in a branch of the gate (``StepObserver.on_skip``,
@@ -18,6 +20,54 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale.core import graph_walk as _graph_walk
+
+
+def group_view(group):
+    """The ``seams.GroupView`` of a ``plan.Group`` (a view as it is)."""
+    if isinstance(group, _seams.GroupView):
+        return group
+    return _seams.GroupView(group.name, group.loss, group.var_list, group.optimizer,
+                            group.manager, group.checked, group.own_backprop)
+
+
+def plan_view(plan):
+    """The ``seams.PlanView`` of a ``plan.Plan``; the plan itself rides
+    along for ``plugin_helpers.step_plan`` (the shipped skip diagnosis)."""
+    view = _seams.PlanView(
+        tuple(group_view(group) for group in plan.groups),
+        tuple(_seams.ManagerView(use.name, use.manager, use.groups) for use in plan.managers),
+        plan.gate_kind, plan.reduction.engine)
+    view._step_plan = plan  # pylint: disable=protected-access
+    return view
+
+
+def step_plan(state):
+    """The ``plan.Plan`` behind ``state.plan``, a ``seams.PlanView`` made by
+    ``plan_view``."""
+    return state.plan._step_plan  # pylint: disable=protected-access
+
+
+def step_state(plan, global_step):
+    """The ``seams.StepState`` of ``plan``'s step before anything is made."""
+    return _seams.StepState(plan_view(plan), global_step)
+
+
+def with_scales(state, plan, scales):
+    """``state`` with the step's scale reads (``scales.read_scales``): as
+    ``seams.ScaleView``s by manager use, and the value by group name."""
+    return state._replace(
+        scales=collections.OrderedDict(
+            (name, _seams.ScaleView(scale.value, scale.inverse, scale.is_unit))
+            for name, scale in scales.items()),
+        loss_scales=collections.OrderedDict(
+            (name, scales[plan.scale_of(name)].value) for name in plan.group_names
+            if scales))
+
+
+def close_view(closing, transformed=None):
+    """The ``seams.CloseView`` of a ``close.Closing``."""
+    return _seams.CloseView(closing.flags, closing.grads, closing.mean_over,
+                            closing.loss_flags, transformed)
 
 
 def hooked(owner, hook, state):
@@ -114,7 +164,8 @@ def replica_losses(engine, group):
 
     Args:
       engine: the ``seams.ReductionEngine``.
-      group: the ``plan.Group``.
+      group: the ``plan.Group``, or its ``seams.GroupView``; the engine is
+        given the view.
 
     Returns:
       A tuple of loss tensors.
@@ -125,7 +176,7 @@ def replica_losses(engine, group):
         gradient would be the sum's: twice the gradient for two entries), or
         of another graph than the group's loss.
     """
-    value = engine.replica_losses(group)
+    value = engine.replica_losses(group_view(group))
     if not isinstance(value, (list, tuple)) or not value or not all(
             isinstance(loss, tf.Tensor) and loss.dtype.base_dtype.is_floating
             for loss in value):

@@ -77,7 +77,7 @@ def condition_flags(plan, state):
                     "skip condition %r returned %r from flag(state), a tensor of another "
                     "graph. Build the flag from the step's own tensors (state.plan, "
                     "state.global_step)." % (item.condition.name, flag))
-            if not item.condition.moves_scale and _reads_a_moving_scale(flag, state):
+            if not item.condition.moves_scale and _reads_a_moving_scale(flag, plan, state):
                 raise ValueError(
                     "skip condition %r: its flag %r is computed from the loss scale and "
                     "moves_scale is False, so a step it skips keeps the scale and it skips "
@@ -86,14 +86,14 @@ def condition_flags(plan, state):
     return result
 
 
-def _reads_a_moving_scale(flag, state):
+def _reads_a_moving_scale(flag, plan, state):
     """Whether ``flag`` is computed, through data inputs, from a scale
     that can move (its snapshot, its inverse, or the manager's state
     variables, which its own ``get_loss_scale`` reads), other than through
     the step's gradients (``state.grads``, ``state.scaled``), which every
     scale computes and a flag may read."""
     sources = []
-    for use in state.plan.managers:
+    for use in plan.managers:
         scale = (state.scales or {}).get(use.name)
         if scale is None or not _manager_protocol.scale_moves(use.manager):
             continue

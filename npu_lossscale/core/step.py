@@ -118,7 +118,7 @@ def plan_step(groups, manager, options, global_step, api):
         accumulation_steps=options.accumulation_steps,
         count_skipped_steps=options.count_skipped_steps, gate_kind=gate_kind,
         conditions=options.conditions)
-    plan.reduction.engine.check_plan(plan, options, global_step, api)
+    plan.reduction.engine.check_plan(_hooks.plan_view(plan), options, global_step, api)
     for group in plan.groups:
         if group.loss is not None:
             _hooks.replica_losses(plan.reduction.engine, group)  # refused before any op
@@ -173,7 +173,7 @@ def build_step(plan, description, global_step, skipped_steps=None, update_ops=()
 def _build_step(plan, description, global_step, skipped_steps, update_ops, counters, given,
                 observers, substep):
     """``build_step``, inside ``graph_state.building``."""
-    state = _seams.StepState(plan, global_step)
+    state = _hooks.step_state(plan, global_step)
     if substep:
         global_step = None  # the sequence advances it, once
     before_read = [_hooks.hooked(observer, "before_scale_read", state) for observer in observers]
@@ -182,7 +182,8 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
         scales = _scales.read_scales(plan, after=[op for hooked in before_read
                                                   for op in hooked.ops])
     computed = _gradients_and_flags(plan, scales, given)
-    state = state._replace(scales=scales, scaled=computed.scaled, grads=computed.seen)
+    state = _hooks.with_scales(state, plan, scales)._replace(scaled=computed.scaled,
+                                                             grads=computed.seen)
     flags = collections.OrderedDict(computed.flags)
     flags.update(_overflow.condition_flags(plan, state))
     state = state._replace(flags=flags)
@@ -238,8 +239,9 @@ def _build_step(plan, description, global_step, skipped_steps, update_ops, count
                     (name, flag + missed if name in [item.name for item in plan.checks] else flag)
                     for name, flag in window_flags.items())
             seen = state._replace(
-                closing=_close.Closing(window_flags, collections.OrderedDict(), [],
-                                       plan.window.steps, this_run.seen.sums.loss_flags),
+                closing=_seams.CloseView(window_flags, collections.OrderedDict(),
+                                         plan.window.steps, this_run.seen.sums.loss_flags,
+                                         None),
                 reduced_flags=window_flags, window_end=window_end)
     reports = [observer.report(seen) for observer in observers]
     step = _report(plan, scales, applied, decisions, state.grads, window_end, accumulate_op,

@@ -13,8 +13,7 @@ from __future__ import absolute_import, division, print_function
 
 import collections
 
-from npu_lossscale.core import checks as _checks
-from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.diagnostics import reasons as _reasons
 
 #: The shipped reasons' names, by code (a read-only view of
@@ -51,8 +50,9 @@ def reasons_of(train_ops):
     Raises:
       TypeError: for a wrong ``train_ops``.
     """
-    _checks.check_train_ops(train_ops)
-    record = _graph_state.of(train_ops.update_op.graph).records.get(train_ops.update_op.name)
+    _helpers.check_train_ops(train_ops)
+    record = _helpers.graph_state_of(train_ops.update_op.graph).records.get(
+        train_ops.update_op.name)
     return _reasons.SHIPPED if record is None else record.reasons
 
 
@@ -237,12 +237,12 @@ def read_last_skip(session, train_ops):
       TypeError: for arguments in the wrong order, or of the wrong type.
       ValueError: for a session of another graph than ``train_ops``'s.
     """
-    if _checks.is_session(train_ops) and not _checks.is_session(session):
+    if _helpers.is_session(train_ops) and not _helpers.is_session(session):
         raise TypeError("read_last_skip takes (session, train_ops), got a %s first and the "
                         "session %r second. Call read_last_skip(sess, train)."
                         % (type(session).__name__, train_ops))
-    _checks.check_train_ops(train_ops)
-    _checks.check_session(session, train_ops.update_op.graph, "train_ops")
+    _helpers.check_train_ops(train_ops)
+    _helpers.check_session(session, train_ops.update_op.graph, "train_ops")
     return decode(session.run(train_ops.diagnosis.last_skip), reasons_of(train_ops))
 
 
@@ -266,8 +266,8 @@ def read_recent_skips(session, train_ops):
       TypeError: for a wrong ``train_ops``.
       ValueError: for a session of another graph than ``train_ops``'s.
     """
-    _checks.check_train_ops(train_ops)
-    _checks.check_session(session, train_ops.update_op.graph, "train_ops")
+    _helpers.check_train_ops(train_ops)
+    _helpers.check_session(session, train_ops.update_op.graph, "train_ops")
     return decode_recent(session.run(train_ops.diagnosis.recent_skips), reasons_of(train_ops))
 
 

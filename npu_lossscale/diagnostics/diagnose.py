@@ -21,7 +21,7 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale.core import overflow as _overflow
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import reasons as _reasons
 from npu_lossscale.diagnostics import (
@@ -129,8 +129,8 @@ def _transforms_fault(record, plan, evidence, bad, reason, groups):
         if found is not None and plan.check_of(name) is not None:
             # Read as the close's check read them (transformed_flags).
             faults.append((name, record.reasons.code(found.name), tf.greater(
-                _overflow.values_flag([grad for grad, _ in pairs],
-                                      plan.backend.reads_register), 0.0)))
+                _helpers.values_flag([grad for grad, _ in pairs],
+                                     plan.backend.reads_register), 0.0)))
     if not faults:
         return reason, groups
     clean = tf.logical_not(tf.reduce_any(bad))

@@ -12,9 +12,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import tf_internals as _tf_internals
-from npu_lossscale.core import gradients as _gradients
-from npu_lossscale.core import graph_copy as _graph_copy
-from npu_lossscale.core import graph_walk as _graph_walk
+from npu_lossscale import plugin_helpers as _helpers
 # float16's largest finite value: the image of +-inf in saturation mode.
 from npu_lossscale.manager_protocol import FLOAT16_MAX
 
@@ -43,23 +41,23 @@ class LossHeads(object):
     def __init__(self, evidence):
         self._computed = None  # None: every op is computed anyway
         if evidence.losses and not evidence.saturation:
-            roots = [_gradients.dense_values(grad).op for pairs in evidence.grads.values()
+            roots = [_helpers.dense_values(grad).op for pairs in evidence.grads.values()
                      for grad, _ in pairs]
-            self._computed = _graph_walk.reachable(
-                roots, _graph_copy.data_inputs, stop=lambda op: op.type in _SHAPE_TYPES)
+            self._computed = _helpers.reachable(
+                roots, _helpers.data_inputs, stop=lambda op: op.type in _SHAPE_TYPES)
         # On the original's device; its colocation is the original's own.
-        self._copies = _graph_copy.Copies(on_device=True)
+        self._copies = _helpers.Copies(on_device=True)
 
     def value(self, loss):
         """``loss``'s value, the head the backprop does not need copied here."""
         def new(op):
             return op not in self._copies and self._copied(op)
 
-        head = [op for op in _graph_walk.depth_first(
-            [loss.op], _graph_copy.data_inputs, stop=lambda op: not new(op)) if new(op)]
+        head = [op for op in _helpers.depth_first(
+            [loss.op], _helpers.data_inputs, stop=lambda op: not new(op)) if new(op)]
         members = set(head)
-        self._copies.copy(_graph_walk.topological(
-            head, lambda op: [parent for parent in _graph_copy.data_inputs(op)
+        self._copies.copy(_helpers.topological(
+            head, lambda op: [parent for parent in _helpers.data_inputs(op)
                               if parent in members]))
         return self._copies.tensor(loss)
 
@@ -70,9 +68,9 @@ class LossHeads(object):
         return (self._computed is not None and op not in self._computed and op.inputs
                 and not any(t.dtype.base_dtype != t.dtype or t.dtype == tf.resource
                             for t in op.inputs)
-                and op.type not in _graph_walk.FEEDABLE_TYPES
-                and op.type not in _graph_walk.CONTROL_FLOW_TYPES
-                and op.type not in _graph_walk.FUNCTION_CALL_TYPES
+                and op.type not in _helpers.FEEDABLE_TYPES
+                and op.type not in _helpers.CONTROL_FLOW_TYPES
+                and op.type not in _helpers.FUNCTION_CALL_TYPES
                 and op.type not in _SHAPE_TYPES
                 and not op.op_def.is_stateful
                 and _tf_internals.control_flow_context(op) is None)
@@ -177,9 +175,9 @@ def _bad_entries(tensors, saturation):
     sums, maxes, limits, order = [], [], [], []
     small, single = collections.OrderedDict(), []
     for index, tensor in enumerate(tensors):
-        values = _gradients.dense_values(tensor)
+        values = _helpers.dense_values(tensor)
         shape = values.shape
-        if shape.is_fully_defined() and shape.num_elements() < _gradients.SMALL_GRADIENT_ELEMENTS:
+        if shape.is_fully_defined() and shape.num_elements() < _helpers.SMALL_GRADIENT_ELEMENTS:
             small.setdefault((values.dtype.base_dtype, tuple(shape.as_list())), []).append(
                 (index, values))
         else:
@@ -246,7 +244,7 @@ class Evidence(collections.namedtuple("Evidence", ["losses", "grads", "saturatio
         whose loss was not finite; None otherwise.
       transformed: ordered dict from group name to the pairs its transforms
         returned, for the groups whose transforms may not keep finite
-        values (``close.Closing.transformed``); None when unknown.
+        values (``seams.CloseView.transformed``); None when unknown.
     """
 
 

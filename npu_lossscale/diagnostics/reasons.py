@@ -1,6 +1,8 @@
 """The reasons a step skips, as values: each ``Reason`` with its fix, and a
 builder's ``Reasons`` by code.
 
+The checks' reasons are written here; each skip condition declares its own
+(``reason``, ``fix``, ``moves_scale``), the shipped ones in ``skips``.
 A builder collects its own (``collect``): the shipped ones (``SHIPPED``),
 then its skip conditions' and its groups' transforms' reasons, in that
 order. Its skip record is made with them and carries them, so each
@@ -12,6 +14,9 @@ from __future__ import absolute_import, division, print_function
 import collections
 
 import numpy as np
+
+from npu_lossscale.skips import spikes as _loss_spikes
+from npu_lossscale.skips import on_request as _requested
 
 
 class Reason(collections.namedtuple("Reason", ["name", "fix", "holds_scale"])):
@@ -55,17 +60,19 @@ BACKEND_FLAGGED = Reason(
     "and it gives no per-variable evidence: ask the backend which values it "
     "flagged.", False)
 
-#: The shipped skip conditions' reasons (``skips.requested``,
-#: ``skips.loss_spikes`` take theirs from here): their codes are fixed, so
+
+def reason_of(condition):
+    """The ``Reason`` a ``seams.SkipCondition`` (a class or an instance)
+    declares: its ``reason``, its ``fix``, and whether it holds the scale
+    (not ``moves_scale``)."""
+    return Reason(condition.reason, condition.fix, not condition.moves_scale)
+
+
+#: The shipped skip conditions' reasons, collected from their classes
+#: (``skips.requested``, ``skips.loss_spikes``): their codes are fixed, so
 #: every builder has them.
-REQUESTED = Reason(
-    "requested",
-    "the step was asked to be skipped (build(skip_global_steps=...)): nothing to fix.",
-    True)
-LOSS_SPIKE = Reason(
-    "loss_spike",
-    "a loss exceeded skip_loss_spikes times its moving average: check the batch "
-    "behind it; the weights and the loss scale stayed as they were.", True)
+REQUESTED = reason_of(_requested.RequestedSkips)
+LOSS_SPIKE = reason_of(_loss_spikes.LossSpikes)
 
 CHECKS = (APPLIED, LOSS_NOT_FINITE, GRADIENTS_OVERFLOWED, OTHER_WORKER_OVERFLOWED,
           REGISTER_OUTSIDE_GRADIENTS, BACKEND_FLAGGED)
@@ -203,8 +210,7 @@ def collect(conditions, groups):
     """
     reasons = SHIPPED
     for condition in conditions:
-        reasons = reasons.with_reason(condition.reason, condition.fix,
-                                      holds_scale=not condition.moves_scale)
+        reasons = reasons.with_reason(*reason_of(condition))
     for group in groups:
         fault = transform_reason(group)
         if fault is not None:

@@ -14,8 +14,7 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
-from npu_lossscale.core import graph_copy as _graph_copy
-from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.diagnostics import diagnose as _diagnose
 from npu_lossscale.diagnostics import evidence as _inspection
 from npu_lossscale.diagnostics import reasons as _reasons
@@ -55,7 +54,7 @@ class SkipDiagnosis(_seams.StepObserver):
         self._branch = None  # the last on_skip's _Branch, for report()
 
     def on_skip(self, state):
-        plan, record = state.plan, self.record
+        plan, record = _helpers.step_plan(state), self.record
         evidence = _evidence(state)
         flags = list(state.reduced_flags.values())
         with tf.name_scope("diagnose"):
@@ -84,7 +83,7 @@ class SkipDiagnosis(_seams.StepObserver):
     def _diagnosed(self, skipped, state, evidence):
         """The ``Diagnosed`` of ``state`` as the outputs of one functional
         ``If`` on ``skipped`` (zeros when False), and that ``If`` op."""
-        plan, record = state.plan, self.record
+        plan, record = _helpers.step_plan(state), self.record
 
         def diagnose():
             return tuple(_diagnose.diagnose(record, plan, evidence, state.closing.flags,
@@ -123,7 +122,7 @@ class SkipDiagnosis(_seams.StepObserver):
                 skipped = tf.logical_and(state.window_end, skipped)
             branch = self._branch
             if branch is not None and branch.state is state and state.window_end is None:
-                found = _diagnose.Diagnosed(*_graph_copy.copy_op(
+                found = _diagnose.Diagnosed(*_helpers.copy_op(
                     branch.op, [skipped] + list(branch.op.inputs)[1:], name="diagnose").outputs)
             else:
                 found, _ = self._diagnosed(skipped, state, _evidence(state))
@@ -140,7 +139,7 @@ class _Branch(collections.namedtuple("_Branch", ["state", "op"])):
 
 def _evidence(state):
     """What a diagnosis of ``state``'s close inspects (``SkipDiagnosis``)."""
-    plan, closing = state.plan, state.closing
+    plan, closing = _helpers.step_plan(state), state.closing
     if plan.window.steps == 1 and state.scaled:
         # The pairs the step carries (a fused clip applied), not
         # ``state.grads``: a tensor the skip branch reads runs on every step.
@@ -272,14 +271,14 @@ class Record(object):
         self._blank[self._slices["global_step"][0]] = -1
         self._on_host = on_host
         self._switch_merge = switch_merge
-        self._scope = _graph_state.current_scope()
+        self._scope = _helpers.current_scope()
         self._variable = None
 
     @property
     def variable(self):
         """The record's variable, made on first use (``graph_state.outside``)."""
         if self._variable is None:
-            with _graph_state.outside(self._scope):
+            with _helpers.outside(self._scope):
                 with tf.device("/device:CPU:0") if self._on_host else contextlib.suppress():
                     self._variable = tf.Variable(self._blank, trainable=False,
                                                  use_resource=True, collections=[],

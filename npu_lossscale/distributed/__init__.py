@@ -32,8 +32,8 @@ from npu_lossscale import seams as _seams
 from npu_lossscale import tf_internals as _tf_internals
 from npu_lossscale.cluster import (HOROVOD_SIZE_VARIABLES, RANK_SIZE_VARIABLES, Cluster,
                                    cluster_from_environment, rank_size_from_environment)
-from npu_lossscale.core import graph_walk as _graph_walk
-from npu_lossscale.core.collectives import check_reduced, data_parents, is_collective, values_op
+from npu_lossscale import plugin_helpers as _helpers
+from npu_lossscale.plugin_helpers import check_reduced, data_parents, is_collective, values_op
 
 __all__ = ["CollectiveEngine", "HcclEngine", "HorovodEngine", "ENGINES", "MODES",
            "resolve_engine", "Cluster", "cluster_from_environment"]
@@ -324,7 +324,7 @@ class ReducedGradients(_seams.StepObserver):
                 continue
             op = values_op(grad)
             if not any(is_collective(node)
-                       for node in _graph_walk.depth_first([op], data_parents)):
+                       for node in _helpers.depth_first([op], data_parents)):
                 raise ValueError(
                     "%s: this process is one of %d workers (%s), and group %r's gradient of "
                     "%r is not averaged across them (no collective op computes it), so the "

@@ -33,13 +33,8 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import backends as _backends
 from npu_lossscale import seams as _seams
-from npu_lossscale.core import checks as _checks
-from npu_lossscale.core import close as _close
-from npu_lossscale.core import gradients as _gradients
-from npu_lossscale.core import graph_walk as _graph_walk
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale import managers as _managers
-from npu_lossscale.core import overflow as _overflow
-from npu_lossscale.core import plan as _plan
 
 #: The count a step with a SyncReplicasOptimizer needs, in the messages.
 _ROUTE = "count_skipped_steps=True"
@@ -64,17 +59,18 @@ def aggregated(grads):
     """Whether any of ``grads`` is taken from a ``ConditionalAccumulator``
     (a ``SyncReplicasOptimizer``'s aggregate, applied on its chief)."""
     for grad in grads:
-        op = _gradients.dense_values(grad).op
+        op = _helpers.dense_values(grad).op
         while op.type == "Identity":
             op = op.inputs[0].op
-        if op.type in _graph_walk.ACCUMULATOR_TAKE_TYPES:
+        if op.type in _helpers.ACCUMULATOR_TAKE_TYPES:
             return True
     return False
 
 
 def _check_plan(plan, options, global_step, api):
     """Refuses a step with a SyncReplicasOptimizer group that cannot work
-    (``api`` names the public call in messages).
+    (``plan``, a ``seams.PlanView``; ``api`` names the public call in
+    messages).
 
     Raises:
       ValueError: for such a group beside others, with accumulation, with a
@@ -117,8 +113,8 @@ def _check_plan(plan, options, global_step, api):
             "%s: count_skipped_steps=False with a SyncReplicasOptimizer, whose tokens "
             "follow global_step: a skipped step would leave every worker waiting "
             "forever. Pass %s." % (api, _ROUTE))
-    _checks.check_optimizer(group.optimizer.chief.optimizer,
-                            argument="the optimizer the SyncReplicasOptimizer wraps")
+    _helpers.check_optimizer(group.optimizer.chief.optimizer,
+                             argument="the optimizer the SyncReplicasOptimizer wraps")
     _check_beside(group.manager, global_step, api)
 
 
@@ -270,19 +266,20 @@ class ChiefApply(tf.train.Optimizer):
                  if id(var) not in pushed and grad is not None]
         group = decision.group._replace(loss=None, own_backprop=False,
                                         var_list=tuple(var for _, var in pairs))
-        chief = _plan.make_plan(
+        chief = _helpers.make_plan(
             [group], group.manager, _AggregateCheck(pushed.get(id(decision.slot))),
             count_skipped_steps=True, gate_kind=decision.plan.gate_kind,
             conditions=[_PushedCondition(item.condition) for item in decision.plan.conditions])
         grads = collections.OrderedDict([(group.name, pairs)])
         with tf.name_scope(decision.scope):
-            flags = _overflow.flags(chief, grads, _gradients.Packing([]), after=())
+            flags = _helpers.overflow_flags(chief, grads, _helpers.Packing([]), after=())
             for item, slot in zip(chief.conditions, decision.condition_slots):
                 # The workers' mean: not 0 when any of them skipped.
                 flags[item.name] = tf.cast(tf.not_equal(
                     tf.reshape(tf.cast(pushed[id(slot)], tf.float32), []), 0.0), tf.float32)
-            closed = _close.close(chief, _close.Closing(flags, grads, [], 1), global_step,
-                                  decision.skipped_steps, observers=decision.observers)
+            closed = _helpers.close_step(chief, _helpers.Closing(flags, grads, [], 1),
+                                         global_step, decision.skipped_steps,
+                                         observers=decision.observers)
         return closed.applied.op
 
 
@@ -363,12 +360,12 @@ def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
                               (scope + "/" if scope else "") + "sync_chief", tuple(observers))
     with chief.deciding(decision):
         pushed = group.optimizer.apply_gradients(pushes, global_step=global_step)
-    decisions = _close.Decisions(closing.flags, [g for g, _ in pairs])
+    decisions = _helpers.Decisions(closing.flags, [g for g, _ in pairs])
     with tf.control_dependencies([pushed]):
         applied = tf.identity(decisions.all_of([item.name for item in plan.checks]),
                               name="pushed")
     grads = collections.OrderedDict([(group.name, pairs)])
-    return _close.Closed(applied, decisions, grads)
+    return _helpers.Closed(applied, decisions, grads)
 
 
 def check_builder_options(plan, update_ops, per_group_ops):

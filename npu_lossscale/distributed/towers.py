@@ -18,7 +18,7 @@ import collections
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
-from npu_lossscale.core import checks as _checks
+from npu_lossscale import plugin_helpers as _helpers
 
 
 class Towers(_seams.ReductionEngine):
@@ -116,7 +116,7 @@ def tower_losses(losses, group_name):
     if not losses:
         raise ValueError("group %r: add() got an empty list of tower losses, %r. Pass one "
                          "loss per tower, e.g. [loss_gpu0, loss_gpu1]." % (group_name, losses))
-    checked = tuple(_checks.check_loss(loss) for loss in losses)
+    checked = tuple(_helpers.check_loss(loss) for loss in losses)
     for index, loss in enumerate(checked):
         if any(loss is other for other in checked[:index]):
             raise ValueError("group %r: tower loss %r is listed twice. Pass each tower's own "

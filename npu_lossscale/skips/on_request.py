@@ -21,8 +21,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
-from npu_lossscale.diagnostics import reasons as _reasons
-from npu_lossscale.core import checks as _checks
+from npu_lossscale import plugin_helpers as _helpers
 
 
 class RequestedSkips(_seams.SkipCondition):
@@ -35,8 +34,8 @@ class RequestedSkips(_seams.SkipCondition):
     """
 
     name = "requested_skip"
-    reason = _reasons.REQUESTED.name
-    fix = _reasons.REQUESTED.fix
+    reason = "requested"
+    fix = "the step was asked to be skipped (build(skip_global_steps=...)): nothing to fix."
 
     def __init__(self, steps, given=None):
         self.steps = steps
@@ -60,7 +59,7 @@ class RequestedSkips(_seams.SkipCondition):
         steps = self.given
         if isinstance(self.steps, tf.Tensor):
             if (global_step is not None and not count_skipped_steps
-                    and _checks.computed_from(self.steps, global_step.op)):
+                    and _helpers.computed_from(self.steps, global_step.op)):
                 raise ValueError(
                     "skip_global_steps=%r is computed from global_step, with "
                     "count_skipped_steps=False: a skipped step would leave global_step where "
@@ -139,17 +138,17 @@ def requested(steps):
       TypeError: for anything else, or a tensor that is not a bool scalar.
       ValueError: for a negative step, or a tensor of another graph.
     """
-    if isinstance(steps, tf.Tensor) or _checks.is_variable(steps):
+    if isinstance(steps, tf.Tensor) or _helpers.is_variable(steps):
         if steps.dtype.base_dtype != tf.bool or steps.shape.ndims != 0:
             raise TypeError(
                 "skip_global_steps must be a bool scalar tensor or a collection of global "
                 "steps, got %r. Pass e.g. tf.equal(global_step %% 1000, 999) or "
                 "range(4000, 4100)." % (steps,))
-        if _checks.of_another_graph(steps):
+        if _helpers.of_another_graph(steps):
             raise ValueError(
                 "skip_global_steps=%r belongs to another graph. Build it in the graph of "
                 "the losses." % (steps,))
-        return RequestedSkips(steps.read_value() if _checks.is_variable(steps) else steps,
+        return RequestedSkips(steps.read_value() if _helpers.is_variable(steps) else steps,
                               steps)
     if isinstance(steps, (str, bytes, bool, numbers.Number)) or not hasattr(steps, "__iter__"):
         raise TypeError(

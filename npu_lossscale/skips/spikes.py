@@ -23,9 +23,7 @@ import numbers
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
-from npu_lossscale.diagnostics import reasons as _reasons
-from npu_lossscale.core import gradients as _gradients
-from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale import plugin_helpers as _helpers
 
 #: Applied steps before a spike can skip: the average needs that many
 #: samples (0.99 ** 100 = 0.37 of the first loss's weight is left then).
@@ -44,20 +42,21 @@ class LossSpikes(_seams.SkipCondition):
     """
 
     name = "loss_spikes"
-    reason = _reasons.LOSS_SPIKE.name
-    fix = _reasons.LOSS_SPIKE.fix
+    reason = "loss_spike"
+    fix = ("a loss exceeded skip_loss_spikes times its moving average: check the batch "
+           "behind it; the weights and the loss scale stayed as they were.")
 
     def __init__(self, factor, warmup=DEFAULT_WARMUP, decay=DEFAULT_DECAY):
         self.factor = float(factor)
         self.warmup = int(warmup)
         self.decay = float(decay)
-        self._scope = _graph_state.current_scope()
+        self._scope = _helpers.current_scope()
         self._count = None
         self._averages = {}  # group name -> its average variable
 
     def _variables(self, names):
         """The count and each named group's average, made on first use."""
-        with _graph_state.outside(self._scope), tf.name_scope("loss_spikes"):
+        with _helpers.outside(self._scope), tf.name_scope("loss_spikes"):
             # Resource variables: ``on_apply`` writes them inside the gate,
             # a functional ``If`` under gate="cond" with control flow v2,
             # where a ref variable cannot be assigned.
@@ -80,7 +79,7 @@ class LossSpikes(_seams.SkipCondition):
             loss = tf.cast(group.loss, tf.float32)
             mean = average.read_value()
             spikes.append(tf.logical_and(
-                tf.logical_and(tf.greater(mean, 0.0), _gradients.finite(loss)),
+                tf.logical_and(tf.greater(mean, 0.0), _helpers.finite(loss)),
                 tf.greater(loss, self.factor * mean)))
         spiked = tf.logical_and(warm, tf.reduce_any(tf.stack(spikes)))
         return tf.cast(spiked, tf.float32)
@@ -90,7 +89,7 @@ class LossSpikes(_seams.SkipCondition):
         count, averages = self._variables([group.name for group in groups])
         first = tf.equal(count.read_value(), 0)
         losses = [tf.cast(group.loss, tf.float32) for group in groups]
-        finite = tf.reduce_all(tf.stack([_gradients.finite(loss) for loss in losses]))
+        finite = tf.reduce_all(tf.stack([_helpers.finite(loss) for loss in losses]))
         ops = []
         for loss, average in zip(losses, averages):
             old = average.read_value()

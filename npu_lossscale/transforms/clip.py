@@ -5,8 +5,7 @@ from __future__ import absolute_import, division, print_function
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
-from npu_lossscale.core import checks as _checks
-from npu_lossscale.core import gradients as _gradients
+from npu_lossscale import plugin_helpers as _helpers
 
 # The clip_norm values for which clip_by_global_norm stays exact: clip_norm
 # and 1 / clip_norm are both normal float32 numbers.
@@ -70,7 +69,7 @@ def check_norm(argument, norm, fix):
     Raises:
       TypeError, ValueError: as ``checks.check_number``.
     """
-    _checks.check_number(
+    _helpers.check_number(
         argument, norm, minimum=CLIP_NORM_RANGE[0], maximum=CLIP_NORM_RANGE[1],
         hint="clip_by_global_norm computes 1 / clip_norm in float32, so both must be "
              "normal float32 numbers (2**-126 to 2**126, about 1.2e-38 to 8.5e37). " + fix)
@@ -88,8 +87,8 @@ def _global_norm(grads):
     largest = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(value)) for value in values]))
     divisor = tf.where(tf.greater(largest, 0.0), largest, tf.ones([]))
     rescaled = largest * tf.global_norm([value / divisor for value in values])
-    return tf.where(tf.logical_and(tf.logical_not(_gradients.finite(norm)),
-                                   _gradients.finite(largest)), rescaled, norm)
+    return tf.where(tf.logical_and(tf.logical_not(_helpers.finite(norm)),
+                                   _helpers.finite(largest)), rescaled, norm)
 
 
 def _cast(grad, dtype):

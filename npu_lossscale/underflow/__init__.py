@@ -29,9 +29,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
-from npu_lossscale.core import commit as _commit
-from npu_lossscale.core import gradients as _gradients
-from npu_lossscale.core import plan as _plan
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
 from npu_lossscale.managers import base as _manager_base
 
@@ -134,8 +132,9 @@ def measure(plan, scales, scaled, names, after=()):
     """Each named group's ``Underflow``, built in the current context.
 
     Args:
-      plan: the ``plan.Plan``.
-      scales: the step's ``gradients.Scale`` records, by manager use name.
+      plan: the ``seams.PlanView``.
+      scales: ordered dict from group name to its float32 loss scale
+        (``seams.StepState.loss_scales``).
       scaled: ordered dict from group name to its scaled (gradient,
         variable) pairs.
       names: the groups to measure.
@@ -146,7 +145,7 @@ def measure(plan, scales, scaled, names, after=()):
     """
     result = collections.OrderedDict()
     with tf.control_dependencies(list(after)):
-        view = Float32View(_plan.distinct([plan.group(name).loss for name in names]))
+        view = Float32View(_helpers.distinct([plan.group(name).loss for name in names]))
         for name in names:
             group = plan.group(name)
             with tf.name_scope(name):
@@ -156,8 +155,8 @@ def measure(plan, scales, scaled, names, after=()):
                 seed = None
                 if group.loss.dtype.base_dtype == tf.float16:
                     # The float16 backprop starts from the scale itself.
-                    seed = scales[plan.scale_of(name)].value
-                result[name] = _record(counts, scales[plan.scale_of(name)].value,
+                    seed = scales[name]
+                result[name] = _record(counts, scales[name],
                                        backprop.activations_max_abs, seed)
     return result
 
@@ -182,7 +181,7 @@ def _counts(grad, wide):
     """The counts of one scaled gradient against its float32 view (None:
     unconnected there, all zero)."""
     if wide is None:
-        wide = tf.zeros_like(_gradients.dense_values(grad))
+        wide = tf.zeros_like(_helpers.dense_values(grad))
         if isinstance(grad, tf.IndexedSlices):
             wide = tf.IndexedSlices(wide, grad.indices, grad.dense_shape)
     low, high = _dense_pair(grad, wide)
@@ -324,8 +323,8 @@ def listen(plan, scales, scaled, flags):
     whose op runs there. On other runs nothing of it runs.
 
     Args:
-      plan: the ``plan.Plan``.
-      scales: the step's ``gradients.Scale`` records.
+      plan: the ``seams.PlanView``.
+      scales: ordered dict from group name to its float32 loss scale.
       scaled: ordered dict from group name to scaled pairs.
       flags: ordered dict from check name to float32 flag.
 
@@ -350,9 +349,9 @@ def listen(plan, scales, scaled, flags):
                 return [_checked_op(use.manager, use.manager.observe_underflow(measured))]
 
             if plan.gate_kind == "cond":
-                ops.append(_commit.cond_if(due, observe, "observe"))
+                ops.append(_helpers.cond_if(due, observe, "observe"))
             else:
-                ops.append(_commit.run_if(due, observe, "observe"))
+                ops.append(_helpers.run_if(due, observe, "observe"))
         entries.append(due.op)
     return _seams.Hooked(ops, entries)
 
@@ -441,7 +440,7 @@ class Measurement(_seams.StepObserver):
         if not state.scaled:
             return {}
         with tf.name_scope("underflow"):
-            return dict(measure(state.plan, state.scales, state.scaled, list(state.scaled),
+            return dict(measure(state.plan, state.loss_scales, state.scaled, list(state.scaled),
                                 after=state.flags.values()))
 
 
@@ -459,7 +458,7 @@ class Hearing(_seams.StepObserver):
     def before_update(self, state):
         if not state.scaled:
             return _seams.Hooked()
-        return listen(state.plan, state.scales, state.scaled, state.flags)
+        return listen(state.plan, state.loss_scales, state.scaled, state.flags)
 
 
 def measure_underflow():

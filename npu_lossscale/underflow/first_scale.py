@@ -30,10 +30,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import seams as _seams
-from npu_lossscale.core import commit as _commit
-from npu_lossscale.core import gradients as _gradients
-from npu_lossscale.core import graph_state as _graph_state
-from npu_lossscale.core import hooks as _hooks
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.managers import base as _manager_base
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
 
@@ -57,7 +54,7 @@ class FirstScale(_seams.StepObserver):
 
     def __init__(self, margin):
         self.margin = margin
-        self._scope = _graph_state.current_scope()
+        self._scope = _helpers.current_scope()
         self._measured = []  # a _Measured per manager
 
     def check_plan(self, plan, options, global_step, api):
@@ -82,7 +79,7 @@ class FirstScale(_seams.StepObserver):
         for known in self._measured:
             if known.manager is use.manager:
                 return known
-        with _graph_state.outside(self._scope):
+        with _helpers.outside(self._scope):
             flags = tf.Variable([False] * len(use.groups), trainable=False,
                                 name="first_scale_measured" if not self._measured
                                 else "first_scale_measured_%d" % len(self._measured))
@@ -109,7 +106,7 @@ class FirstScale(_seams.StepObserver):
                 def measure(scope, manager=use.manager, groups=groups, known=known,
                             mine=mine, flags=flags, first=first):
                     del scope
-                    scale = measured_scale(groups, self.margin, plan.reduction.engine)
+                    scale = measured_scale(groups, self.margin, plan.engine)
                     lowered = tf.minimum(tf.cast(manager.get_loss_scale(), tf.float32), scale)
                     scale = tf.where(tf.logical_or(first, tf.is_nan(scale)), scale, lowered)
                     assign = _manager_base.assign_scale(manager, scale)
@@ -120,7 +117,7 @@ class FirstScale(_seams.StepObserver):
                 # the view's float32-to-float32 casts with the control inputs
                 # that hold the view back, and its forward pass would run on
                 # every run.
-                ops.append(_commit.cond_if(due, measure, "measure").op)
+                ops.append(_helpers.cond_if(due, measure, "measure").op)
             entries.append(due.op)
         return _seams.Hooked(ops, entries)
 
@@ -135,16 +132,16 @@ def measured_scale(groups, margin, engine=None):
     in-graph tower's) is measured on its own, as its float16 backprop runs.
 
     Args:
-      groups: ``plan.Group`` records sharing one manager.
+      groups: ``seams.GroupView`` records sharing one manager.
       margin: powers of two of headroom, an int >= 0.
-      engine: the plan's ``seams.ReductionEngine``, or None for one replica.
+      engine: the step's ``seams.ReductionEngine``, or None for one replica.
 
     Returns:
       A float32 scalar tensor.
     """
     engine = _seams.ReductionEngine() if engine is None else engine
     replicas = [(loss, group) for group in groups
-                for loss in _hooks.replica_losses(engine, group)]
+                for loss in _helpers.replica_losses(engine, group)]
     view = Float32View([loss for loss, _ in replicas])
     maxima = []
     for loss, group in replicas:
@@ -182,7 +179,7 @@ def largest_power_of_two(amax, limit):
     scale = tf.where(tf.greater(scale * amax, limit), scale * 0.5, scale)
     scale = tf.where(tf.logical_and(tf.less_equal(scale * 2.0 * amax, limit),
                                     tf.less(scale, 2.0 ** _EXPONENTS[1])), scale * 2.0, scale)
-    usable = tf.logical_and(tf.greater(amax, 0.0), _gradients.finite(amax))
+    usable = tf.logical_and(tf.greater(amax, 0.0), _helpers.finite(amax))
     return tf.where(usable, scale, tf.constant(np.nan, tf.float32))
 
 

@@ -21,16 +21,14 @@ import tensorflow.compat.v1 as tf
 
 from npu_lossscale import tf_internals as _tf_internals
 
-from npu_lossscale.core import gradients as _gradients
-from npu_lossscale.core import graph_copy as _graph_copy
-from npu_lossscale.core import graph_walk as _graph_walk
+from npu_lossscale import plugin_helpers as _helpers
 
 #: Ops the float32 view never copies: they are inputs of the step (their
 #: values are fed or delivered), taken as they are.
-_INPUT_TYPES = _graph_walk.FEEDABLE_TYPES.union(["Placeholder", "PlaceholderV2"])
+_INPUT_TYPES = _helpers.FEEDABLE_TYPES.union(["Placeholder", "PlaceholderV2"])
 #: Ops the float32 view cannot copy: their bodies or frames are not ops of
 #: the graph.
-_UNCOPYABLE_TYPES = _graph_walk.CONTROL_FLOW_TYPES.union(_graph_walk.FUNCTION_CALL_TYPES)
+_UNCOPYABLE_TYPES = _helpers.CONTROL_FLOW_TYPES.union(_helpers.FUNCTION_CALL_TYPES)
 
 
 class Float32View(object):
@@ -50,8 +48,8 @@ class Float32View(object):
 
     def __init__(self, losses):
         self._casts = {}  # float16 tensor name -> its float32 cast
-        self._copies = _graph_copy.Copies(outside=self._input, dtype=_widened,
-                                          attr=_widened_attr)
+        self._copies = _helpers.Copies(outside=self._input, dtype=_widened,
+                                       attr=_widened_attr)
         # loss name -> (its _Copy, (float16 tensor, copy) pairs)
         self._losses = {}
         for loss in losses:
@@ -74,7 +72,7 @@ class Float32View(object):
         copy, activations = self._losses[loss.name]
         activations = _downstream(activations, copy.ancestors, var_list)
         grads = tf.gradients(self.loss(loss), list(var_list) + activations)
-        held = [tf.reduce_max(tf.abs(_gradients.dense_values(grad)))
+        held = [tf.reduce_max(tf.abs(_helpers.dense_values(grad)))
                 for grad in grads[len(var_list):] if grad is not None]
         return ViewBackprop(grads[:len(var_list)],
                             tf.reduce_max(tf.stack(held)) if held else tf.zeros([]))
@@ -118,8 +116,8 @@ def _downstream(activations, ancestors, var_list):
         handle = getattr(var, "handle", None)
         if handle is not None:
             sources.add(handle.op)
-    descendants = _graph_walk.reachable(sources, _consumers,
-                                        stop=lambda op: op not in ancestors)
+    descendants = _helpers.reachable(sources, _consumers,
+                                     stop=lambda op: op not in ancestors)
     return [copy for original, copy in activations if original.op in descendants]
 
 
@@ -180,12 +178,12 @@ def _ops_to_copy(loss):
       ValueError: for a stateful op, control flow or a function call that
         would need copying (its float inputs change).
     """
-    ancestors = _graph_walk.reachable([loss.op], _graph_copy.data_inputs,
-                                      stop=lambda op: op.type in _INPUT_TYPES)
+    ancestors = _helpers.reachable([loss.op], _helpers.data_inputs,
+                                   stop=lambda op: op.type in _INPUT_TYPES)
     copied = set()
     ordered = []
-    for op in _graph_walk.topological(sorted(ancestors, key=lambda op: op.name),
-                                      _graph_copy.data_inputs):
+    for op in _helpers.topological(sorted(ancestors, key=lambda op: op.name),
+                                   _helpers.data_inputs):
         if op not in ancestors or op.type in _INPUT_TYPES:
             continue
         changed = [tensor for tensor in op.inputs
