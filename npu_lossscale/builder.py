@@ -22,7 +22,7 @@ from npu_lossscale import backends as _backends
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import context as _context
 from npu_lossscale import groups as _groups
-from npu_lossscale import managers as _managers
+from npu_lossscale import manager_protocol as _managers
 from npu_lossscale.core import step as _step
 from npu_lossscale.core import update_ops as _update_ops
 from npu_lossscale import sugar as _sugar

@@ -9,7 +9,7 @@ import collections
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale import assembly as _assembly
-from npu_lossscale import managers as _managers
+from npu_lossscale import manager_protocol as _managers
 from npu_lossscale import sugar as _sugar
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import plan as _plan
