@@ -51,8 +51,26 @@ REFUSALS = [
      + D_MIN + G_MIN + "e_train = e_opt.minimize(e_loss, var_list=e_vars)\n" + JOINT
      + "sess.run(e_train)\n", [("fetch-unmapped", 10)]),
     ("fetch-unmapped: control dependency", HEAD + D_OPT + G_OPT + D_MIN
-     + "with tf.control_dependencies([d_train]):\n    " + G_MIN + JOINT,
+     + "deps = [d_train]\nwith tf.control_dependencies(deps):\n    " + G_MIN + JOINT,
      [("fetch-unmapped", 7)]),
+    ("compute-apply-gradients: a read of the pairs between", HEAD + D_OPT + G_OPT
+     + "d_gv = d_opt.compute_gradients(d_loss, var_list=d_vars)\n"
+     + "tf.summary.histogram('d_grad', d_gv[0][0])\n"
+     + "d_train = d_opt.apply_gradients(d_gv)\n" + G_MIN + JOINT,
+     [("compute-apply-gradients", 6)]),
+    ("compute-apply-gradients: the pairs read again", HEAD + D_OPT + G_OPT
+     + "d_gv = d_opt.compute_gradients(d_loss, var_list=d_vars)\n"
+     + "d_train = d_opt.apply_gradients(d_gv)\n" + G_MIN + JOINT + "print(d_gv)\n",
+     [("compute-apply-gradients", 6)]),
+    ("train-op-dependency: a train op beside other dependencies", HEAD + D_OPT + G_OPT + D_MIN
+     + "with tf.control_dependencies([d_train] + updates):\n    " + G_MIN + JOINT,
+     [("train-op-dependency", 7)]),
+    ("train-op-dependency: the loss built inside the block", HEAD + D_OPT + D_MIN
+     + "with tf.control_dependencies([d_train]):\n    g_loss = make_loss()\n    " + G_OPT
+     + "    " + G_MIN + "sess.run(g_train)\n", [("train-op-dependency", 7)]),
+    ("train-op-dependency: a group run alone", HEAD + D_OPT + G_OPT + D_MIN
+     + "with tf.control_dependencies([d_train]):\n    " + G_MIN + "sess.run(d_train)\n",
+     [("train-op-dependency", 7)]),
     ("mixed-scaling", HEAD + D_OPT + G_OPT + D_MIN + G_MIN
      + "e_train = tf.train.AdamOptimizer().minimize(e_loss, var_list=e_vars)\n"
      + "sess.run([d_train, g_train, e_train])\n", [("mixed-scaling", 8)]),
@@ -851,3 +869,41 @@ def test_a_wrapper_spelled_under_an_if_ports_the_same_on_every_run():
     runs = [_port(source) for _ in range(8)]
     assert all(run == runs[0] for run in runs)
     assert [e.line for e in runs[0][1] if e.rule == "manager-mapped"] == [7, 13]
+
+
+def test_compute_then_apply_on_the_next_line_is_a_minimize():
+    """Issue 46: ``gv = opt.compute_gradients(...)`` then ``opt.apply_gradients(gv)``,
+    ``gv`` read nowhere else, is one add(); apply's global_step moves to build()."""
+    source = (HEAD + D_OPT + G_OPT
+              + "d_gv = d_opt.compute_gradients(d_loss, var_list=d_vars)  # D's pairs\n"
+              + "d_train = d_opt.apply_gradients(d_gv, global_step=gs)\n" + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert "compute_gradients" not in new and "apply_gradients" not in new
+    assert "# D's pairs\n" in new
+    assert 'scaler.add(d_loss, d_opt, var_list=d_vars, name="d_train")\n' in new
+    assert "train = scaler.build(global_step=gs)\n" in new
+    assert "d_train = train.update_op\n" in new
+    changed = _rules(entries, CHANGED)
+    assert ("compute-apply-to-add", 6) in changed and ("global-step-to-build", 7) in changed
+    assert _rules(entries, BY_HAND) == []
+
+
+def test_a_group_built_after_another_groups_train_op_is_the_joint_step():
+    """Issue 46: Pix2Pix's ``with tf.control_dependencies([d_train]):`` around the
+    generator's lines, its var_list read inside, the last op fetched: the block
+    goes, one joint step, and the report says what that changes."""
+    source = (HEAD + D_OPT + D_MIN + "with tf.control_dependencies([d_train]):\n"
+              + "    g_vars = [v for v in tf.trainable_variables() if v.name.startswith('g')]\n"
+              + "    " + G_OPT + "    g_gv = g_opt.compute_gradients(g_loss, var_list=g_vars)\n"
+              + "    g_train = g_opt.apply_gradients(g_gv)\n"
+              + "train_op = tf.group(g_train, ema_op)\nsess.run(train_op)\n")
+    new, entries = _port(source)
+    assert "control_dependencies" not in new
+    assert ("g_vars = [v for v in tf.trainable_variables() if v.name.startswith('g')]\n"
+            "g_opt = tf.train.AdamOptimizer()\n"
+            'scaler.add(g_loss, g_opt, var_list=g_vars, name="g_train",') in new
+    assert "d_train = train.update_op\ng_train = train.update_op\n" in new
+    chained = [e for e in entries if e.rule == "train-ops-chained"]
+    assert [(e.kind, e.line) for e in chained] == [(CHANGED, 6)]
+    assert "same forward pass" in chained[0].message and "skips as one" in chained[0].message
+    assert _rules(entries, BY_HAND) == []

@@ -53,9 +53,20 @@ Script = collections.namedtuple("Script", ["s", "alias", "arm", "minimizes", "wr
 #:   manager: the ``_managers.ManagerUse``.
 #:   layers: npu_bridge's distributed layers around the wrapper ([] for none).
 #:   spelling: the ``_engines.Spelling`` the wrapper is a branch of, or None.
+#:   after: the names (``cst.Name``s) of the earlier groups' train ops that
+#:     ``top``, a ``with tf.control_dependencies([d_train]):``, orders this
+#:     group after (``_checks.chains``); () for none.
 Group = collections.namedtuple("Group", ["name", "minimize", "statement", "top", "update_ops",
                                          "optimizer", "wrapper", "wrapper_statement", "manager",
-                                         "layers", "spelling"])
+                                         "layers", "spelling", "after"], defaults=((),))
+
+def own_statements(groups):
+    """The statements the groups' lines are: each ``minimize`` statement,
+    and the ``compute_gradients`` statement of a pair (``_find.Minimize``),
+    which goes with its ``apply_gradients``."""
+    found = [g.statement for g in groups]
+    return found + [g.minimize.compute for g in groups if g.minimize.compute is not None]
+
 
 #: What tracing one ``minimize`` found.
 #:
@@ -318,6 +329,8 @@ def optimizer_source(m, minimize, top, wrappers):
     allowed = [receiver] + (s.references([a for a in s.assignments(receiver)
                                             if a.node is target]) if target is not None
                             and target.value == receiver.value else [])
+    if minimize.compute is not None:  # the pair's compute_gradients
+        allowed.append(minimize.compute.body[0].value.func.value)
     wrapper, seen = wrappers.get(value), []
     if wrapper is not None:
         seen.append(value)
