@@ -907,3 +907,25 @@ def test_a_group_built_after_another_groups_train_op_is_the_joint_step():
     assert [(e.kind, e.line) for e in chained] == [(CHANGED, 6)]
     assert "same forward pass" in chained[0].message and "skips as one" in chained[0].message
     assert _rules(entries, BY_HAND) == []
+
+
+def test_a_train_op_handed_to_the_device_loop_is_fetched_there():
+    """Issue 46: ``util.set_iteration_per_loop(sess, train_op, n)`` returns the op
+    that runs ``train_op`` in the device loop: it maps like a session.run fetch
+    (the joint op, or per-group ops with the device loop's sequence advice)."""
+    joint = (HEAD + D_OPT + G_OPT + D_MIN + "with tf.control_dependencies([d_train]):\n    "
+             + G_MIN + "loop_op = util.set_iteration_per_loop(sess, g_train, 10)\n"
+             + "sess.run(loop_op)\n")
+    new, entries = _port(joint)
+    assert "g_train = train.update_op\n" in new
+    assert _rules(entries, BY_HAND) == []
+    alternating = (HEAD + D_OPT + G_OPT + D_MIN + G_MIN
+                   + "d_loop = util.set_iteration_per_loop(sess, d_train, 10)\n"
+                   + "g_loop = util.set_iteration_per_loop(sess, train_op=g_train,"
+                   " iterations_per_loop=10)\n")
+    new, entries = _port(alternating)
+    assert 'd_train = train.per_group["d_train"]\n' in new
+    assert "alternating-device-loop" in [e.rule for e in entries if e.kind == LEFT_ALONE]
+    assert _rules(entries, BY_HAND) == []
+    read = HEAD + D_OPT + G_OPT + D_MIN + G_MIN + "util.set_iteration_per_loop(d_train, 10)\n"
+    assert ("fetch-unmapped", 8) in _rules(_port(read)[1], BY_HAND)

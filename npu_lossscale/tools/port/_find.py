@@ -381,7 +381,9 @@ class Scanner(cst.CSTVisitor):
 
     def fetch_site(self, node):
         """The ``X.run(...)`` call whose fetches hold ``node`` (directly, or
-        inside list, tuple and dict literals), or None."""
+        inside list, tuple and dict literals), or the npu_bridge device loop's
+        ``set_iteration_per_loop(sess, train_op, n)`` whose ``train_op`` does
+        (the op it returns runs it: a fetch of its own), or None."""
         while True:
             parent = self.parent(node)
             if isinstance(parent, cst.Element) and isinstance(self.parent(parent),
@@ -394,6 +396,9 @@ class Scanner(cst.CSTVisitor):
         if not isinstance(parent, cst.Arg) or parent.star:
             return None
         call = self.parent(parent)
+        if isinstance(call, cst.Call) and last_name(call) == "set_iteration_per_loop":
+            bound = bind_args(call, ("sess", "train_op", "iterations_per_loop"))[0]
+            return call if bound.get("train_op") is parent else None
         if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
                 and call.func.attr.value == "run"):
             return None
