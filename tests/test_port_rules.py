@@ -929,3 +929,26 @@ def test_a_train_op_handed_to_the_device_loop_is_fetched_there():
     assert _rules(entries, BY_HAND) == []
     read = HEAD + D_OPT + G_OPT + D_MIN + G_MIN + "util.set_iteration_per_loop(d_train, 10)\n"
     assert ("fetch-unmapped", 8) in _rules(_port(read)[1], BY_HAND)
+
+
+def test_a_one_line_if_wrapper_names_the_if_else_that_ports():
+    """Issue 46: ``if fp16: opt = Wrapper(opt, m)`` with no else stays refused
+    (which optimizer each minimize gets depends on the test, and one builder
+    cannot follow it); the message names the edit, and the if/else it names
+    ports: the scaled branch gets the builder, the plain branch stays, one
+    Adam made above both."""
+    source = [r[1] for r in REFUSALS if r[0] == "optimizer-unfollowed: a one-line if"][0]
+    unfollowed = [e for e in _port(source)[1] if e.rule == "optimizer-unfollowed"]
+    assert [e.line for e in unfollowed] == [8, 9]
+    assert "bound in a branch of an if (line 5)" in unfollowed[0].message
+    assert "move the minimize calls into each branch" in unfollowed[0].message
+    edited = (HEAD + "d_opt = tf.train.AdamOptimizer()\ng_opt = tf.train.AdamOptimizer()\n"
+              + "if fp16:\n"
+              + "    d_opt = NPULossScaleOptimizer(d_opt, FixedLossScaleManager(8))\n"
+              + "    g_opt = NPULossScaleOptimizer(g_opt, FixedLossScaleManager(8))\n"
+              + "    " + D_MIN + "    " + G_MIN + "else:\n    " + D_MIN + "    " + G_MIN + JOINT)
+    new, entries = _port(edited)
+    assert _rules(entries, BY_HAND) == []
+    assert "NPULossScaleOptimizer" not in new
+    assert ("    train = scaler.build()\n    d_train = train.update_op\n"
+            "    g_train = train.update_op\nelse:\n    " + D_MIN + "    " + G_MIN) in new

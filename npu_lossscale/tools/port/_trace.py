@@ -343,6 +343,8 @@ def optimizer_source(m, minimize, top, wrappers):
     elif not _names.is_tf_optimizer(s.call_name(value)):
         return seen, _unfollowed(s, minimize), None
     for reference in s.references(assignments):
+        if in_other_branch(m, reference):
+            continue  # never runs with this branch's lines
         if not any(reference is a for a in allowed):
             return seen, _other_use(s, receiver.value, reference), None
     if wrapper is None:
@@ -419,11 +421,13 @@ def on_object(scanner, wrapper, minimized):
 
 def _unfollowed(scanner, minimize):
     """``optimizer-unfollowed``, naming the if's branch that binds the
-    receiver when there is one."""
+    receiver when there is one (a one-line ``if fp16: opt = Wrapper(opt, m)``
+    with no else is such a branch: the statement is the if itself)."""
     s, receiver = scanner, minimize.receiver
     branches = [s.statement(a.node) for a in (
         s.assignments(receiver) or () if isinstance(receiver, cst.Name) else ())
-                if isinstance(s.owner(s.block(s.statement(a.node))), (cst.If, cst.Else))]
+                if isinstance(s.owner(s.block(s.statement(a.node))), (cst.If, cst.Else))
+                or isinstance(s.statement(a.node), cst.If)]
     return _rules.optimizer_unfollowed(s, minimize, branches[0] if branches else None)
 
 
