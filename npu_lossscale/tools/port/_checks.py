@@ -38,7 +38,7 @@ Fetching = collections.namedtuple("Fetching", ["mode", "edits"])
 #: [v for v in tf.trainable_variables() if v.name.startswith("g")]``).
 _COLLECTION_READERS = frozenset(["tensorflow.trainable_variables", "tensorflow.global_variables",
                                  "tensorflow.get_collection", "tensorflow.local_variables",
-                                 "tensorflow.model_variables", "len", "list"])
+                                 "tensorflow.model_variables", "len"])
 _STRING_METHODS = frozenset(["startswith", "endswith", "split", "lower", "upper", "strip"])
 
 
@@ -228,7 +228,9 @@ def op_making(scanner, expr):
 
 def fetch_mode(m, groups):
     """The ``Fetching``: "joint" or "per_group", from how the script's
-    ``session.run`` calls fetch the train ops; None (refused) otherwise."""
+    ``session.run`` calls fetch the train ops (a run of a group ordered
+    after others' train ops, ``Group.after``, runs those too); None
+    (refused) otherwise."""
     s = m.s
     sites = collections.OrderedDict()
     last = s.line(groups[-1].statement)
