@@ -51,8 +51,26 @@ REFUSALS = [
      + D_MIN + G_MIN + "e_train = e_opt.minimize(e_loss, var_list=e_vars)\n" + JOINT
      + "sess.run(e_train)\n", [("fetch-unmapped", 10)]),
     ("fetch-unmapped: control dependency", HEAD + D_OPT + G_OPT + D_MIN
-     + "with tf.control_dependencies([d_train]):\n    " + G_MIN + JOINT,
+     + "deps = [d_train]\nwith tf.control_dependencies(deps):\n    " + G_MIN + JOINT,
      [("fetch-unmapped", 7)]),
+    ("compute-apply-gradients: a read of the pairs between", HEAD + D_OPT + G_OPT
+     + "d_gv = d_opt.compute_gradients(d_loss, var_list=d_vars)\n"
+     + "tf.summary.histogram('d_grad', d_gv[0][0])\n"
+     + "d_train = d_opt.apply_gradients(d_gv)\n" + G_MIN + JOINT,
+     [("compute-apply-gradients", 6)]),
+    ("compute-apply-gradients: the pairs read again", HEAD + D_OPT + G_OPT
+     + "d_gv = d_opt.compute_gradients(d_loss, var_list=d_vars)\n"
+     + "d_train = d_opt.apply_gradients(d_gv)\n" + G_MIN + JOINT + "print(d_gv)\n",
+     [("compute-apply-gradients", 6)]),
+    ("train-op-dependency: a train op beside other dependencies", HEAD + D_OPT + G_OPT + D_MIN
+     + "with tf.control_dependencies([d_train] + updates):\n    " + G_MIN + JOINT,
+     [("train-op-dependency", 7)]),
+    ("train-op-dependency: the loss built inside the block", HEAD + D_OPT + D_MIN
+     + "with tf.control_dependencies([d_train]):\n    g_loss = make_loss()\n    " + G_OPT
+     + "    " + G_MIN + "sess.run(g_train)\n", [("train-op-dependency", 7)]),
+    ("train-op-dependency: a group run alone", HEAD + D_OPT + G_OPT + D_MIN
+     + "with tf.control_dependencies([d_train]):\n    " + G_MIN + "sess.run(d_train)\n",
+     [("train-op-dependency", 7)]),
     ("mixed-scaling", HEAD + D_OPT + G_OPT + D_MIN + G_MIN
      + "e_train = tf.train.AdamOptimizer().minimize(e_loss, var_list=e_vars)\n"
      + "sess.run([d_train, g_train, e_train])\n", [("mixed-scaling", 8)]),
@@ -851,3 +869,86 @@ def test_a_wrapper_spelled_under_an_if_ports_the_same_on_every_run():
     runs = [_port(source) for _ in range(8)]
     assert all(run == runs[0] for run in runs)
     assert [e.line for e in runs[0][1] if e.rule == "manager-mapped"] == [7, 13]
+
+
+def test_compute_then_apply_on_the_next_line_is_a_minimize():
+    """Issue 46: ``gv = opt.compute_gradients(...)`` then ``opt.apply_gradients(gv)``,
+    ``gv`` read nowhere else, is one add(); apply's global_step moves to build()."""
+    source = (HEAD + D_OPT + G_OPT
+              + "d_gv = d_opt.compute_gradients(d_loss, var_list=d_vars)  # D's pairs\n"
+              + "d_train = d_opt.apply_gradients(d_gv, global_step=gs)\n" + G_MIN + JOINT)
+    new, entries = _port(source)
+    assert "compute_gradients" not in new and "apply_gradients" not in new
+    assert "# D's pairs\n" in new
+    assert 'scaler.add(d_loss, d_opt, var_list=d_vars, name="d_train")\n' in new
+    assert "train = scaler.build(global_step=gs)\n" in new
+    assert "d_train = train.update_op\n" in new
+    changed = _rules(entries, CHANGED)
+    assert ("compute-apply-to-add", 6) in changed and ("global-step-to-build", 7) in changed
+    assert _rules(entries, BY_HAND) == []
+
+
+def test_a_group_built_after_another_groups_train_op_is_the_joint_step():
+    """Issue 46: Pix2Pix's ``with tf.control_dependencies([d_train]):`` around the
+    generator's lines, its var_list read inside, the last op fetched: the block
+    goes, one joint step, and the report says what that changes."""
+    source = (HEAD + D_OPT + D_MIN + "with tf.control_dependencies([d_train]):\n"
+              + "    g_vars = [v for v in tf.trainable_variables() if v.name.startswith('g')]\n"
+              + "    " + G_OPT + "    g_gv = g_opt.compute_gradients(g_loss, var_list=g_vars)\n"
+              + "    g_train = g_opt.apply_gradients(g_gv)\n"
+              + "train_op = tf.group(g_train, ema_op)\nsess.run(train_op)\n")
+    new, entries = _port(source)
+    assert "control_dependencies" not in new
+    assert ("g_vars = [v for v in tf.trainable_variables() if v.name.startswith('g')]\n"
+            "g_opt = tf.train.AdamOptimizer()\n"
+            'scaler.add(g_loss, g_opt, var_list=g_vars, name="g_train",') in new
+    assert "d_train = train.update_op\ng_train = train.update_op\n" in new
+    chained = [e for e in entries if e.rule == "train-ops-chained"]
+    assert [(e.kind, e.line) for e in chained] == [(CHANGED, 6)]
+    assert "same forward pass" in chained[0].message and "skips as one" in chained[0].message
+    assert _rules(entries, BY_HAND) == []
+
+
+def test_a_train_op_handed_to_the_device_loop_is_fetched_there():
+    """Issue 46: ``util.set_iteration_per_loop(sess, train_op, n)`` returns the op
+    that runs ``train_op`` in the device loop: it maps like a session.run fetch
+    (the joint op, or per-group ops with the device loop's sequence advice)."""
+    joint = (HEAD + D_OPT + G_OPT + D_MIN + "with tf.control_dependencies([d_train]):\n    "
+             + G_MIN + "loop_op = util.set_iteration_per_loop(sess, g_train, 10)\n"
+             + "sess.run(loop_op)\n")
+    new, entries = _port(joint)
+    assert "g_train = train.update_op\n" in new
+    assert _rules(entries, BY_HAND) == []
+    alternating = (HEAD + D_OPT + G_OPT + D_MIN + G_MIN
+                   + "d_loop = util.set_iteration_per_loop(sess, d_train, 10)\n"
+                   + "g_loop = util.set_iteration_per_loop(sess, train_op=g_train,"
+                   " iterations_per_loop=10)\n")
+    new, entries = _port(alternating)
+    assert 'd_train = train.per_group["d_train"]\n' in new
+    assert "alternating-device-loop" in [e.rule for e in entries if e.kind == LEFT_ALONE]
+    assert _rules(entries, BY_HAND) == []
+    read = HEAD + D_OPT + G_OPT + D_MIN + G_MIN + "util.set_iteration_per_loop(d_train, 10)\n"
+    assert ("fetch-unmapped", 8) in _rules(_port(read)[1], BY_HAND)
+
+
+def test_a_one_line_if_wrapper_names_the_if_else_that_ports():
+    """Issue 46: ``if fp16: opt = Wrapper(opt, m)`` with no else stays refused
+    (which optimizer each minimize gets depends on the test, and one builder
+    cannot follow it); the message names the edit, and the if/else it names
+    ports: the scaled branch gets the builder, the plain branch stays, one
+    Adam made above both."""
+    source = [r[1] for r in REFUSALS if r[0] == "optimizer-unfollowed: a one-line if"][0]
+    unfollowed = [e for e in _port(source)[1] if e.rule == "optimizer-unfollowed"]
+    assert [e.line for e in unfollowed] == [8, 9]
+    assert "bound in a branch of an if (line 5)" in unfollowed[0].message
+    assert "move the minimize calls into each branch" in unfollowed[0].message
+    edited = (HEAD + "d_opt = tf.train.AdamOptimizer()\ng_opt = tf.train.AdamOptimizer()\n"
+              + "if fp16:\n"
+              + "    d_opt = NPULossScaleOptimizer(d_opt, FixedLossScaleManager(8))\n"
+              + "    g_opt = NPULossScaleOptimizer(g_opt, FixedLossScaleManager(8))\n"
+              + "    " + D_MIN + "    " + G_MIN + "else:\n    " + D_MIN + "    " + G_MIN + JOINT)
+    new, entries = _port(edited)
+    assert _rules(entries, BY_HAND) == []
+    assert "NPULossScaleOptimizer" not in new
+    assert ("    train = scaler.build()\n    d_train = train.update_op\n"
+            "    g_train = train.update_op\nelse:\n    " + D_MIN + "    " + G_MIN) in new

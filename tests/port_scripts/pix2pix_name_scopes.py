@@ -8,10 +8,9 @@ devices), its ``minimize``; one ``tf.group`` of both train ops and the step coun
 fetched with the losses each step. The model and data are small stand-ins
 (a dense generator with batch norm, a dense discriminator, random pairs,
 an L1 term); the loss-scaling lines, names and scopes are the authors'.
-The original's ``tf.control_dependencies([discrim_train])`` around the
-generator's training (G's gradients after D's update) is left out: the
-builder computes every group's gradients before any applies, and the tool
-refuses a train op read there (fetch-unmapped).
+The original's ``compute_gradients``/``apply_gradients`` and its
+``tf.control_dependencies([discrim_train])`` around the generator's
+training are left out here: pix2pix_authors.py holds them.
 
   PYTHONPATH=shims python tests/port_scripts/pix2pix_name_scopes.py --steps 3
 """

@@ -33,6 +33,41 @@ Checked = collections.namedtuple("Checked", ["moving", "edits"])
 Fetching = collections.namedtuple("Fetching", ["mode", "edits"])
 
 
+#: Functions a statement moved above a ``tf.control_dependencies`` block
+#: may call: they read the graph's collections and make no op (``tvars =
+#: [v for v in tf.trainable_variables() if v.name.startswith("g")]``).
+_COLLECTION_READERS = frozenset(["tensorflow.trainable_variables", "tensorflow.global_variables",
+                                 "tensorflow.get_collection", "tensorflow.local_variables",
+                                 "tensorflow.model_variables", "len"])
+_STRING_METHODS = frozenset(["startswith", "endswith", "split", "lower", "upper", "strip"])
+
+
+def chains(m, groups):
+    """``(groups, edits)``: the groups with ``after`` set where a
+    ``with tf.control_dependencies([d_train, ...]):`` around a group's lines
+    holds nothing but earlier groups' train ops (Pix2Pix's generator
+    trains after its discriminator). Those blocks are no update ops: they
+    go, and ``fetch_mode`` counts the ops they named as fetched with the
+    group's. A block that names a train op beside other dependencies, or a
+    later group's, is refused (``train-op-dependency``)."""
+    names = set(g.name for g in groups)
+    found, edits = [], []
+    for index, group in enumerate(groups):
+        deps = group.update_ops
+        if deps is None or not _flow.read_names(deps) & names:
+            found.append(group)
+            continue
+        earlier = set(g.name for g in groups[:index])
+        elements = [e.value for e in getattr(deps, "elements", ())]
+        if not (isinstance(deps, (cst.List, cst.Tuple)) and elements and all(
+                isinstance(e, cst.Name) and e.value in earlier for e in elements)):
+            edits.extend(_rules.train_op_dependency(m.s, group, deps))
+            found.append(group)
+            continue
+        found.append(group._replace(update_ops=None, after=tuple(elements)))
+    return found, edits
+
+
 def check_groups(m, groups):
     """The refusals of groups the builder cannot take as they are, and the
     constructors that move above their blocks (a ``Checked``)."""
@@ -55,25 +90,36 @@ def check_groups(m, groups):
         edits.extend(train_op_assignments(m, group)[1])
     moving = {}
     for top in unique_nodes([g.top for g in groups if g.top is not g.statement]):
-        movers, found = check_block(s, top, groups)
+        chained = [g for g in groups if g.top is top and g.after]
+        movers, found = check_block(s, top, groups, chained[0] if chained else None)
         edits.extend(found)
         if movers:
             moving[top] = movers
     return Checked(moving, edits)
 
 
-def check_block(scanner, top, groups):
+def check_block(scanner, top, groups, chained=None):
     """``(moving, edits)`` for a ``tf.control_dependencies`` block of
     ``minimize`` calls: its constructor statements (optimizers, wrappers,
-    managers, with inert arguments) move above it; any other statement is
-    refused."""
+    managers, with inert arguments) move above it, and so do the
+    statements before its first ``minimize`` that only read the graph's
+    collections (a var_list); any other statement is refused (for the
+    block of a group ordered after another's train op, ``chained``, with
+    the message of that block)."""
     statements = list(top.body.body)
-    stays = [st for st in statements if any(st is g.statement for g in groups)]
+    stays = [st for st in statements if any(st is o for o in _trace.own_statements(groups))]
     moving, edits = [], []
     for index, statement in enumerate(statements):
         if any(statement is st for st in stays):
             continue
         kind = constructor(scanner, statement)
+        if kind is None and not any(st in stays for st in statements[:index]) and (
+                collection_read(scanner, statement)):
+            kind = "inert"
+        if kind is None and chained is not None:
+            edits.extend(_rules.train_op_dependency(scanner, chained, chained.top,
+                                                    statement=statement))
+            continue
         if kind is None:
             edits.extend(_rules.control_dependencies_mixed(scanner, statement))
             continue
@@ -115,6 +161,46 @@ def constructor(scanner, statement):
     return "inert"
 
 
+def collection_read(scanner, statement):
+    """True for ``name = expr`` where ``expr`` makes no op: names,
+    literals, attributes, lists and comprehensions of them, the graph's
+    collections (``_COLLECTION_READERS``) and string methods."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign)
+            and all(isinstance(t.target, cst.Name) for t in statement.body[0].targets)):
+        return False
+    return _op_free(scanner, statement.body[0].value)
+
+
+def _op_free(scanner, expr):
+    """True when evaluating ``expr`` can make no op (see ``collection_read``)."""
+    if isinstance(expr, (cst.Name, cst.SimpleString, cst.ConcatenatedString)) or (
+            _flow.is_number(expr)):
+        return True
+    if isinstance(expr, cst.Attribute):
+        return _op_free(scanner, expr.value)
+    if isinstance(expr, (cst.List, cst.Tuple)):
+        return all(_op_free(scanner, e.value) for e in expr.elements)
+    if isinstance(expr, cst.BooleanOperation):
+        return _op_free(scanner, expr.left) and _op_free(scanner, expr.right)
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
+        return _op_free(scanner, expr.expression)
+    if isinstance(expr, cst.ListComp):
+        clauses, node = [], expr.for_in
+        while node is not None:
+            clauses.append(node)
+            node = node.inner_for_in
+        return _op_free(scanner, expr.elt) and all(
+            isinstance(c.target, cst.Name) and _op_free(scanner, c.iter)
+            and all(_op_free(scanner, i.test) for i in c.ifs) for c in clauses)
+    if isinstance(expr, cst.Call):
+        method = (isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _STRING_METHODS
+                  and _op_free(scanner, expr.func.value))
+        return ((method or scanner.call_name(expr) in _COLLECTION_READERS)
+                and all(not a.star and _op_free(scanner, a.value) for a in expr.args))
+    return False
+
+
 def is_constructor(scanner, node):
     """True for a call of an optimizer's, a wrapper's or a manager's class."""
     name = scanner.call_name(node) if isinstance(node, cst.Call) else None
@@ -142,13 +228,18 @@ def op_making(scanner, expr):
 
 def fetch_mode(m, groups):
     """The ``Fetching``: "joint" or "per_group", from how the script's
-    ``session.run`` calls fetch the train ops; None (refused) otherwise."""
+    ``session.run`` calls fetch the train ops (a run of a group ordered
+    after others' train ops, ``Group.after``, runs those too); None
+    (refused) otherwise."""
     s = m.s
     sites = collections.OrderedDict()
     last = s.line(groups[-1].statement)
     edits = []
+    chained = [r for g in groups for r in g.after]
     for group in groups:
         for reference in s.references(train_op_assignments(m, group)[0]):
+            if any(reference is r for r in chained):
+                continue  # its block goes: the run of the group after it runs it
             site = s.fetch_site(reference) or group_site(s, reference)
             if site is not None and s.line(reference) < last:
                 edits.extend(_rules.fetch_unmapped(reference, group.name, last=last))
@@ -161,6 +252,10 @@ def fetch_mode(m, groups):
     if not sites:
         return Fetching(None, _rules.train_op_unfetched(groups))
     names = set(g.name for g in groups)
+    for fetched in sites.values():  # a run of a group ordered after a train op runs that op
+        for group in groups[::-1]:
+            if group.name in fetched:
+                fetched.update(r.value for r in group.after)
     joint = [site for site, fetched in sites.items() if fetched == names]
     single = [site for site, fetched in sites.items() if len(fetched) == 1]
     for site, fetched in sites.items():
@@ -168,6 +263,9 @@ def fetch_mode(m, groups):
             edits.extend(_rules.fetch_unmapped(None, None, site=site, fetched=fetched,
                                                names=names))
     edits.extend(_rules.fetch_mixed(joint, single))
+    if single and not edits:
+        edits.extend(e for g in groups if g.after
+                     for e in _rules.train_op_dependency(s, g, g.top, fetch=True))
     if edits:
         return Fetching(None, edits)
     return Fetching("per_group" if single else "joint", [])
@@ -181,7 +279,8 @@ def scoped_statements(m, groups, outer):
     ``build()``, which goes after the block)."""
     s = m.s
     ours = [g.top for g in groups] + [g.wrapper_statement for g in groups
-                                      if g.wrapper_statement is not None]
+                                      if g.wrapper_statement is not None] + [
+        g.minimize.compute for g in groups if g.minimize.compute is not None]
     found, edits = [], []
     for anchor in outer:
         if any(anchor is g.top for g in groups):
@@ -190,8 +289,11 @@ def scoped_statements(m, groups, outer):
             if not any(s.statement(statement) is o or _flow.inside(s, statement, o)
                        for o in ours):
                 found.append(statement)
+    chained = [r for g in groups for r in g.after]
     for group in groups:
         for reference in s.references(train_op_assignments(m, group)[0] or []):
+            if any(reference is r for r in chained):
+                continue
             if any(_flow.inside(s, reference, anchor) for anchor in outer
                    if anchor is not group.top):
                 edits.extend(_rules.fetch_unmapped(reference, group.name, scoped=True))
@@ -215,7 +317,7 @@ def check_moves(m, groups, body, tops, scoped, moving):
     index = dict((id(statement), i) for i, statement in enumerate(body))
     end = index[id(tops[-1])] + 1
     # The port's own statements: the minimize calls' and the wrappers'.
-    top_ids = set(id(t) for t in tops) | set(
+    top_ids = set(id(t) for t in tops + _trace.own_statements(groups)) | set(
         id(g.wrapper_statement) for g in groups if g.wrapper_statement is not None)
     edits = []
     for group in groups:

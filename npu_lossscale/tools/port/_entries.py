@@ -114,7 +114,7 @@ def between_minimizes(m, groups, between, tops):
     them all."""
     s = m.s
     first, last = s.line(groups[0].minimize.call), s.line(groups[-1].minimize.call)
-    ours = set(id(t) for t in tops) | set(
+    ours = set(id(t) for t in list(tops) + _trace.own_statements(groups)) | set(
         id(g.wrapper_statement) for g in groups if g.wrapper_statement is not None)
     found = []
     for statement in between:
@@ -276,17 +276,27 @@ def constructor_moved(statement, manager):
                        "a manager's variables' initializers no longer wait for the "
                        "block's updates (inside it, running the initializer ran those "
                        "updates and needed their feeds)." if manager else
-                       "making an optimizer or a wrapper makes no op that the block "
-                       "orders."), SECTION_UPDATE_OPS)
+                       "making an optimizer or a wrapper, or reading the graph's "
+                       "collections, makes no op that the block orders."), SECTION_UPDATE_OPS)
 
 
 def group_changes(scanner, group, scaler, per_group):
     """What changed of one group's ``minimize``."""
     minimize = group.minimize
-    found = [changed(minimize.call, "minimize-to-add",
-                     "%s = %s.minimize(...) is %s.add(..., name=%s): the same loss, optimizer "
-                     "and var_list." % (group.name, _trace.code(scanner, minimize.receiver),
-                                        scaler, _quote(group)), SECTION_PORTING)]
+    receiver = _trace.code(scanner, minimize.receiver)
+    if minimize.compute is None:
+        found = [changed(minimize.call, "minimize-to-add",
+                         "%s = %s.minimize(...) is %s.add(..., name=%s): the same loss, "
+                         "optimizer and var_list." % (group.name, receiver, scaler,
+                                                      _quote(group)), SECTION_PORTING)]
+    else:
+        grads = _trace.code(scanner, minimize.compute.body[0].targets[0].target)
+        found = [changed(minimize.compute, "compute-apply-to-add",
+                         "%s = %s.compute_gradients(...), then %s = %s.apply_gradients(%s) "
+                         "with nothing done to %s between them, is minimize in two calls: "
+                         "%s.add(..., name=%s), the same loss, optimizer and var_list."
+                         % (grads, receiver, group.name, receiver, grads, grads, scaler,
+                            _quote(group)), SECTION_PORTING)]
     if minimize.name is not None:
         found.append(changed(minimize.name, "op-name-dropped",
                              "The op name %s is gone: the builder names its ops under "
@@ -298,6 +308,9 @@ def group_changes(scanner, group, scaler, per_group):
                              "per applied step, never on a skipped one.", SECTION_GLOBAL_STEP))
         if per_group:
             found.append(global_step_per_group(minimize))
+    if group.after:
+        found.append(changed(group.top, "train-ops-chained", train_ops_chained(
+            scanner, group), SECTION_PORT))
     if group.update_ops is not None:
         found.append(changed(group.top, "update-ops-gated",
                              "with tf.control_dependencies(%s) around %s's minimize is build("
@@ -307,6 +320,20 @@ def group_changes(scanner, group, scaler, per_group):
                              "step's batch)." % (_trace.code(scanner, group.update_ops),
                                                  group.name), SECTION_UPDATE_OPS))
     return found
+
+
+def train_ops_chained(scanner, group):
+    """What changes where a group's lines were built inside ``with
+    tf.control_dependencies([d_train]):`` (``_checks.chains``)."""
+    before = ", ".join(r.value for r in group.after)
+    return ("with tf.control_dependencies(%s) around %s's lines goes: the joint step runs %s "
+            "and %s together, one overflow check for both. What changes: %s's gradients no "
+            "longer wait for %s's update, and both come from the same forward pass (the "
+            "script's gradients read that pass's tensors too, its ops built outside the "
+            "block); the two updates are one step that applies or skips as one, where each "
+            "wrapper skipped on its own overflow alone." % (
+                _trace.code(scanner, _trace.control_dependencies(scanner, group.top)),
+                group.name, before, group.name, group.name, before))
 
 
 def builder_changes(m, groups, scaler, train, per_group, lifted_nodes):

@@ -33,19 +33,27 @@ from npu_lossscale.tools.port import _names
 Wrapper = collections.namedtuple("Wrapper", ["call", "kind", "optimizer", "scale",
                                              "distributed", "others"])
 
-#: An ``X.minimize(...)`` call.
+#: An ``X.minimize(...)`` call, or the two calls that are one:
+#: ``gv = X.compute_gradients(loss, ...)`` then, on the next line,
+#: ``train = X.apply_gradients(gv, ...)`` with ``gv`` read nowhere else.
 #:
 #: Attributes:
-#:   call: the ``cst.Call``.
+#:   call: the ``cst.Call`` (``apply_gradients``'s for a pair).
 #:   receiver: ``X``, the optimizer expression.
 #:   loss, global_step, var_list, name: the argument expressions, or None.
 #:   others: the arguments ``MultiOptimizerLossScale.add`` has no place for
 #:     (``gate_gradients``, ``grad_loss``, ...), as ``cst.Arg``s.
+#:   compute: the ``compute_gradients`` statement of a pair, or None.
 Minimize = collections.namedtuple("Minimize", ["call", "receiver", "loss", "global_step",
-                                               "var_list", "name", "others"])
+                                               "var_list", "name", "others", "compute"])
 
 _MINIMIZE_PARAMS = ("loss", "global_step", "var_list", "gate_gradients", "aggregation_method",
                     "colocate_gradients_with_ops", "name", "grad_loss")
+_COMPUTE_PARAMS = ("loss", "var_list", "gate_gradients", "aggregation_method",
+                   "colocate_gradients_with_ops", "grad_loss")
+_APPLY_PARAMS = ("grads_and_vars", "global_step", "name")
+_UNKNOWN_PARAMS = ("gate_gradients", "aggregation_method", "colocate_gradients_with_ops",
+                   "grad_loss")
 _WRAPPER_PARAMS = {
     _names.NPU_BRIDGE: ("opt", "loss_scale_manager", "is_distributed"),
     _names.CONTRIB: ("opt", "loss_scale_manager"),
@@ -117,9 +125,11 @@ class Scanner(cst.CSTVisitor):
       wrappers: the ``Wrapper``s, in source order.
       managers: dict from manager-constructor ``cst.Call`` to its
         ``_names.ManagerMap``.
-      minimizes: the ``Minimize``s, in source order.
-      gradient_calls: ``compute_gradients``/``apply_gradients`` calls
-        (``cst.Call``s).
+      minimizes: the ``Minimize``s, in source order (the pairs of
+        ``compute_gradients`` and ``apply_gradients`` that are one
+        ``minimize`` among them).
+      gradient_calls: the other ``compute_gradients``/``apply_gradients``
+        calls (``cst.Call``s).
       star_npu: the ``from npu_bridge.npu_init import *`` statement, or None.
       library_import: the first statement importing npu_lossscale, or None.
       names: every identifier the module uses (for picking fresh names).
@@ -206,17 +216,60 @@ class Scanner(cst.CSTVisitor):
             self.managers[node] = _names.MANAGERS[name]
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "minimize":
             bound, others = bind_args(node, _MINIMIZE_PARAMS)
-            unknown = [bound[p] for p in ("gate_gradients", "aggregation_method",
-                                          "colocate_gradients_with_ops", "grad_loss")
-                       if p in bound]
+            unknown = [bound[p] for p in _UNKNOWN_PARAMS if p in bound]
             self.minimizes.append(Minimize(
                 node, node.func.value, _value(bound, "loss"), _value(bound, "global_step"),
-                _value(bound, "var_list"), _value(bound, "name"), unknown + others))
+                _value(bound, "var_list"), _value(bound, "name"), unknown + others, None))
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value in _GRADIENT_METHODS:
             self.gradient_calls.append(node)
 
     def leave_Module(self, original_node):
+        for apply_call in list(self.gradient_calls):
+            pair = self._pair(apply_call)
+            if pair is not None:
+                self.gradient_calls = [c for c in self.gradient_calls
+                                       if c is not apply_call and c is not pair.compute.body[0]
+                                       .value]
+                self.minimizes.append(pair)
+        self.minimizes.sort(key=lambda x: (self.line(x.call), self.column(x.call)))
         self._on_done(self)
+
+    def _pair(self, apply_call):
+        """The ``Minimize`` that ``apply_call`` and the ``compute_gradients``
+        just before it make, or None: the statement before is ``gv =
+        X.compute_gradients(...)`` in the same block, on the same name ``X``,
+        and ``gv`` (bound there alone) is read only as ``apply_call``'s
+        first argument. Anything that reads or edits ``gv`` in between (a
+        clip, a summary) leaves the two calls as they are, refused."""
+        if not (apply_call.func.attr.value == "apply_gradients"
+                and isinstance(apply_call.func.value, cst.Name)):
+            return None
+        bound, others = bind_args(apply_call, _APPLY_PARAMS)
+        gv = bound.get("grads_and_vars")
+        if gv is None or not isinstance(gv.value, cst.Name):
+            return None
+        assignments = self.assignments(gv.value) or []
+        if len(assignments) != 1 or [r for r in self.references(assignments)] != [gv.value]:
+            return None
+        compute_call = self.assigned_value(assignments[0])
+        statement = self.statement(apply_call)
+        compute = self.statement(assignments[0].node)
+        if not (isinstance(compute_call, cst.Call) and compute_call in self.gradient_calls
+                and compute_call.func.attr.value == "compute_gradients"
+                and isinstance(compute_call.func.value, cst.Name)
+                and compute_call.func.value.value == apply_call.func.value.value
+                and isinstance(compute, cst.SimpleStatementLine) and len(compute.body) == 1
+                and self.parent(compute) is self.parent(statement)):
+            return None
+        body = list(self.parent(statement).body)
+        at = [i for i, st in enumerate(body) if st is statement]
+        if not at or at[0] == 0 or body[at[0] - 1] is not compute:
+            return None
+        computed, extra = bind_args(compute_call, _COMPUTE_PARAMS)
+        unknown = [computed[p] for p in _UNKNOWN_PARAMS if p in computed]
+        return Minimize(apply_call, apply_call.func.value, _value(computed, "loss"),
+                        _value(bound, "global_step"), _value(computed, "var_list"),
+                        _value(bound, "name"), unknown + extra + others, compute)
 
     # -- queries (while the metadata is live) -------------------------------------
 
@@ -328,7 +381,9 @@ class Scanner(cst.CSTVisitor):
 
     def fetch_site(self, node):
         """The ``X.run(...)`` call whose fetches hold ``node`` (directly, or
-        inside list, tuple and dict literals), or None."""
+        inside list, tuple and dict literals), or the npu_bridge device loop's
+        ``set_iteration_per_loop(sess, train_op, n)`` whose ``train_op`` does
+        (the op it returns runs it: a fetch of its own), or None."""
         while True:
             parent = self.parent(node)
             if isinstance(parent, cst.Element) and isinstance(self.parent(parent),
@@ -341,6 +396,9 @@ class Scanner(cst.CSTVisitor):
         if not isinstance(parent, cst.Arg) or parent.star:
             return None
         call = self.parent(parent)
+        if isinstance(call, cst.Call) and last_name(call) == "set_iteration_per_loop":
+            bound = bind_args(call, ("sess", "train_op", "iterations_per_loop"))[0]
+            return call if bound.get("train_op") is parent else None
         if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
                 and call.func.attr.value == "run"):
             return None

@@ -125,14 +125,16 @@ def builder(m, groups, mode, tops, last, moving, done, lifted=None, lifted_nodes
                                  if per_group else "update_op") for g in groups]
     edits.extend(unwrap(m, groups))
     scoped = last is not tops[-1]
+    computes = [g.minimize.compute for g in groups if g.minimize.compute is not None]
     for top in tops:
         inner = [top] if isinstance(top, cst.SimpleStatementLine) else list(top.body.body)
         movers = moving.get(top, [])
         lines, moved_edits = moved(m, movers, list(done) + edits)
         edits.extend(moved_edits)
+        lines = _computes_removed(m, groups, top, lines, edits)
         edits.append(Statements(top, _emit.replacement_statements(
             [scaler_text] if top is tops[0] else [],
-            [(adds[id(st)], st) for st in inner if not any(st is x for x in movers)],
+            [(adds[id(st)], st) for st in inner if not any(st is x for x in movers + computes)],
             [build_text] + bindings if top is tops[-1] and not scoped else [], top,
             s.column(top), lines)))
     if scoped:  # after the name scope's block, at its indentation
@@ -143,6 +145,26 @@ def builder(m, groups, mode, tops, last, moving, done, lifted=None, lifted_nodes
         edits.extend(_entries.group_changes(s, group, scaler, per_group))
     edits.extend(_entries.builder_changes(m, groups, scaler, train, per_group, lifted_nodes))
     return edits
+
+
+def _computes_removed(m, groups, top, lines, edits):
+    """``lines`` (see ``moved``) with the comments of the ``compute_gradients``
+    statements of ``top``'s groups, which go with their ``apply_gradients``
+    into one ``add()``; a compute statement outside ``top`` (beside it in
+    its block) is removed (an edit added to ``edits``)."""
+    comments = []
+    for group in groups:
+        compute = group.minimize.compute
+        if compute is None or group.top is not top:
+            continue
+        comments.extend(_emit.lost_comments(compute, []))
+        if isinstance(top, cst.SimpleStatementLine):
+            edits.append(Statements(compute, []))
+    if not comments:
+        return lines
+    if lines and isinstance(lines[-1], list):
+        return list(lines[:-1]) + [lines[-1] + comments]
+    return list(lines) + [comments]
 
 
 def moved(m, statements, done):

@@ -132,6 +132,8 @@ def builder(m, done, scaled):
             edits.extend(_trace.unused_wrapper(m, wrapper))
     if refused(edits) or refused(done):
         return edits
+    groups, found = _checks.chains(m, groups)
+    edits.extend(found)
     anchors = [_trace.anchor(s, g.top) for g in groups]
     edits.extend(_rules.blocks_differ(s, groups, anchors))
     if refused(edits):

@@ -1,10 +1,9 @@
 """The refusal rules: one function per row of docs/port.md's "What it
 leaves to you" table, in its order, named after the row's rule.
 
-Each takes the facts its row needs and returns a list of ``_edits.Refused``
-(empty when the row does not apply): what the script does, and the edit
-that lets the tool go on, each shape of the row in its own words.
-"""
+Each takes the facts its row needs and returns ``_edits.Refused``s (none when
+the row does not apply): what the script does, and the edit that lets the
+tool go on."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -150,12 +149,28 @@ def optimizer_reused(scanner, minimizes=(), name=None, reference=None, sharing=(
 
 
 def compute_apply_gradients(node, name):
-    """``name`` computes and applies its gradients itself."""
+    """``name`` computes and applies its gradients with more between."""
     return [refuse(node, "compute-apply-gradients",
-                   "%s computes and applies gradients itself (compute_gradients/"
-                   "apply_gradients): write scaler.add(loss, optimizer, var_list=..., "
-                   "transform_grads_fn=f), f doing the edits between the two calls." % name,
-                   SECTION_BUILDER)]
+                   "%s computes and applies gradients itself, with more than the next line "
+                   "between: write scaler.add(loss, optimizer, var_list=..., transform_grads_fn="
+                   "f), f doing the edits between the two calls (if none, apply on the line "
+                   "after compute_gradients and run the tool again)." % name, SECTION_BUILDER)]
+
+
+def train_op_dependency(scanner, group, node, statement=None, fetch=False):
+    """A ``tf.control_dependencies`` (``node``) ordering ``group`` after train ops
+    and more, around a ``statement``, or (``fetch``) where a group runs alone."""
+    where = "with tf.control_dependencies(...) at line %d" % scanner.line(group.top)
+    message = ("This line is built inside %s, after the other step; the builder makes every "
+               "group's gradients from one forward pass before any applies. Move it above the "
+               "with block" % where if statement is not None else "%s orders %s after a train "
+               "op: the tool makes one step of a block that names earlier groups' train ops "
+               "alone, all groups fetched together. %s" % (where, group.name, "Fetch the groups "
+                                                           "in the same runs" if fetch else
+                                                           "Name only train ops in it"))
+    return [refuse(statement or node, "train-op-dependency", message + ", then run the tool "
+                   "again.", SECTION_PORT, once=("train-op-dependency", scanner.line(
+                       statement or node)))]
 
 
 def train_op_unfollowed(minimize):
@@ -189,17 +204,15 @@ def constructor_unmovable(scanner, statement, argument=None, clash=None, names=(
     which reads or binds ``names`` it binds or reads."""
     if argument is not None:
         return [refuse(statement, "constructor-unmovable",
-                       "This constructor inside the tf.control_dependencies block takes "
-                       "%s, which may make ops that the block orders after its updates: "
-                       "the tool will not move it above the block. Compute it above the "
-                       "block (e.g. lr = ...), then run the tool again." % argument,
-                       SECTION_UPDATE_OPS)]
+                       "This constructor inside the tf.control_dependencies block takes %s, "
+                       "which may make ops that the block orders after its updates: the tool "
+                       "will not move it above the block. Compute it above the block (e.g. lr "
+                       "= ...), then run the tool again." % argument, SECTION_UPDATE_OPS)]
     return [refuse(statement, "constructor-unmovable",
-                   "This constructor would move above the tf.control_dependencies "
-                   "block, past line %d, which reads or binds a name it binds or reads "
-                   "(%s): give that name one meaning in the block, then run the tool "
-                   "again." % (scanner.line(clash), ", ".join(sorted(names))),
-                   SECTION_UPDATE_OPS)]
+                   "This constructor would move above the tf.control_dependencies block, past "
+                   "line %d, which reads or binds a name it binds or reads (%s): give that "
+                   "name one meaning in the block, then run the tool again." % (
+                       scanner.line(clash), ", ".join(sorted(names))), SECTION_UPDATE_OPS)]
 
 
 def fetch_unmapped(reference, name, last=None, outside=False, scoped=False, site=None,
@@ -217,19 +230,19 @@ def fetch_unmapped(reference, name, last=None, outside=False, scoped=False, site
                        SECTION_PORT)]
     if scoped:
         return [refuse(reference, "fetch-unmapped",
-                       "%s is read here, inside the tf.name_scope block, before "
-                       "build() (which goes after the block): move this line after the "
-                       "block, then run the tool again." % name, SECTION_PORT)]
+                       "%s is read here, inside the tf.name_scope block, before build() "
+                       "(which goes after the block): move this line after the block, then "
+                       "run the tool again." % name, SECTION_PORT)]
     if outside:
         return [refuse(reference, "fetch-unmapped",
-                       "%s is used here outside a session.run fetch (a list, a "
-                       "function, a control dependency): the tool cannot map it to a "
-                       "builder op. Fetch it in session.run (or group every train op "
-                       "in one tf.group), then run the tool again." % name, SECTION_PORT)]
+                       "%s is used here outside a session.run fetch (a list, a function, a "
+                       "control dependency): the tool cannot map it to a builder op. Fetch it "
+                       "in session.run (or group every train op in one tf.group), then run "
+                       "the tool again." % name, SECTION_PORT)]
     return [refuse(reference, "fetch-unmapped",
-                   "%s is read here, before the last minimize (line %d), where "
-                   "build() makes the train ops: move this line after it, then "
-                   "run the tool again." % (name, last), SECTION_PORT)]
+                   "%s is read here, before the last minimize (line %d), where build() makes "
+                   "the train ops: move this line after it, then run the tool again." % (
+                       name, last), SECTION_PORT)]
 
 
 def fetch_mixed(joint, single):
@@ -238,18 +251,18 @@ def fetch_mixed(joint, single):
     if not (joint and single):
         return []
     return [refuse(site, "fetch-mixed",
-                   "Some session.run calls fetch every train op and others one: fetch "
-                   "them the same way in every run (all together, or one per run), then "
-                   "run the tool again, or bind update_op and per_group ops by hand.",
-                   SECTION_PORT) for site in joint + single]
+                   "Some session.run calls fetch every train op and others one: fetch them the "
+                   "same way in every run (all together, or one per run), then run the tool "
+                   "again, or bind update_op and per_group ops by hand.", SECTION_PORT)
+            for site in joint + single]
 
 
 def train_op_unfetched(groups):
     """No ``session.run`` of the file fetches the groups' train ops."""
     return [refuse(group.minimize.call, "train-op-unfetched",
-                   "No session.run of this file fetches %s: the tool cannot tell one "
-                   "step for all groups (update_op) from one per group (per_group). "
-                   "Port it by hand where the train ops are run." % group.name,
+                   "No session.run of this file fetches %s: the tool cannot tell one step "
+                   "for all groups (update_op) from one per group (per_group). Port it by "
+                   "hand where the train ops are run." % group.name,
                    SECTION_PORT) for group in groups]
 
 
@@ -261,10 +274,10 @@ def blocks_differ(scanner, groups, anchors):
         return []
     lines = ", ".join(str(scanner.line(g.minimize.call)) for g in groups)
     return [refuse(group.minimize.call, "blocks-differ",
-                   "The minimize calls (lines %s) are in different blocks or "
-                   "functions: one builder needs them side by side. Put them in one "
-                   "block (with tf.name_scope(...) blocks side by side count as one), "
-                   "then run the tool again." % lines) for group in groups]
+                   "The minimize calls (lines %s) are in different blocks or functions: one "
+                   "builder needs them side by side. Put them in one block (with tf.name_scope"
+                   "(...) blocks side by side count as one), then run the tool again." % lines)
+            for group in groups]
 
 
 def control_dependencies_mixed(scanner, statement):
@@ -282,10 +295,10 @@ def control_dependencies_mixed(scanner, statement):
 def mixed_scaling(minimize):
     """A ``minimize`` without a wrapper beside others with one."""
     return [refuse(minimize.call, "mixed-scaling",
-                   "This minimize has no loss-scale wrapper while others have: the tool "
-                   "will not guess its scale. Wrap its optimizer as the others are "
-                   "(NPULossScaleOptimizer(opt, manager)), then run the tool again, or port "
-                   "the script by hand.")]
+                   "This minimize has no loss-scale wrapper while others have: the tool will "
+                   "not guess its scale. Wrap its optimizer as the others are (NPULossScale"
+                   "Optimizer(opt, manager)), then run the tool again, or port the script by "
+                   "hand.")]
 
 
 def already_ported_mixed(wrappers):
@@ -302,9 +315,9 @@ def var_list_missing(minimize):
     if minimize.var_list is not None:
         return []
     return [refuse(minimize.call, "var-list-missing",
-                   "This minimize has no var_list: with several optimizers each "
-                   "group needs its own variables. Pass var_list=... (e.g. "
-                   "tf.trainable_variables(\"generator\")), then run the tool again.")]
+                   "This minimize has no var_list: with several optimizers each group needs "
+                   "its own variables. Pass var_list=... (e.g. tf.trainable_variables("
+                   "\"generator\")), then run the tool again.")]
 
 
 def global_step_twice(groups):
@@ -313,10 +326,10 @@ def global_step_twice(groups):
     if len(steps) < 2:
         return []
     return [refuse(group.minimize.global_step, "global-step-twice",
-                   "global_step is passed to %d minimize calls: it advanced once per "
-                   "optimizer. The builder advances it once per step: pass it to one "
-                   "minimize (the one whose runs count your steps), then run the tool "
-                   "again." % len(steps), SECTION_GLOBAL_STEP) for group in steps]
+                   "global_step is passed to %d minimize calls: it advanced once per optimizer."
+                   " The builder advances it once per step: pass it to one minimize (the one "
+                   "whose runs count your steps), then run the tool again." % len(steps),
+                   SECTION_GLOBAL_STEP) for group in steps]
 
 
 def minimize_arguments(scanner, minimize):
@@ -344,10 +357,9 @@ def op_name_used(scanner, minimize):
     if isinstance(minimize.name, cst.SimpleString) and scanner.strings[value] <= 1:
         return []
     return [refuse(minimize.name, "op-name-used",
-                   "This train op's name %s is used elsewhere in the script: the "
-                   "builder's op has another name. Reach the op through its variable "
-                   "there, drop name=..., then run the tool again."
-                   % _code(scanner, minimize.name))]
+                   "This train op's name %s is used elsewhere in the script: the builder's op "
+                   "has another name. Reach the op through its variable there, drop name=..., "
+                   "then run the tool again." % _code(scanner, minimize.name))]
 
 
 def wrapper_arguments(scanner, wrapper, drop_in=False, unread=False, no_manager=False):
@@ -363,8 +375,8 @@ def wrapper_arguments(scanner, wrapper, drop_in=False, unread=False, no_manager=
     if unread:
         return [refuse(wrapper.call, "wrapper-arguments",
                        "This %s call has no optimizer argument the tool can read: pass the "
-                       "optimizer as its first argument, then run the tool again."
-                       % _title(wrapper))]
+                       "optimizer as its first argument, then run the tool again." % _title(
+                           wrapper))]
     if drop_in:
         return [refuse(wrapper.call, "wrapper-arguments",
                        "This %s call has arguments the tool does not know (%s): drop those "
@@ -379,19 +391,18 @@ def wrapper_arguments(scanner, wrapper, drop_in=False, unread=False, no_manager=
 def manager_arguments(scanner, call, mapping):
     """A recognised manager call with arguments the tool does not map."""
     return [refuse(call, "manager-arguments",
-                   "This %s manager has arguments the tool does not know (%s): the tool "
-                   "maps %s. Drop the others if they are defaults, then run the tool "
-                   "again, or pass our manager by hand."
-                   % (mapping.origin, _code(scanner, call), ", ".join(
+                   "This %s manager has arguments the tool does not know (%s): the tool maps "
+                   "%s. Drop the others if they are defaults, then run the tool again, or "
+                   "pass our manager by hand." % (mapping.origin, _code(scanner, call), ", ".join(
                        theirs for theirs, _ in mapping.keywords)), SECTION_MANAGERS)]
 
 
 def loss_scale_argument(scanner, expr):
     """A TF ``loss_scale`` that is not a literal or a TF loss-scale call."""
     return [refuse(expr, "loss-scale-argument",
-                   "The loss_scale %s is not a literal or a DynamicLossScale/"
-                   "FixedLossScale call the tool can map: pass our manager by hand."
-                   % _code(scanner, expr), SECTION_MANAGERS)]
+                   "The loss_scale %s is not a literal or a DynamicLossScale/FixedLossScale "
+                   "call the tool can map: pass our manager by hand." % _code(scanner, expr),
+                   SECTION_MANAGERS)]
 
 
 def manager_unfollowed(scanner, expr):
@@ -412,17 +423,16 @@ def unmovable(scanner, node, what=None, section=SECTION_PORT, scoped=False, test
     change its arguments."""
     if scoped:
         return [refuse(node, "unmovable",
-                       "This argument moves to the builder, past lines inside the "
-                       "tf.name_scope blocks that may change it: bind it to a name "
-                       "before the first block, and leave it as it is until the "
-                       "last, then run the tool again.", SECTION_PORT)]
+                       "This argument moves to the builder, past lines inside the tf.name_scope"
+                       " blocks that may change it: bind it to a name before the first block, "
+                       "and leave it as it is until the last, then run the tool again.",
+                       SECTION_PORT)]
     if what is not None:
         return [refuse(node, "unmovable",
-                       "This %s argument moves to build(), after lines the script "
-                       "runs in between that may change it (a new value, or a call "
-                       "that reads it): bind it to a name before the first minimize, "
-                       "and leave it as it is until the last, then run the tool "
-                       "again." % what, section)]
+                       "This %s argument moves to build(), after lines the script runs in "
+                       "between that may change it (a new value, or a call that reads it): "
+                       "bind it to a name before the first minimize, and leave it as it is "
+                       "until the last, then run the tool again." % what, section)]
     if test is not None:
         return [refuse(test, "unmovable",
                        "This if's test (%s) moves to the builder's distributed=..., where the "

@@ -53,9 +53,20 @@ Script = collections.namedtuple("Script", ["s", "alias", "arm", "minimizes", "wr
 #:   manager: the ``_managers.ManagerUse``.
 #:   layers: npu_bridge's distributed layers around the wrapper ([] for none).
 #:   spelling: the ``_engines.Spelling`` the wrapper is a branch of, or None.
+#:   after: the names (``cst.Name``s) of the earlier groups' train ops that
+#:     ``top``, a ``with tf.control_dependencies([d_train]):``, orders this
+#:     group after (``_checks.chains``); () for none.
 Group = collections.namedtuple("Group", ["name", "minimize", "statement", "top", "update_ops",
                                          "optimizer", "wrapper", "wrapper_statement", "manager",
-                                         "layers", "spelling"])
+                                         "layers", "spelling", "after"], defaults=((),))
+
+def own_statements(groups):
+    """The statements the groups' lines are: each ``minimize`` statement,
+    and the ``compute_gradients`` statement of a pair (``_find.Minimize``),
+    which goes with its ``apply_gradients``."""
+    found = [g.statement for g in groups]
+    return found + [g.minimize.compute for g in groups if g.minimize.compute is not None]
+
 
 #: What tracing one ``minimize`` found.
 #:
@@ -318,6 +329,8 @@ def optimizer_source(m, minimize, top, wrappers):
     allowed = [receiver] + (s.references([a for a in s.assignments(receiver)
                                             if a.node is target]) if target is not None
                             and target.value == receiver.value else [])
+    if minimize.compute is not None:  # the pair's compute_gradients
+        allowed.append(minimize.compute.body[0].value.func.value)
     wrapper, seen = wrappers.get(value), []
     if wrapper is not None:
         seen.append(value)
@@ -330,6 +343,8 @@ def optimizer_source(m, minimize, top, wrappers):
     elif not _names.is_tf_optimizer(s.call_name(value)):
         return seen, _unfollowed(s, minimize), None
     for reference in s.references(assignments):
+        if in_other_branch(m, reference):
+            continue  # never runs with this branch's lines
         if not any(reference is a for a in allowed):
             return seen, _other_use(s, receiver.value, reference), None
     if wrapper is None:
@@ -406,11 +421,13 @@ def on_object(scanner, wrapper, minimized):
 
 def _unfollowed(scanner, minimize):
     """``optimizer-unfollowed``, naming the if's branch that binds the
-    receiver when there is one."""
+    receiver when there is one (a one-line ``if fp16: opt = Wrapper(opt, m)``
+    with no else is such a branch: the statement is the if itself)."""
     s, receiver = scanner, minimize.receiver
     branches = [s.statement(a.node) for a in (
         s.assignments(receiver) or () if isinstance(receiver, cst.Name) else ())
-                if isinstance(s.owner(s.block(s.statement(a.node))), (cst.If, cst.Else))]
+                if isinstance(s.owner(s.block(s.statement(a.node))), (cst.If, cst.Else))
+                or isinstance(s.statement(a.node), cst.If)]
     return _rules.optimizer_unfollowed(s, minimize, branches[0] if branches else None)
 
 
