@@ -20,6 +20,7 @@ import collections
 import textwrap
 
 from npu_lossscale import distributed as _distributed
+from npu_lossscale.diagnostics import record as _record
 from npu_lossscale import seams as _seams
 from npu_lossscale import skips as _skips
 from npu_lossscale.skips import on_request as _on_request
@@ -273,7 +274,8 @@ def with_passed(resolved, skip_conditions, observers):
     Raises:
       TypeError: for what is no instance of its seam, or a non-bool
         ``moves_scale``.
-      ValueError: for two observers of one name.
+      ValueError: for two observers of one name, or one that takes the
+        name of a shipped observer of another class.
     """
     conditions = list(resolved.conditions) + _checks.check_instances(
         "skip_conditions", skip_conditions, _seams.SkipCondition)
@@ -282,9 +284,26 @@ def with_passed(resolved, skip_conditions, observers):
                            "Set it True when a skip for this reason should count as an "
                            "overflow for the loss-scale managers.")
     given = _checks.check_instances("observers", observers, _seams.StepObserver)
+    for observer in given:
+        owner = _RESERVED.get(observer.name)
+        if owner is not None and not isinstance(observer, owner[0]):
+            raise ValueError(
+                "observers: %r is named %r, the name of %s, whose report TrainOps reads "
+                "by that name. Give yours another name (its name attribute), or pass %s "
+                "itself." % (observer, observer.name, owner[1], owner[1]))
     observers = list(resolved.observers) + given
     _checks.check_unique_names("observers", observers)
     return Passed(conditions, observers, given)
+
+
+#: The shipped observers' names, each with its class and what makes it:
+#: TrainOps reads their reports by these names, so no other observer may
+#: take one.
+_RESERVED = dict((cls.name, (cls, made_by)) for cls, made_by in (
+    (_underflow.Measurement, "underflow.measure_underflow()"),
+    (_underflow.Hearing, "the listening managers' hearing"),
+    (_first_scale.FirstScale, "underflow.measure_first_scale()"),
+    (_record.SkipDiagnosis, "the skip diagnosis")))
 
 
 def keywords(entry):

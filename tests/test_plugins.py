@@ -160,6 +160,23 @@ def test_observed_and_underflow_are_read_by_name(graph, first):
     assert sorted(train.underflow) == ["d"]
 
 
+@pytest.mark.parametrize("name", ["underflow", "first_scale", "listening", "skip_diagnosis"])
+def test_an_observer_may_not_take_a_shipped_observers_name(graph, name):
+    """TrainOps reads the shipped observers' reports by name: a user's
+    observer named "underflow" filled TrainOps.underflow with its own
+    report, silently. A shipped observer's name is now its own; the
+    shipped observer itself is still accepted."""
+    model = two_group_gan(compute_dtype=tf.float16)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0))
+    scaler.add(model.d_loss, tf.train.GradientDescentOptimizer(0.1), var_list=model.d_vars,
+               name="d")
+    with pytest.raises(ValueError, match="is named %r, the name of .*Give yours another "
+                                         "name" % name):
+        scaler.build(observers=[_Reports(name, 7)])
+    train = scaler.build(observers=[underflow.measure_underflow()])
+    assert sorted(train.underflow) == ["d"]
+
+
 def test_the_builder_imports_no_feature_module():
     """builder.py reaches the capabilities through ``sugar`` and
     ``assembly`` only; ``diagnostics`` (the reasons table its
