@@ -21,8 +21,6 @@ step's own (tests/test_style.py checks that the plug-ins reach no other).
   chief): ``make_plan``, ``distinct``, ``replica_losses``,
   ``overflow_flags``, ``Packing``, ``close_step``, ``Closing``, ``Closed``,
   ``Decisions``.
-* For the skip diagnosis, which reads the step's checks, conditions and
-  backend: ``step_plan``, the step's own plan behind a ``seams.StepState``.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -43,7 +41,7 @@ from npu_lossscale.core.graph_state import of as graph_state_of
 from npu_lossscale.core.graph_walk import (ACCUMULATOR_TAKE_TYPES, CONTROL_FLOW_TYPES,
                                            ENTER_TYPES, FEEDABLE_TYPES, FUNCTION_CALL_TYPES,
                                            IDENTITY_TYPES, depth_first, reachable, topological)
-from npu_lossscale.core.hooks import replica_losses, step_plan
+from npu_lossscale.core.hooks import replica_losses
 from npu_lossscale.core.overflow import flags as overflow_flags
 from npu_lossscale.core.overflow import values_flag
 from npu_lossscale.core.plan import distinct, make_plan
@@ -60,5 +58,5 @@ __all__ = [
     "ENTER_TYPES", "FEEDABLE_TYPES", "FUNCTION_CALL_TYPES", "IDENTITY_TYPES", "copy_op",
     "Copies", "data_inputs", "is_collective", "values_op", "data_parents", "check_reduced",
     "make_plan", "distinct", "replica_losses", "overflow_flags", "Packing", "close_step",
-    "Closing", "Closed", "Decisions", "step_plan",
+    "Closing", "Closed", "Decisions",
 ]

@@ -16,7 +16,8 @@ library:
 
 Each hook receives a ``StepState``: what the step has made so far, in the
 seams' own records (``PlanView``, ``GroupView``, ``ManagerView``,
-``ScaleView``, ``CloseView``), which the step makes from its own.
+``CheckView``, ``ConditionView``, ``BackendView``, ``ScaleView``,
+``CloseView``), which the step makes from its own.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,8 +26,8 @@ import collections
 import contextlib
 
 __all__ = ["GradientTransform", "SkipCondition", "StepObserver", "ReductionEngine",
-           "StepState", "Hooked", "GroupView", "ManagerView", "PlanView", "ScaleView",
-           "CloseView"]
+           "StepState", "Hooked", "GroupView", "ManagerView", "PlanView", "CheckView",
+           "ConditionView", "BackendView", "ScaleView", "CloseView"]
 
 
 class _ClassName(object):
@@ -38,7 +39,7 @@ class _ClassName(object):
 
 class GroupView(collections.namedtuple(
         "GroupView", ["name", "loss", "var_list", "optimizer", "manager", "checked",
-                      "own_backprop"])):
+                      "own_backprop", "transforms"], defaults=((),))):
     """One group of the step (one ``add()``), as the hooks see it.
 
     Attributes:
@@ -53,6 +54,7 @@ class GroupView(collections.namedtuple(
       own_backprop: whether its optimizer computes its own gradients (it
         overrides ``compute_gradients``, as Horovod's does), which no other
         group then shares.
+      transforms: tuple of its ``GradientTransform``s, in order.
     """
 
 
@@ -62,8 +64,26 @@ class ManagerView(collections.namedtuple("ManagerView", ["name", "manager", "gro
     one); ``name`` scopes its ops ("shared" for the builder's)."""
 
 
-class PlanView(collections.namedtuple("PlanView", ["groups", "managers", "gate_kind",
-                                                   "engine"])):
+class CheckView(collections.namedtuple("CheckView", ["name", "groups"])):
+    """One overflow check of the step: its flag's ``name`` ("shared" or a
+    group's) and the names of the ``groups`` whose gradients it covers."""
+
+
+class ConditionView(collections.namedtuple("ConditionView", ["name", "condition"])):
+    """One ``SkipCondition`` of the step and its flag's ``name``."""
+
+
+class BackendView(collections.namedtuple("BackendView", ["reads_register", "gives_evidence",
+                                                         "on_npu"])):
+    """The step's overflow backend: whether it ``reads_register`` (a float
+    status register, which saturates), ``gives_evidence`` (its flag follows
+    the gradients' own values) and runs ``on_npu`` (Ascend)."""
+
+
+class PlanView(collections.namedtuple(
+        "PlanView", ["groups", "managers", "gate_kind", "engine", "checks", "conditions",
+                     "backend", "crosses_workers", "window_steps"],
+        defaults=((), (), BackendView(False, False, False), False, 1))):
     """The step's groups and managers, as the hooks see them.
 
     Attributes:
@@ -72,6 +92,11 @@ class PlanView(collections.namedtuple("PlanView", ["groups", "managers", "gate_k
       managers: tuple of ``ManagerView``, the builder's first.
       gate_kind: "pivot" or "cond", the step's gate (``build(gate=...)``).
       engine: the step's ``ReductionEngine``.
+      checks: tuple of ``CheckView``; groups in none are never skipped.
+      conditions: tuple of ``ConditionView``, after the checks, in order.
+      backend: the ``BackendView``.
+      crosses_workers: whether the engine combines workers before the gate.
+      window_steps: micro-batches per applied step (1: no accumulation).
     """
 
     @property

@@ -27,24 +27,25 @@ def group_view(group):
     if isinstance(group, _seams.GroupView):
         return group
     return _seams.GroupView(group.name, group.loss, group.var_list, group.optimizer,
-                            group.manager, group.checked, group.own_backprop)
+                            group.manager, group.checked, group.own_backprop,
+                            tuple(group.transforms))
 
 
 def plan_view(plan):
-    """The ``seams.PlanView`` of a ``plan.Plan``; the plan itself rides
-    along for ``plugin_helpers.step_plan`` (the shipped skip diagnosis)."""
-    view = _seams.PlanView(
+    """The ``seams.PlanView`` of a ``plan.Plan``."""
+    backend = plan.backend
+    return _seams.PlanView(
         tuple(group_view(group) for group in plan.groups),
         tuple(_seams.ManagerView(use.name, use.manager, use.groups) for use in plan.managers),
-        plan.gate_kind, plan.reduction.engine)
-    view._step_plan = plan  # pylint: disable=protected-access
-    return view
-
-
-def step_plan(state):
-    """The ``plan.Plan`` behind ``state.plan``, a ``seams.PlanView`` made by
-    ``plan_view``."""
-    return state.plan._step_plan  # pylint: disable=protected-access
+        plan.gate_kind, plan.reduction.engine,
+        tuple(_seams.CheckView(check.name, check.groups) for check in plan.checks),
+        tuple(_seams.ConditionView(item.name, item.condition) for item in plan.conditions),
+        _seams.BackendView(bool(backend.reads_register),
+                           # The protocol's defaults, for a backend that
+                           # does not subclass it.
+                           bool(getattr(backend, "gives_evidence", False)),
+                           bool(getattr(backend, "on_npu", False))),
+        plan.reduction.active, plan.window.steps)
 
 
 def step_state(plan, global_step):

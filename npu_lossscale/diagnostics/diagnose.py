@@ -44,7 +44,7 @@ def diagnose(record, plan, evidence, local_flags, reduced_flags):
 
     Args:
       record: the builder's ``record.Record`` (its group and variable names).
-      plan: the ``plan.Plan`` of the step (the builder's, or one group's).
+      plan: the ``seams.PlanView`` of the step (the builder's, or one group's).
       evidence: the ``Evidence``.
       local_flags: ordered dict from flag name to this worker's flag,
         before the sum across workers (the branch runs only when the
@@ -93,7 +93,7 @@ def diagnose(record, plan, evidence, local_flags, reduced_flags):
         reason = tf.where(tf.reduce_any(bad_grads),
                           tf.constant(GRADIENTS_OVERFLOWED, tf.int64), reason)
     checks = [item.name for item in plan.checks]
-    if plan.reduction.active and checks:
+    if plan.crosses_workers and checks:
         clear = tf.reduce_all(tf.equal(tf.stack([local_flags[name] for name in checks]),
                                        0.0))
         reason = tf.where(clear, tf.constant(OTHER_WORKER_OVERFLOWED, tf.int64), reason)
@@ -126,7 +126,7 @@ def _transforms_fault(record, plan, evidence, bad, reason, groups):
     for name in [name for name in record.group_names if transformed.get(name)]:
         pairs = transformed[name]
         found = _reasons.transform_reason(plan.group(name))
-        if found is not None and plan.check_of(name) is not None:
+        if found is not None and any(name in check.groups for check in plan.checks):
             # Read as the close's check read them (transformed_flags).
             faults.append((name, record.reasons.code(found.name), tf.greater(
                 _helpers.values_flag([grad for grad, _ in pairs],

@@ -252,7 +252,7 @@ def evidence_of(plan, scaled):
     """The ``Evidence`` of a run that closes its own step.
 
     Args:
-      plan: the ``plan.Plan``.
+      plan: the ``seams.PlanView``.
       scaled: ordered dict from group name to the pairs to inspect (the
         ``Evidence.grads``).
 

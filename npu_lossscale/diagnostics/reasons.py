@@ -173,7 +173,8 @@ def transform_reason(group):
     finite values.
 
     Args:
-      group: a ``core.plan.Group``.
+      group: a ``seams.GroupView`` (or the builder's own group record);
+        only its ``transforms`` are read.
 
     Returns:
       A ``Reason``, or None. A skip for it leaves the managers as they

@@ -54,7 +54,7 @@ class SkipDiagnosis(_seams.StepObserver):
         self._branch = None  # the last on_skip's _Branch, for report()
 
     def on_skip(self, state):
-        plan, record = _helpers.step_plan(state), self.record
+        plan, record = state.plan, self.record
         evidence = _evidence(state)
         flags = list(state.reduced_flags.values())
         with tf.name_scope("diagnose"):
@@ -83,7 +83,7 @@ class SkipDiagnosis(_seams.StepObserver):
     def _diagnosed(self, skipped, state, evidence):
         """The ``Diagnosed`` of ``state`` as the outputs of one functional
         ``If`` on ``skipped`` (zeros when False), and that ``If`` op."""
-        plan, record = _helpers.step_plan(state), self.record
+        plan, record = state.plan, self.record
 
         def diagnose():
             return tuple(_diagnose.diagnose(record, plan, evidence, state.closing.flags,
@@ -139,8 +139,8 @@ class _Branch(collections.namedtuple("_Branch", ["state", "op"])):
 
 def _evidence(state):
     """What a diagnosis of ``state``'s close inspects (``SkipDiagnosis``)."""
-    plan, closing = _helpers.step_plan(state), state.closing
-    if plan.window.steps == 1 and state.scaled:
+    plan, closing = state.plan, state.closing
+    if plan.window_steps == 1 and state.scaled:
         # The pairs the step carries (a fused clip applied), not
         # ``state.grads``: a tensor the skip branch reads runs on every step.
         found = _inspection.evidence_of(plan, state.scaled if plan.backend.reads_register
