@@ -403,9 +403,10 @@ class ReductionEngine(object):
       name: names the engine in messages; the class name by default.
       mode: "local" (one worker), "workers" (``reduce`` combines workers
         before the gate) or "chief" (``close`` hands each worker's step to a
-        chief, which decides on the aggregate). Read in this module alone:
-        the step asks ``crosses_workers(engine)``, ``applies_here(engine)``
-        and ``wrap_close``.
+        chief, which decides on the aggregate: the SyncReplicas entry point's
+        own, handed core records, no seam for a user's engine). Read in this
+        module alone: the step asks ``crosses_workers(engine)``,
+        ``applies_here(engine)`` and ``wrap_close``.
     """
 
     name = _ClassName()

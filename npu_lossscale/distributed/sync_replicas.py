@@ -22,6 +22,12 @@ every worker waits forever (docs/design.md, "Data parallelism").
 
 The manager lives with the model on the parameter servers: the workers read
 its scale, the chief updates it.
+
+This route is an entry point of its own, not a plug-in: the chief's sync op
+is a second step, made with the core's ``make_plan`` and ``close`` (the
+pieces ``plugin_helpers`` names for it), so ``SyncReplicasEngine.close`` is
+handed the core's plan and closing records and returns its ``Closed``
+(docs/design.md, "Data parallelism").
 """
 
 from __future__ import absolute_import, division, print_function
