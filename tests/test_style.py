@@ -161,9 +161,10 @@ def test_plug_ins_reach_only_the_declared_helpers_of_core():
     assert undeclared == []
 
 
-#: The packages that plug into the step's seams: they import ``core`` only
-#: through ``plugin_helpers``.
-_SEAM_PLUG_INS = ("transforms", "skips", "underflow", "diagnostics", "distributed")
+#: The packages that plug into the step's seams, and the managers and
+#: backends beside them: they import ``core`` only through ``plugin_helpers``.
+_SEAM_PLUG_INS = ("transforms", "skips", "underflow", "diagnostics", "distributed",
+                  "managers", "backends")
 
 
 def test_the_seams_plug_ins_import_core_only_through_plugin_helpers():

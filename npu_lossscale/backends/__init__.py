@@ -11,9 +11,8 @@ from npu_lossscale.backends.is_finite import IsFiniteBackend, XlaBackend
 from npu_lossscale.backends.npu import (NpuFloatStatusBackend, _import_npu_gen_ops,
                                         _warn_if_saturating, inf_nan_mode_enabled)
 from npu_lossscale.backends.register_order import Reader, claim_register, order_after_clear
-from npu_lossscale.core import checks as _checks
-from npu_lossscale.core import gradients as _gradients
-from npu_lossscale.core.gradients import SMALL_GRADIENT_ELEMENTS
+from npu_lossscale import plugin_helpers as _helpers
+from npu_lossscale.plugin_helpers import SMALL_GRADIENT_ELEMENTS
 
 #: The backend names ``resolve_backend`` knows.
 BACKENDS = ("auto", "is_finite", "xla", "npu", "float_status")
@@ -98,7 +97,7 @@ def all_finite(grads, backend="auto"):
         another graph, or the register inside a ``tf.cond``/``tf.while_loop``
         body or a ``tf.function``.
     """
-    grads = _checks.check_gradients(grads)
+    grads = _helpers.check_gradients(grads)
     flag = checked_flag(resolve_backend(backend), grads)
-    with tf.control_dependencies([_gradients.dense_values(grad) for grad in grads]):
+    with tf.control_dependencies([_helpers.dense_values(grad) for grad in grads]):
         return tf.identity(tf.equal(flag, 0.0), name="all_finite")

@@ -8,7 +8,7 @@ import collections
 import tensorflow.compat.v1 as tf
 
 from npu_lossscale.backend_protocol import Backend
-from npu_lossscale.core.gradients import SMALL_GRADIENT_ELEMENTS, dense_values
+from npu_lossscale.plugin_helpers import SMALL_GRADIENT_ELEMENTS, dense_values
 
 
 class IsFiniteBackend(Backend):

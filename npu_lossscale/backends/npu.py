@@ -7,11 +7,9 @@ import warnings
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale.core import context as _context
-from npu_lossscale.core import graph_state as _graph_state
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.backend_protocol import Backend
 from npu_lossscale.backends.register_order import order_after_clear
-from npu_lossscale.core.gradients import dense_values
 
 
 class NpuFloatStatusBackend(Backend):
@@ -48,9 +46,9 @@ class NpuFloatStatusBackend(Backend):
         The read follows ``tensors`` and ``after`` (the losses: a forward
         overflow no gradient needs must land before it too).
         """
-        _context.require_top_level("A float-status read (all_finite or a step)")
+        _helpers.require_top_level("A float-status read (all_finite or a step)")
         gen = self._gen_ops
-        deps = [dense_values(t) for t in list(tensors) + list(after)]
+        deps = [_helpers.dense_values(t) for t in list(tensors) + list(after)]
         order_after_clear(self.clear_status(), deps)
         with tf.name_scope("npu_float_status"):
             if self.uses_v2:
@@ -77,7 +75,7 @@ class NpuFloatStatusBackend(Backend):
         if self._own_clear is not None:
             return self._own_clear
         graph = tf.get_default_graph()
-        state = _graph_state.of(graph)
+        state = _helpers.graph_state_of(graph)
         if state.register_clear is None:
             # Free of the caller's control context, to run first.
             with graph.control_dependencies(None), graph.name_scope("loss_scale/"):

@@ -7,8 +7,7 @@ import collections
 import warnings
 
 from npu_lossscale import tf_internals as _tf_internals
-from npu_lossscale.core import graph_state as _graph_state
-from npu_lossscale.core import graph_walk
+from npu_lossscale import plugin_helpers as _helpers
 
 
 class Reader(collections.namedtuple("Reader", ["owner", "what"])):
@@ -35,9 +34,9 @@ def order_after_clear(clear, tensors):
 
     # What runs before ``clear`` (a sequence's sub-step clear follows the
     # sub-steps before it) stays there, and so do its ancestors.
-    earlier = set(graph_walk.depth_first(parents_of(clear), parents_of))
+    earlier = set(_helpers.depth_first(parents_of(clear), parents_of))
     roots = [getattr(t, "op", t) for t in tensors]
-    for op in graph_walk.depth_first(
+    for op in _helpers.depth_first(
             [op for op in roots if op is not clear and op not in earlier],
             lambda op: [parent for parent in parents_of(op)
                         if parent is not clear and parent not in earlier]):
@@ -45,15 +44,15 @@ def order_after_clear(clear, tensors):
         # Not on a feedable op: grappler drops its consumers' edges as
         # implied by its own, and a feed cuts both out. Not inside a v1
         # loop's frame, which an outside edge may not enter: its Enter ops.
-        if (op.type not in graph_walk.FEEDABLE_TYPES and clear not in parents
+        if (op.type not in _helpers.FEEDABLE_TYPES and clear not in parents
                 and not _inside_loop(op)
                 and any(_is_graph_input(parent) or _passes_on_input(parent, passes)
                         for parent in parents)):
-            _graph_state.defer_control_input(op, clear)
+            _helpers.defer_control_input(op, clear)
 
 
 def _is_graph_input(op):
-    return op.type in graph_walk.FEEDABLE_TYPES or (
+    return op.type in _helpers.FEEDABLE_TYPES or (
         len(op.inputs) == 0 and len(op.control_inputs) == 0)
 
 
@@ -93,7 +92,7 @@ def _inside_loop(op):
     loop = context.GetWhileContext() if context is not None else None
     if loop is None:
         return False
-    if op.type in graph_walk.ENTER_TYPES:
+    if op.type in _helpers.ENTER_TYPES:
         outer = loop.outer_context
         return outer is not None and outer.GetWhileContext() is not None
     return True
@@ -101,7 +100,7 @@ def _inside_loop(op):
 
 #: Ops grappler may swap a cast with (core/grappler/op_types.cc,
 #: IsValue*Preserving). Not Enter: an outside edge may not enter a frame.
-_VALUE_PRESERVING_TYPES = graph_walk.IDENTITY_TYPES | frozenset([
+_VALUE_PRESERVING_TYPES = _helpers.IDENTITY_TYPES | frozenset([
     "CheckNumerics", "PreventGradient", "StopGradient", "Print", "DebugGradientIdentity",
     "DeepCopy", "ExpandDims", "Reshape", "Squeeze", "Transpose"])
 
@@ -110,7 +109,7 @@ def claim_register(owner, what):
     """Records that ``owner`` (described by ``what``) reads the register in
     this graph, and warns when another object does too: each would skip, and
     lower its scale, for the other's overflow."""
-    readers = _graph_state.of().register_readers
+    readers = _helpers.graph_state_of().register_readers
     if any(reader.owner is owner for reader in readers):
         return
     if readers:

@@ -6,7 +6,7 @@ from __future__ import absolute_import, division, print_function
 
 import struct
 
-from npu_lossscale.core import checks as _checks
+from npu_lossscale import plugin_helpers as _helpers
 # The protocol's names, re-exported for the managers and for callers of this module.
 from npu_lossscale.manager_protocol import (FLOAT16_MAX, SCALE_RANGE, LossScaleManager,
                                             assign_scale, check_manager, check_manager_graph,
@@ -42,15 +42,15 @@ _MAX_SCALE = SCALE_RANGE[1]
 
 def _check_bounds(init_name, init_value, min_loss_scale, max_loss_scale):
     """The floor, the ceiling and the starting scale between them."""
-    _checks.check_number("min_loss_scale", min_loss_scale, minimum=SCALE_RANGE[0],
+    _helpers.check_number("min_loss_scale", min_loss_scale, minimum=SCALE_RANGE[0],
                          maximum=_MAX_SCALE,
                          hint="Pass e.g. 1 (the default; within 2**-126 to 2**126).")
     if max_loss_scale is not None:
-        _checks.check_number("max_loss_scale", max_loss_scale, minimum=min_loss_scale,
+        _helpers.check_number("max_loss_scale", max_loss_scale, minimum=min_loss_scale,
                              maximum=_FLOAT32_MAX,
                              hint="Pass a ceiling >= min_loss_scale, or None for none.")
     high = _MAX_SCALE if max_loss_scale is None else min(max_loss_scale, _MAX_SCALE)
-    _checks.check_number(init_name, init_value, minimum=min_loss_scale, maximum=high,
+    _helpers.check_number(init_name, init_value, minimum=min_loss_scale, maximum=high,
                          hint="Keep it within [min_loss_scale, max_loss_scale] and "
                               "at most 2**126.")
 
@@ -59,18 +59,18 @@ def _check_floor_warning(floor_warning_after):
     """``floor_warning_after`` as an int, or None (never warn)."""
     if floor_warning_after is None:
         return None
-    return _checks.check_count("floor_warning_after", floor_warning_after,
+    return _helpers.check_count("floor_warning_after", floor_warning_after,
                                hint="Pass e.g. 20, or None never to warn.")
 
 
 def _check_period(name, value, example):
     """A growth or back-off period as an int in [1, 2**24]."""
-    return _checks.check_count(name, value, maximum=_MAX_PERIOD,
+    return _helpers.check_count(name, value, maximum=_MAX_PERIOD,
                                hint="Pass e.g. %d (at most 2**24)." % example)
 
 
 def _check_ratio(name, value, example):
-    _checks.check_number(name, value, minimum=1, min_open=True, maximum=_FLOAT32_MAX,
+    _helpers.check_number(name, value, minimum=1, min_open=True, maximum=_FLOAT32_MAX,
                          hint="Pass e.g. %r." % example)
     if _float32(float(value)) <= 1.0:
         raise ValueError(
@@ -83,7 +83,7 @@ def _check_initial_scale(name, value, min_loss_scale, max_loss_scale, floor_warn
     if value is None:
         raise ValueError("%s must be a number, got None. Pass e.g. 2**15." % name)
     _check_floor_warning(floor_warning_after)
-    _checks.check_number(name, value, minimum=SCALE_RANGE[0], maximum=_MAX_SCALE,
+    _helpers.check_number(name, value, minimum=SCALE_RANGE[0], maximum=_MAX_SCALE,
                          hint="Pass e.g. 2**15 (within 2**-126 to 2**126).")
     _check_bounds(name, value, min_loss_scale, max_loss_scale)
 

@@ -5,7 +5,7 @@ from __future__ import absolute_import, division, print_function
 import math
 import struct
 
-from npu_lossscale.core import context as _context
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
                                          _DEFAULT_MIN_LOSS_SCALE, _FLOAT32_MAX,
                                          _check_initial_scale, _check_period, _check_ratio,
@@ -90,7 +90,7 @@ class DynamicLossScaleManager(_CountingLossScaleManager):
                  max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
                  floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER,
                  hysteresis=_DEFAULT_HYSTERESIS):
-        _context.require_graph_mode("DynamicLossScaleManager")
+        _helpers.require_graph_mode("DynamicLossScaleManager")
         _check_initial_scale("initial_scale", initial_scale, min_loss_scale,
                              max_loss_scale, floor_warning_after)
         _check_period("growth_steps", growth_steps, 2000)

@@ -2,8 +2,7 @@
 
 from __future__ import absolute_import, division, print_function
 
-from npu_lossscale.core import checks as _checks
-from npu_lossscale.core import context as _context
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
                                          _DEFAULT_MIN_LOSS_SCALE, _check_initial_scale,
                                          _check_period, _check_ratio, _float32)
@@ -66,13 +65,13 @@ class ExponentialUpdateLossScaleManager(_CountingLossScaleManager):
                  min_loss_scale=_DEFAULT_MIN_LOSS_SCALE,
                  max_loss_scale=_DEFAULT_MAX_LOSS_SCALE,
                  floor_warning_after=_DEFAULT_FLOOR_WARNING_AFTER):
-        _context.require_graph_mode("ExponentialUpdateLossScaleManager")
+        _helpers.require_graph_mode("ExponentialUpdateLossScaleManager")
         _check_initial_scale("init_loss_scale", init_loss_scale, min_loss_scale,
                              max_loss_scale, floor_warning_after)
         _check_period("incr_every_n_steps", incr_every_n_steps, 1000)
         _check_period("decr_every_n_nan_or_inf", decr_every_n_nan_or_inf, 2)
         _check_ratio("incr_ratio", incr_ratio, 2)
-        _checks.check_number("decr_ratio", decr_ratio, minimum=0, maximum=1,
+        _helpers.check_number("decr_ratio", decr_ratio, minimum=0, maximum=1,
                              min_open=True, max_open=True, hint="Pass e.g. 0.5.")
         self._decr_every = int(decr_every_n_nan_or_inf)
         self._decr_ratio = float(decr_ratio)

@@ -6,7 +6,7 @@ import warnings
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale.core import checks as _checks
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.managers.base import _MAX_SCALE, FLOAT16_MAX, LossScaleManager
 
 class FixedLossScaleManager(LossScaleManager):
@@ -33,10 +33,10 @@ class FixedLossScaleManager(LossScaleManager):
         if loss_scale is None:
             raise ValueError("loss_scale must be a number, got None. Pass e.g. 1024, "
                              "or 1 for no scaling.")
-        _checks.check_number("loss_scale", loss_scale, minimum=1, maximum=_MAX_SCALE,
+        _helpers.check_number("loss_scale", loss_scale, minimum=1, maximum=_MAX_SCALE,
                              hint="Pass a power of two such as 1024 (at most 2**126), "
                                   "or 1 for no scaling.")
-        _checks.check_bool("enable_overflow_check", enable_overflow_check,
+        _helpers.check_bool("enable_overflow_check", enable_overflow_check,
                            "Pass True to skip steps with inf/nan gradients.")
         if loss_scale > FLOAT16_MAX:
             warnings.warn(

@@ -7,8 +7,7 @@ import math
 
 import tensorflow.compat.v1 as tf
 
-from npu_lossscale.core import checks as _checks
-from npu_lossscale.core import context as _context
+from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.managers.base import (_DEFAULT_FLOOR_WARNING_AFTER, _DEFAULT_MAX_LOSS_SCALE,
                                          _DEFAULT_MIN_LOSS_SCALE, FLOAT16_MAX, _check_period)
 from npu_lossscale.managers.counting import _GOOD, _SCALE
@@ -81,12 +80,12 @@ class ListeningLossScaleManager(DynamicLossScaleManager):
                  measure_every_n_steps=_DEFAULT_MEASURE_EVERY_N_STEPS,
                  raise_above_underflow_share=_DEFAULT_RAISE_ABOVE_UNDERFLOW_SHARE,
                  headroom_margin_bits=_DEFAULT_HEADROOM_MARGIN_BITS):
-        _context.require_graph_mode("ListeningLossScaleManager")
+        _helpers.require_graph_mode("ListeningLossScaleManager")
         self._every = _check_period("measure_every_n_steps", measure_every_n_steps, 100)
-        _checks.check_number("raise_above_underflow_share", raise_above_underflow_share,
+        _helpers.check_number("raise_above_underflow_share", raise_above_underflow_share,
                              minimum=0, maximum=1, min_open=True,
                              hint="Pass e.g. 0.01 (1 %).")
-        _checks.check_number("headroom_margin_bits", headroom_margin_bits, minimum=0,
+        _helpers.check_number("headroom_margin_bits", headroom_margin_bits, minimum=0,
                              maximum=126, hint="Pass e.g. 2 (a factor of 4).")
         self._raise_above = float(raise_above_underflow_share)
         self._margin_bits = float(headroom_margin_bits)

@@ -28,17 +28,17 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import manager_protocol as _manager_protocol
 from npu_lossscale import seams as _seams
 from npu_lossscale import plugin_helpers as _helpers
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
-from npu_lossscale.managers import base as _manager_base
 
 __all__ = ["FLOAT16_MAX", "FLOAT16_MIN_NORMAL", "RAISE_BITS", "Underflow", "Measurement",
            "Hearing", "combine", "measure_first_scale", "measure_underflow", "summaries"]
 
 #: float16's largest finite value (IEEE 754 binary16), the top of the
 #: headroom (``managers.base.FLOAT16_MAX``).
-FLOAT16_MAX = _manager_base.FLOAT16_MAX
+FLOAT16_MAX = _manager_protocol.FLOAT16_MAX
 #: float16's smallest normal value, 2**-14: below it a float16 value is
 #: subnormal and keeps fewer than its 11 significant bits.
 FLOAT16_MIN_NORMAL = 2.0 ** -14
@@ -122,7 +122,7 @@ def check_measurable(plan, measure_underflow):
             check_float32_view(group.loss, group.var_list, group.name,
                                "measure_underflow=%r" % (measure_underflow,),
                                "Build with measure_underflow=False.")
-        elif _manager_base.listens_to_underflow(group.manager):
+        elif _manager_protocol.listens_to_underflow(group.manager):
             check_float32_view(group.loss, group.var_list, group.name,
                                type(group.manager).__name__,
                                "Use a DynamicLossScaleManager instead.")
@@ -337,7 +337,7 @@ def listen(plan, scales, scaled, flags):
     ops, entries = [], []
     for use in plan.managers:
         names = tuple(name for name in use.groups if name in scaled)
-        if not names or not _manager_base.listens_to_underflow(use.manager):
+        if not names or not _manager_protocol.listens_to_underflow(use.manager):
             continue
         with tf.name_scope("listen"):
             due = tf.identity(use.manager.underflow_due(), name="due")
@@ -469,7 +469,7 @@ def measure_underflow():
 
 def listens(plan):
     """Whether a manager of ``plan`` listens to the measurement."""
-    return any(_manager_base.listens_to_underflow(use.manager) for use in plan.managers)
+    return any(_manager_protocol.listens_to_underflow(use.manager) for use in plan.managers)
 
 
 # The public constructor of the first-scale observer; below, since its module

@@ -29,9 +29,9 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from npu_lossscale import manager_protocol as _manager_protocol
 from npu_lossscale import seams as _seams
 from npu_lossscale import plugin_helpers as _helpers
-from npu_lossscale.managers import base as _manager_base
 from npu_lossscale.underflow.float32_view import Float32View, check_float32_view
 
 
@@ -63,7 +63,7 @@ class FirstScale(_seams.StepObserver):
         cannot be built (``float32_view.check_float32_view``): ValueError."""
         del options, global_step, api
         for use in plan.managers:
-            if use.groups and not _manager_base.takes_measured_scale(use.manager):
+            if use.groups and not _manager_protocol.takes_measured_scale(use.manager):
                 raise ValueError(
                     "measure_first_scale=True, but the manager of groups %s (%s) cannot take "
                     "a measured scale. Use DynamicLossScaleManager or "
@@ -109,7 +109,7 @@ class FirstScale(_seams.StepObserver):
                     scale = measured_scale(groups, self.margin, plan.engine)
                     lowered = tf.minimum(tf.cast(manager.get_loss_scale(), tf.float32), scale)
                     scale = tf.where(tf.logical_or(first, tf.is_nan(scale)), scale, lowered)
-                    assign = _manager_base.assign_scale(manager, scale)
+                    assign = _manager_protocol.assign_scale(manager, scale)
                     with tf.control_dependencies([assign]):
                         return [tf.assign(known.flags, tf.logical_or(flags, mine)).op]
 
@@ -150,7 +150,7 @@ def measured_scale(groups, margin, engine=None):
         maxima.extend(tf.reduce_max(tf.abs(tf.cast(_dense(grad), tf.float32)))
                       for grad in backprop.grads if grad is not None)
     amax = tf.reduce_max(tf.stack(maxima))
-    return largest_power_of_two(amax, _manager_base.FLOAT16_MAX / 2.0 ** margin)
+    return largest_power_of_two(amax, _manager_protocol.FLOAT16_MAX / 2.0 ** margin)
 
 
 #: The exponents a float32 scale and its inverse can both take as normal
