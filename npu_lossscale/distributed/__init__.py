@@ -19,6 +19,10 @@ holding a collective would deadlock, tensorflow/tensorflow#46863):
   the saturated sum would be applied; under Horovod, or in INF/NaN mode,
   an inf mean would be applied. In float32 the sum of ranks' float16 values
   cannot overflow and the mean fits float16 again.
+
+In-graph towers have no name here: they are a property of a group's loss
+list (``add([loss_a, loss_b], ...)``), and the builder wraps whatever engine
+it is given in ``towers.Towers`` (docs/extending.md, "Reduction engines").
 """
 
 from __future__ import absolute_import, division, print_function
