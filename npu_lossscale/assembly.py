@@ -91,7 +91,7 @@ def check_cluster(api, plan):
     gradients are averaged (ValueError when nothing makes the workers'
     decisions equal)."""
     return _distributed.check_cluster(api, plan, CLUSTER_ROUTES, "distributed=False",
-                                      aggregated=not plan.reduction.applies_here)
+                                      aggregated=not _seams.applies_here(plan.engine))
 
 
 def hearing(plan):

@@ -21,6 +21,7 @@ from npu_lossscale import assembly as _assembly
 from npu_lossscale import backends as _backends
 from npu_lossscale.core import checks as _checks
 from npu_lossscale.core import context as _context
+from npu_lossscale.core import hooks as _hooks
 from npu_lossscale import groups as _groups
 from npu_lossscale import manager_protocol as _managers
 from npu_lossscale.core import step as _step
@@ -304,13 +305,14 @@ class MultiOptimizerLossScale(object):
         # (ops) is made once every check has passed.
         api = "MultiOptimizerLossScale.build"
         plan = _step.plan_step(self._groups, self._manager, options, global_step, api)
-        shipped = _assembly.hearing(plan)
+        view = _hooks.plan_view(plan)  # what the plug-ins' checks are given
+        shipped = _assembly.hearing(view)
         for plugin in conditions + observers + shipped:
-            plugin.check_plan(plan, options, global_step, api)
+            plugin.check_plan(view, options, global_step, api)
         update_ops = _update_ops.check_argument(update_ops, plan, per_group_ops)
-        _assembly.check_sync_replicas_options(plan, update_ops, per_group_ops)
+        _assembly.check_sync_replicas_options(view, update_ops, per_group_ops)
         if self._engine is None and not self._independent:
-            shipped = [item for item in [_assembly.check_cluster(api, plan)]
+            shipped = [item for item in [_assembly.check_cluster(api, view)]
                        if item is not None] + shipped
         if self._towers:
             plan = _step.plan_step(_assembly.tower_groups(self._groups, self._towers),

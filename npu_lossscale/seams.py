@@ -304,8 +304,8 @@ class SkipCondition(object):
     moves_scale = False
 
     def check_plan(self, plan, options, global_step, api):
-        """Optional: refuses a plan the condition cannot run (ValueError),
-        after the plan and before any op. Default: accepts."""
+        """Optional: refuses a ``PlanView`` the condition cannot run
+        (ValueError), before any op. Default: accepts."""
 
     def flag(self, state):
         """This run's flag: a float32 scalar, 0.0 to apply; any other value
@@ -346,8 +346,8 @@ class StepObserver(object):
     name = _ClassName()
 
     def check_plan(self, plan, options, global_step, api):
-        """Optional: refuses a plan the observer cannot read (ValueError),
-        after the plan and before any op. Default: accepts."""
+        """Optional: refuses a ``PlanView`` the observer cannot read
+        (ValueError), before any op. Default: accepts."""
 
     def before_scale_read(self, state):
         """Ops every scale read of this run follows. Default: none.

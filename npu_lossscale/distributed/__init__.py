@@ -263,7 +263,7 @@ def check_cluster(what, plan, reduce_with, opt_out, aggregated=False, given=None
 
     Args:
       what: the API being built, for the message.
-      plan: the step's ``plan.Plan``.
+      plan: the step's ``seams.PlanView`` (or the plan it views).
       reduce_with: dict from ``Cluster.kind`` to the route that makes the
         workers decide alike, for the message.
       opt_out: the argument that declares the workers independent.

@@ -377,7 +377,7 @@ def _close_worker(plan, closing, global_step, skipped_steps=None, observers=()):
 def check_builder_options(plan, update_ops, per_group_ops):
     """Raises ValueError for ``update_ops`` (the chief decides the skip, after
     this worker's run) or ``per_group_ops`` with a SyncReplicasOptimizer."""
-    if plan.reduction.applies_here:
+    if _seams.applies_here(plan.engine):
         return
     if any(update_ops.values()):
         raise ValueError(

@@ -108,7 +108,7 @@ def check_measurable(plan, measure_underflow):
     """The build-time check of every group the step will measure.
 
     Args:
-      plan: the ``plan.Plan``.
+      plan: the step's ``seams.PlanView``.
       measure_underflow: whether ``TrainOps.underflow`` is asked for (every
         group); otherwise only the groups of listening managers are measured.
 
