@@ -17,6 +17,7 @@ from npu_lossscale import distributed as _distributed
 from npu_lossscale import seams as _seams
 from npu_lossscale import sequence as _sequence
 from npu_lossscale import underflow as _underflow
+from npu_lossscale.core import hooks as _hooks
 from npu_lossscale.diagnostics import reasons as _reasons
 from npu_lossscale.diagnostics import record as _record
 from npu_lossscale.distributed import sync_replicas as _sync_replicas
@@ -102,18 +103,20 @@ def hearing(plan):
 
 def reasons(conditions, groups):
     """A builder's skip reasons (``diagnostics.reasons.collect``): its skip
-    conditions' and its groups' transforms', after the shipped ones.
+    conditions' and its groups' transforms', after the shipped ones (the
+    groups handed on as ``seams.GroupView``s).
 
     Raises:
       TypeError, ValueError: for a condition's reason in conflict with
         another (``Reasons.with_reason``), before any op is made.
     """
-    return _reasons.collect(conditions, groups)
+    return _reasons.collect(conditions, [_hooks.group_view(group) for group in groups])
 
 
 def record(plan, history):
     """The builder's skip ``Record`` for ``plan``, keeping ``history`` skips."""
-    return _record.Record(plan.groups, on_host=not plan.backend.on_npu,
+    return _record.Record([_hooks.group_view(group) for group in plan.groups],
+                          on_host=not plan.backend.on_npu,
                           switch_merge=plan.gate_kind == "pivot", history=history,
                           counts_skipped_steps=plan.count_skipped_steps,
                           reasons=reasons([item.condition for item in plan.conditions],

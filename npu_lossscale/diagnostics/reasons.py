@@ -173,8 +173,7 @@ def transform_reason(group):
     finite values.
 
     Args:
-      group: a ``seams.GroupView`` (or the builder's own group record);
-        only its ``transforms`` are read.
+      group: a ``seams.GroupView``.
 
     Returns:
       A ``Reason``, or None. A skip for it leaves the managers as they
@@ -200,7 +199,7 @@ def collect(conditions, groups):
 
     Args:
       conditions: the step's ``seams.SkipCondition``s, in order.
-      groups: the builder's ``core.plan.Group`` records.
+      groups: the builder's ``seams.GroupView``s.
 
     Returns:
       A ``Reasons``.

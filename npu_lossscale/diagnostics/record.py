@@ -230,7 +230,7 @@ class Record(object):
     longest streak in it, after the run.
 
     Args:
-      groups: the builder's ``plan.Group`` records, in ``add()`` order.
+      groups: the builder's ``seams.GroupView``s, in ``add()`` order.
       reasons: the builder's ``reasons.Reasons`` (``reasons.collect``),
         which its codes index and decoding reads back; the shipped ones
         when None.
