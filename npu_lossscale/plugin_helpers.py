@@ -17,10 +17,12 @@ step's own (tests/test_style.py checks that the plug-ins reach no other).
 * Graph walks and copies: ``depth_first``, ``reachable``, ``topological``,
   the op type sets, ``copy_op``, ``Copies``, ``data_inputs``; collectives:
   ``is_collective``, ``values_op``, ``data_parents``, ``check_reduced``.
-* For an engine that closes a step of its own (the SyncReplicasOptimizer
-  chief): ``make_plan``, ``distinct``, ``replica_losses``,
-  ``overflow_flags``, ``Packing``, ``close_step``, ``Closing``, ``Closed``,
-  ``Decisions``.
+* ``distinct`` (items once each, by identity, in order) and
+  ``replica_losses`` (an engine's losses per in-graph replica, checked).
+* For the SyncReplicas route, an entry point of its own that builds a
+  second step on the chief (docs/design.md, "Data parallelism"):
+  ``make_plan``, ``overflow_flags``, ``Packing``, ``close_step``,
+  ``Closing``, ``Closed``, ``Decisions``. No hook is given these records.
 """
 
 from __future__ import absolute_import, division, print_function
