@@ -54,6 +54,21 @@ class LossSpikes(_seams.SkipCondition):
         self._count = None
         self._averages = {}  # group name -> its average variable
 
+    def check_plan(self, plan, options, global_step, api):
+        """Refuses a second step of this graph: the count and the averages
+        (by group name) are one step's, and a step of another builder
+        would move them too, mixing groups of one name (ValueError). In
+        another graph, the condition starts afresh there."""
+        del plan, options, global_step, api
+        if self._count is None:
+            return
+        if self._count.graph is tf.get_default_graph():
+            raise ValueError(
+                "skip_conditions: %r already keeps the loss averages of another step of this "
+                "graph (%s), which a second step would move too. Make one skips.loss_spikes(k) "
+                "per build()." % (self, self._count.name))
+        self._count, self._averages = None, {}
+
     def _variables(self, names):
         """The count and each named group's average, made on first use."""
         with _helpers.outside(self._scope), tf.name_scope("loss_spikes"):
