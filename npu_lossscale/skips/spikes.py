@@ -35,6 +35,9 @@ DEFAULT_DECAY = 0.99
 class LossSpikes(_seams.SkipCondition):
     """Skips a step whose loss exceeds ``factor`` times its moving average.
 
+    It keeps one step's state: pass one to each ``build()`` (a second step
+    of the graph is refused, ``check_plan``).
+
     Args:
       factor: the spike threshold, a number > 1.
       warmup: applied steps before a spike can skip.
