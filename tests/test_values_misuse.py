@@ -42,6 +42,17 @@ def _one_group(name="net", **add):
     return scaler, w
 
 
+def _two_groups():
+    """A builder with two groups of ``_net``, "a" over ``w`` and "b" over
+    ``v``; returns the builder, ``w`` and ``v``."""
+    w, loss = _net()
+    v, loss_v = _net("v")
+    scaler = _scaler()
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="a")
+    scaler.add(loss_v, tf.train.GradientDescentOptimizer(0.1), var_list=[v], name="b")
+    return scaler, w, v
+
+
 def _step_once(train, w):
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
@@ -272,11 +283,7 @@ def test_one_requested_shared_by_two_builders_is_checked_by_each(graph):
 
 
 def test_loss_spikes_with_per_group_ops_keep_one_average_per_group(graph):
-    w, loss = _net()
-    v, loss_v = _net("v")
-    scaler = _scaler()
-    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="a")
-    scaler.add(loss_v, tf.train.GradientDescentOptimizer(0.1), var_list=[v], name="b")
+    scaler = _two_groups()[0]
     scaler.build(skip_conditions=[skips.loss_spikes(2.0)], per_group_ops=True)
     assert sorted(x.op.name for x in tf.global_variables() if "spike" in x.op.name) == [
         "loss_spikes/applied_steps", "loss_spikes/average_a", "loss_spikes/average_b"]
@@ -321,11 +328,7 @@ def test_a_requested_value_with_accumulation_skips_the_whole_window(graph):
 
 
 def test_a_requested_value_in_per_group_ops_skips_the_op_of_that_step(graph):
-    w, loss = _net()
-    v, loss_v = _net("v")
-    scaler = _scaler()
-    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="a")
-    scaler.add(loss_v, tf.train.GradientDescentOptimizer(0.1), var_list=[v], name="b")
+    scaler, w, v = _two_groups()
     step = tf.train.get_or_create_global_step()
     train = scaler.build(global_step=step, count_skipped_steps=True, per_group_ops=True,
                          skip_conditions=[skips.requested([0])])
@@ -511,11 +514,7 @@ def test_a_group_view_compares_equal_across_step_ops_though_not_identical(graph)
                 seen.append(state.plan.group("a"))
             return tf.constant(1.0)
 
-    w, loss = _net()
-    v, loss_v = _net("v")
-    scaler = _scaler()
-    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="a")
-    scaler.add(loss_v, tf.train.GradientDescentOptimizer(0.1), var_list=[v], name="b")
+    scaler = _two_groups()[0]
     scaler.build(observers=[Keeps()], per_group_ops=True)
     assert len(seen) == 2 and seen[0] == seen[1] and seen[0] is not seen[1]
     assert len({seen[0]: 1, seen[1]: 2}) == 1
