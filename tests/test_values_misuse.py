@@ -249,9 +249,10 @@ def test_one_loss_spikes_shared_by_two_builders_of_a_graph_is_refused(graph):
     other = _scaler()
     other.add(loss_v * 100.0, tf.train.GradientDescentOptimizer(0.1), var_list=[v], name="net")
     before = len(graph.get_operations())
-    with pytest.raises(ValueError, match=r"already keeps the loss averages of another step "
-                                         r"of this graph \(loss_spikes/applied_steps:0\).* "
-                                         r"Make one skips\.loss_spikes\(k\) per build\(\)\.$"):
+    with pytest.raises(ValueError, match=r"already keeps the loss averages of another "
+                                         r"builder's step in this graph "
+                                         r"\(loss_spikes/applied_steps:0\).* Make one "
+                                         r"skips\.loss_spikes\(k\) per builder\.$"):
         other.build(skip_conditions=[spikes])
     _no_op_made(graph, before)
 
@@ -266,6 +267,35 @@ def test_one_loss_spikes_in_two_graphs_starts_afresh_in_each():
             train = scaler.build(skip_conditions=[spikes])
             assert spikes._count.graph is tf.get_default_graph()
             np.testing.assert_allclose(_step_once(train, w), [-2.0, -2.0])
+
+
+def test_one_loss_spikes_kept_by_the_builders_retry_after_a_failed_build(graph):
+    """Correct: the same builder's retry after a build that failed half-way
+    (its manager's update returned no op, after the condition made its
+    variables) keeps the condition's state, and trains; another builder's
+    step is refused (above)."""
+    class BrokenOnce(nl.FixedLossScaleManager):
+        broken = True
+
+        def update_loss_scale(self, finite_grads):
+            if self.broken:
+                return None
+            return super(BrokenOnce, self).update_loss_scale(finite_grads)
+
+    spikes = skips.loss_spikes(2.0)
+    manager = BrokenOnce(8.0)
+    w, loss = _net()
+    scaler = nl.MultiOptimizerLossScale(manager, backend="is_finite")
+    scaler.add(loss, tf.train.GradientDescentOptimizer(0.1), var_list=[w], name="net")
+    with pytest.raises(TypeError, match="not an op"):
+        scaler.build(skip_conditions=[spikes])
+    manager.broken = False
+    train = scaler.build(skip_conditions=[spikes])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train.update_op)
+        np.testing.assert_allclose(sess.run(w), [-2.0, -2.0])
+        assert sess.run(spikes._count) == 1
 
 
 def test_one_requested_shared_by_two_builders_is_checked_by_each(graph):
