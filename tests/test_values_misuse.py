@@ -518,6 +518,41 @@ def test_add_and_the_constructor_refuse_keywords_of_another_entry(graph):
                       transform_grads_fn=1.0)
 
 
+@pytest.mark.parametrize("keywords, error, message", [
+    (dict(allreduce_float16="yes"), TypeError, r"^allreduce_float16 must be a bool, got 'yes'\."),
+    (dict(allreduce_float16=True), ValueError,
+     r"^allreduce_float16=True needs distributed='horovod' or 'hccl', got distributed=None\."),
+    (dict(distributed="horovd"), ValueError,
+     r"^distributed must be None or one of \('horovod', 'hccl'\), got 'horovd'\."),
+], ids=["not-a-bool", "without-an-engine", "misspelled-engine"])
+def test_the_constructors_sugar_keywords_are_checked(graph, keywords, error, message):
+    with pytest.raises(error, match=message):
+        nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(2.0), **keywords)
+
+
+def test_a_requested_value_holds_the_gated_update_ops(graph):
+    """A skipped step moves no weight, no gated statistic and no global
+    step (``count_skipped_steps`` left off, the skip named by a tensor)."""
+    scaler, w = _one_group()
+    step = tf.train.get_or_create_global_step()
+    runs = tf.Variable(0, name="runs")
+    statistic = tf.Variable(0.0, name="statistic")
+    first = tf.equal(runs, 0)
+    with tf.control_dependencies([first]):
+        counted = tf.assign_add(runs, 1)
+    train = scaler.build(global_step=step, update_ops=[tf.assign_add(statistic, 1.0)],
+                         skip_conditions=[skips.requested(first)])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train.update_op)
+        assert sess.run([step, statistic]) == [0, 0.0]
+        np.testing.assert_array_equal(sess.run(w), [1.0, 2.0])
+        sess.run(counted)
+        sess.run(train.update_op)
+        assert sess.run([step, statistic]) == [1, 1.0]
+        np.testing.assert_allclose(sess.run(w), [-2.0, -2.0])
+
+
 # The views and the reasons
 
 def test_a_hook_cannot_mutate_a_group_view(graph):
