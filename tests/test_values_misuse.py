@@ -201,6 +201,20 @@ def test_requested_as_a_value_needs_global_step_and_counting(graph):
     _no_op_made(graph, before)
 
 
+def test_a_requested_tensor_from_global_step_as_a_value_needs_counting(graph):
+    """As the keyword: a skip computed from ``global_step`` without
+    ``count_skipped_steps=True`` would skip the same step forever."""
+    scaler, _ = _one_group()
+    step = tf.train.get_or_create_global_step()
+    value = skips.requested(tf.equal(step % 10, 3))
+    before = len(graph.get_operations())
+    with pytest.raises(ValueError, match=r"is computed from global_step, with "
+                                         r"count_skipped_steps=False.* Pass "
+                                         r"count_skipped_steps=True\.$"):
+        scaler.build(global_step=step, skip_conditions=[value])
+    _no_op_made(graph, before)
+
+
 def test_requested_value_and_keyword_together_skip_both_sets(graph):
     """Correct: the keyword's steps and the value's both skip (each its own
     flag); a skipped step moves no weight, and global_step counts it."""
