@@ -39,7 +39,7 @@ V1_TESTS := tests/test_builder.py tests/test_plugins.py tests/test_gate.py tests
             tests/test_sequence.py tests/test_diagnostics.py \
             tests/test_misuse.py tests/test_underflow.py \
             tests/test_audit.py tests/test_sync_replicas.py tests/test_cluster_checks.py \
-            tests/test_step_cost.py tests/test_seams_misuse.py \
+            tests/test_step_cost.py tests/test_seams_misuse.py tests/test_values_misuse.py \
             tests/test_monitoring.py::test_summaries_count_skips_by_reason_and_group \
             tests/test_monitoring.py::test_merged_summaries_fetched_alone_run_no_step \
             tests/test_monitoring.py::test_all_finite_inside_a_cond_branch_takes_the_outer_graphs_gradients \

@@ -274,17 +274,28 @@ def with_passed(resolved, skip_conditions, observers):
     Raises:
       TypeError: for what is no instance of its seam, or a non-bool
         ``moves_scale``.
-      ValueError: for two observers of one name, or one that takes the
+      ValueError: for a condition listed twice, two observers of one
+        name, an observer that a keyword makes too, or one that takes the
         name of a shipped observer of another class.
     """
     conditions = list(resolved.conditions) + _checks.check_instances(
         "skip_conditions", skip_conditions, _seams.SkipCondition)
-    for condition in conditions:
+    for index, condition in enumerate(conditions):
+        if any(condition is other for other in conditions[:index]):
+            raise ValueError(
+                "skip_conditions: %r is listed twice; each would run its flag and on_apply, "
+                "so its state would move twice a step. List it once." % (condition,))
         _checks.check_bool("%s.moves_scale" % condition.name, condition.moves_scale,
                            "Set it True when a skip for this reason should count as an "
                            "overflow for the loss-scale managers.")
     given = _checks.check_instances("observers", observers, _seams.StepObserver)
     for observer in given:
+        for made in resolved.observers:
+            if type(made) is type(observer):  # pylint: disable=unidiomatic-typecheck
+                keyword = _KEYWORD_OF.get(type(made), "a keyword of build()")
+                raise ValueError("observers: %r is what %s makes too, and both would run. "
+                                 "Pass %s or the observer, not both."
+                                 % (observer, keyword, keyword))
         owner = _RESERVED.get(observer.name)
         if owner is not None and not isinstance(observer, owner[0]):
             raise ValueError(
@@ -304,6 +315,11 @@ _RESERVED = dict((cls.name, (cls, made_by)) for cls, made_by in (
     (_underflow.Hearing, "the listening managers' hearing"),
     (_first_scale.FirstScale, "underflow.measure_first_scale()"),
     (_record.SkipDiagnosis, "the skip diagnosis")))
+
+
+#: The shipped observers that a keyword of build() makes, by class.
+_KEYWORD_OF = {_underflow.Measurement: "measure_underflow=True",
+               _first_scale.FirstScale: "measure_first_scale=True"}
 
 
 def keywords(entry):

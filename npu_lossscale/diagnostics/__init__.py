@@ -156,16 +156,31 @@ class RecordedSkip(collections.namedtuple(
 def decode_recent(values, reasons=None):
     """The ``RecordedSkip``s in fetched ``RecentSkips`` values, oldest
     first; ``reasons`` as for ``decode``."""
-    reasons = _reasons.SHIPPED if reasons is None else reasons
     return tuple(
         _decoded_with(RecordedSkip(
             number=int(number), global_step=_global_step(step),
-            reason=reasons.name(int(reason)), streak=int(streak), substep=int(substep),
-            groups=_masked(mask, values.group_names)), reasons)
+            reason=_reason_name(reason, reasons), streak=int(streak), substep=int(substep),
+            groups=_masked(mask, values.group_names)),
+            _reasons.SHIPPED if reasons is None else reasons)
         for number, step, reason, streak, substep, mask in zip(
             values.number, values.global_step, values.reason, values.streak,
             values.substep, values.groups)
         if int(number) > 0)
+
+
+def _reason_name(code, reasons):
+    """The name of a fetched ``code`` among ``reasons``, or the shipped
+    ones when None: ValueError, saying to pass the builder's, for a code
+    past them (a reason of a skip condition of the builder's own)."""
+    if reasons is None:
+        if int(code) >= len(_reasons.SHIPPED.reasons):
+            raise ValueError(
+                "reasons=None decodes the shipped reasons (codes 0..%d), got code %d, a reason "
+                "of the builder's own skip conditions. Pass "
+                "reasons=diagnostics.reasons_of(train_ops)."
+                % (len(_reasons.SHIPPED.reasons) - 1, int(code)))
+        reasons = _reasons.SHIPPED
+    return reasons.name(int(code))
 
 
 class Skip(collections.namedtuple(
@@ -194,10 +209,11 @@ def decode(values, reasons=None):
     """
     if int(values.number) == 0:
         return None
+    reason = _reason_name(values.reason, reasons)
     reasons = _reasons.SHIPPED if reasons is None else reasons
     return _decoded_with(Skip(
         number=int(values.number), global_step=_global_step(values.global_step),
-        reason=reasons.name(int(values.reason)),
+        reason=reason,
         groups=_masked(values.groups, values.group_names),
         variables=_masked(values.variables, values.variable_names)), reasons)
 

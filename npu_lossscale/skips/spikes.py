@@ -35,6 +35,9 @@ DEFAULT_DECAY = 0.99
 class LossSpikes(_seams.SkipCondition):
     """Skips a step whose loss exceeds ``factor`` times its moving average.
 
+    It keeps one builder's state: pass one to each builder (another
+    builder's step in the same graph is refused, ``check_plan``).
+
     Args:
       factor: the spike threshold, a number > 1.
       warmup: applied steps before a spike can skip.
@@ -53,6 +56,26 @@ class LossSpikes(_seams.SkipCondition):
         self._scope = _helpers.current_scope()
         self._count = None
         self._averages = {}  # group name -> its average variable
+        self._optimizers = ()  # the groups' optimizers of the builder that owns them
+
+    def check_plan(self, plan, options, global_step, api):
+        """Refuses a step of another builder of this graph (other
+        optimizers): the count and the averages (by group name) are one
+        builder's, and its step would move them too, mixing groups of one
+        name (ValueError). The same builder's retry keeps them; in another
+        graph the condition starts afresh."""
+        del options, global_step, api
+        optimizers = tuple(group.optimizer for group in plan.groups)
+        live = self._count is not None and any(
+            variable is self._count for variable in tf.global_variables())
+        if not live:
+            self._count, self._averages, self._optimizers = None, {}, optimizers
+        elif len(optimizers) != len(self._optimizers) or any(
+                mine is not theirs for mine, theirs in zip(optimizers, self._optimizers)):
+            raise ValueError(
+                "skip_conditions: %r already keeps the loss averages of another builder's "
+                "step in this graph (%s), which this step would move too. Make one "
+                "skips.loss_spikes(k) per builder." % (self, self._count.name))
 
     def _variables(self, names):
         """The count and each named group's average, made on first use."""

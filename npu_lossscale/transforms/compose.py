@@ -53,8 +53,19 @@ def chain(*transforms):
       A ``Chain``.
 
     Raises:
-      TypeError: for a value that is none of these.
+      TypeError: for a value that is none of these (a transform class
+        included).
     """
+    for transform in transforms:
+        if isinstance(transform, type):
+            raise TypeError("transforms.chain() got the class %r; pass an instance, e.g. "
+                            "transforms.chain(%s(...))." % (transform, transform.__name__))
+        if transform is not None and not callable(transform) and not isinstance(
+                transform, _seams.GradientTransform):
+            raise TypeError(
+                "transforms.chain() takes GradientTransform instances or functions from a "
+                "list of (gradient, variable) pairs to a list, got %r. Pass e.g. "
+                "transforms.clip_by_global_norm(1.0)." % (transform,))
     return Chain(part for transform in transforms for part in as_transforms(transform))
 
 
