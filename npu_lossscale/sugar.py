@@ -296,6 +296,11 @@ def with_passed(resolved, skip_conditions, observers):
                 raise ValueError("observers: %r is what %s makes too, and both would run. "
                                  "Pass %s or the observer, not both."
                                  % (observer, keyword, keyword))
+        built_in = [made for cls, made in _BUILT_IN if isinstance(observer, cls)]
+        if built_in:
+            raise ValueError(
+                "observers: %r is %s, which every build() makes itself where the step needs "
+                "one. Leave it out; read its report from TrainOps." % (observer, built_in[0]))
         owner = _RESERVED.get(observer.name)
         if owner is not None and not isinstance(observer, owner[0]):
             raise ValueError(
@@ -315,6 +320,13 @@ _RESERVED = dict((cls.name, (cls, made_by)) for cls, made_by in (
     (_underflow.Hearing, "the listening managers' hearing"),
     (_first_scale.FirstScale, "underflow.measure_first_scale()"),
     (_record.SkipDiagnosis, "the skip diagnosis")))
+
+
+#: The shipped observers that build() always makes where the step needs
+#: one: the skip diagnosis (TrainOps.diagnosis) and, for a manager that
+#: listens, its hearing.
+_BUILT_IN = ((_record.SkipDiagnosis, "the skip diagnosis (TrainOps.diagnosis)"),
+             (_underflow.Hearing, "the listening managers' hearing"))
 
 
 #: The shipped observers that a keyword of build() makes, by class.

@@ -235,3 +235,22 @@ def test_a_new_keyword_is_one_row_of_the_table(graph, monkeypatch):
         applied = [sess.run([train.update_op, train.applied], model.feed)[1]
                    for _ in range(3)]
     assert applied == [False, False, True]
+
+
+def test_the_observers_every_build_makes_are_not_passed(graph):
+    """The skip diagnosis and the listening managers' hearing are composed
+    by every build() that needs them; one passed in observers would run
+    twice (two records written, two hearings), so build() refuses it."""
+    from npu_lossscale.diagnostics import record  # pylint: disable=import-outside-toplevel
+    model = two_group_gan(compute_dtype=tf.float16)
+    scaler = nl.MultiOptimizerLossScale(nl.FixedLossScaleManager(1.0))
+    scaler.add(model.d_loss, tf.train.GradientDescentOptimizer(0.1), var_list=model.d_vars,
+               name="d")
+    skip_record = record.Record([])
+    for observer, what in ((underflow.Hearing(), "hearing"),
+                           (record.SkipDiagnosis(skip_record), "skip diagnosis")):
+        with pytest.raises(ValueError, match="is the %s.*every build\\(\\) makes itself"
+                                             ".*Leave it out" % ("listening managers' " + what
+                                                                 if what == "hearing"
+                                                                 else what)):
+            scaler.build(observers=[observer])
