@@ -108,20 +108,43 @@ def gan(graph):
     return two_group_gan()
 
 
+def _drop_npu_shim():
+    """Restores the shim's emulation defaults, removes its op-creation
+    callbacks from this thread (those of an earlier import whose modules are
+    gone too: they carry ``_npu_shim_callback``) and forgets its modules, so
+    that the next ``import npu_bridge`` starts a fresh shim."""
+    emulation = sys.modules.get("npu_bridge._emulation")
+    if emulation is not None:
+        emulation.reset()
+        emulation.uninstall()
+    from tensorflow.python.eager import context
+    ctx = context.context()
+    for callback in [c for c in ctx.op_callbacks if getattr(c, "_npu_shim_callback", False)]:
+        ctx.remove_op_callback(callback)
+    for name in [m for m in sys.modules if m == "npu_bridge" or m.startswith("npu_bridge.")]:
+        del sys.modules[name]
+
+
 @pytest.fixture
 def npu_shim():
-    """Puts shims/ first on sys.path for one test, so `import npu_bridge` works."""
+    """Puts shims/ first on sys.path for one test, so `import npu_bridge` works.
+
+    The test starts from a fresh shim: one that an earlier test of this
+    process left imported (through a copy of shims/ it put on sys.path, as
+    examples/porting's ``use_npu`` does), with its overflow mode and its
+    op-creation callback, is dropped first. A saturation mode left so
+    clipped the float16 ops of every graph built after it, the ones of a
+    test's scripts that never import the shim too. The copies of shims/ the
+    test adds to sys.path go with it."""
+    _drop_npu_shim()
+    copies = sys.path.count(SHIMS)
     sys.path.insert(0, SHIMS)
     try:
         yield
     finally:
-        emulation = sys.modules.get("npu_bridge._emulation")
-        if emulation is not None:
-            emulation.reset()
-            emulation.uninstall()
-        sys.path.remove(SHIMS)
-        for name in [m for m in sys.modules if m == "npu_bridge" or m.startswith("npu_bridge.")]:
-            del sys.modules[name]
+        _drop_npu_shim()
+        while sys.path.count(SHIMS) > copies:
+            sys.path.remove(SHIMS)
 
 
 @pytest.fixture

@@ -376,6 +376,9 @@ def test_dcgan_port_trains_as_the_hand_port(ported, tmp_path, npu_shim, monkeypa
     message names every variable that differs, with both values, and both
     scripts' losses."""
     out, _ = ported
+    # The hand port never imports the shim: no shim callback may be left in
+    # this thread to instrument its graph (npu_shim drops one at its setup).
+    assert _shim_callbacks() == []
     hand_dir, tool_dir = str(tmp_path / "hand"), str(tmp_path / "tool")
     common = ["--steps", "3", "--batch-size", "16", "--inject-overflow-at", "3"]
     recorded = _RecordedRuns(monkeypatch)
@@ -404,6 +407,31 @@ def test_dcgan_port_trains_as_the_hand_port(ported, tmp_path, npu_shim, monkeypa
             assert unchanged, variable
         elif variable.startswith("discriminator/"):
             assert not unchanged, variable
+
+
+def _shim_callbacks():
+    """The npu_bridge shim's op-creation callbacks active in this thread."""
+    from tensorflow.python.eager import context
+    return [c for c in context.context().op_callbacks if getattr(c, "_npu_shim_callback", False)]
+
+
+def test_a_shim_left_by_an_earlier_test_is_dropped_before_the_next(request):
+    """The cause of test_dcgan_port_trains_as_the_hand_port's one flake:
+    a shim left imported in saturation mode by an earlier test of the same
+    worker (which files a worker runs before this one depends on the load)
+    keeps its op-creation callback, which clips the float16 ops of every
+    graph built after it, the hand port's too: the poisoned run's gradients
+    come out finite and apply. npu_shim drops such a shim at its setup."""
+    sys.path.insert(0, os.path.join(REPO, "shims"))
+    try:
+        from npu_bridge.estimator.npu import npu_plugin
+        npu_plugin.set_device_sat_mode(0)
+    finally:
+        sys.path.remove(os.path.join(REPO, "shims"))
+    assert _shim_callbacks() and "npu_bridge" in sys.modules
+    request.getfixturevalue("npu_shim")
+    assert _shim_callbacks() == []
+    assert not [m for m in sys.modules if m.split(".")[0] == "npu_bridge"]
 
 
 def test_folder_input_copies_other_files_and_keeps_the_tree(tmp_path):
