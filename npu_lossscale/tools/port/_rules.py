@@ -13,7 +13,7 @@ from npu_lossscale.tools.port import _names
 from npu_lossscale.tools.port._edits import by_hand, refuse
 from npu_lossscale.tools.port._sections import (SECTION_BUILDER, SECTION_DATA_PARALLEL,
                                                 SECTION_GLOBAL_STEP, SECTION_LSO,
-                                                SECTION_MANAGERS, SECTION_PORT,
+                                                SECTION_MANAGERS, SECTION_PORT, SECTION_PORTING,
                                                 SECTION_UPDATE_OPS)
 
 
@@ -377,15 +377,12 @@ def wrapper_arguments(scanner, wrapper, drop_in=False, unread=False, no_manager=
                        "This %s call has no optimizer argument the tool can read: pass the "
                        "optimizer as its first argument, then run the tool again." % _title(
                            wrapper))]
-    if drop_in:
-        return [refuse(wrapper.call, "wrapper-arguments",
-                       "This %s call has arguments the tool does not know (%s): drop those "
-                       "that are defaults, then run the tool again, or port it by hand."
-                       % (_title(wrapper), _code(scanner, wrapper.call)), SECTION_LSO)]
+    shown = (_code(scanner, wrapper.call) if drop_in
+             else ", ".join(_code(scanner, a) for a in wrapper.others))
     return [refuse(wrapper.call, "wrapper-arguments",
                    "This %s call has arguments the tool does not know (%s): drop those that "
                    "are defaults, then run the tool again, or port it by hand."
-                   % (_title(wrapper), ", ".join(_code(scanner, a) for a in wrapper.others)))]
+                   % (_title(wrapper), shown), SECTION_LSO if drop_in else SECTION_PORTING)]
 
 
 def manager_arguments(scanner, call, mapping):
