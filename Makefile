@@ -135,9 +135,9 @@ FAST_ONLY_TESTS := tests/test_plan.py tests/test_tf115_api.py tests/test_py37_sy
 # Each leg runs on JOBS pytest-xdist workers (the machines have 2 cores);
 # loadfile keeps each file on one worker, in order, so that module fixtures
 # (the example runs, the benchmark and checkpoint runs) run once.
-# Measured on 2026-12-02 on the 2-core machine: make test 8 min 8 s warm
-# on a fresh clone (test-fast 4 min 59 s, test-v1 1 min 53 s, test-tf215
-# 1 min 13 s, pytest's own times; 8 min 57 s on 2026-11-29), with the
+# Measured on 2026-12-02 on the 2-core machine: make test 7 min 18 s warm
+# on a fresh clone (test-fast 4 min 4 s, test-v1 1 min 50 s, test-tf215
+# 1 min 24 s, pytest's own times; 8 min 8 s earlier that day), with the
 # tests' Python processes forked warm (tests/warm_python.py). The legs
 # run one after another: all three at once (make -j3, 6 workers on 2 cores)
 # took longer. docs/benchmarks.md has the earlier figures and why.
