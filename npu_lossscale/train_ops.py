@@ -37,7 +37,8 @@ class SkipReport(collections.namedtuple("SkipReport", ["skip_reason", "groups_ov
     Attributes:
       skip_reason: int32 scalar, why this run of ``update_op`` skipped: 0
         when it applied (or closed no accumulation window), else a code of
-        ``diagnostics.REASONS``.
+        the builder's reasons, ``diagnostics.reasons_of(train_ops)`` (the
+        shipped ones keep their ``diagnostics.REASONS`` codes).
       groups_overflowed: dict from group name to a bool scalar, True when
         this run skipped and that group's loss or gradients were not finite
         on this worker (or saturated, on Ascend's register).
