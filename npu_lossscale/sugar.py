@@ -292,46 +292,41 @@ def with_passed(resolved, skip_conditions, observers):
     for observer in given:
         for made in resolved.observers:
             if type(made) is type(observer):  # pylint: disable=unidiomatic-typecheck
-                keyword = _KEYWORD_OF.get(type(made), "a keyword of build()")
+                keyword = getattr(_SHIPPED.get(made.name), "keyword",
+                                  None) or "a keyword of build()"
                 raise ValueError("observers: %r is what %s makes too, and both would run. "
                                  "Pass %s or the observer, not both."
                                  % (observer, keyword, keyword))
-        built_in = [made for cls, made in _BUILT_IN if isinstance(observer, cls)]
-        if built_in:
+        shipped = _SHIPPED.get(observer.name)
+        if shipped is not None and shipped.keyword is None and isinstance(observer,
+                                                                          shipped.cls):
             raise ValueError(
                 "observers: %r is %s, which every build() makes itself where the step needs "
-                "one. Leave it out; read its report from TrainOps." % (observer, built_in[0]))
-        owner = _RESERVED.get(observer.name)
-        if owner is not None and not isinstance(observer, owner[0]):
+                "one. Leave it out; read its report from TrainOps." % (observer, shipped.what))
+        if shipped is not None and not isinstance(observer, shipped.cls):
             raise ValueError(
                 "observers: %r is named %r, the name of %s, whose report TrainOps reads "
                 "by that name. Give yours another name (its name attribute), or pass %s "
-                "itself." % (observer, observer.name, owner[1], owner[1]))
+                "itself." % (observer, observer.name, shipped.what, shipped.what))
     observers = list(resolved.observers) + given
     _checks.check_unique_names("observers", observers)
     return Passed(conditions, observers, given)
 
 
-#: The shipped observers' names, each with its class and what makes it:
-#: TrainOps reads their reports by these names, so no other observer may
-#: take one.
-_RESERVED = dict((cls.name, (cls, made_by)) for cls, made_by in (
-    (_underflow.Measurement, "underflow.measure_underflow()"),
-    (_underflow.Hearing, "the listening managers' hearing"),
-    (_first_scale.FirstScale, "underflow.measure_first_scale()"),
-    (_record.SkipDiagnosis, "the skip diagnosis")))
+class _Shipped(collections.namedtuple("_Shipped", ["cls", "what", "keyword"])):
+    """A shipped observer: its class, what it is (for messages), and the
+    keyword of build() that makes it; None for one every build() makes
+    itself where the step needs it."""
 
 
-#: The shipped observers that build() always makes where the step needs
-#: one: the skip diagnosis (TrainOps.diagnosis) and, for a manager that
-#: listens, its hearing.
-_BUILT_IN = ((_record.SkipDiagnosis, "the skip diagnosis (TrainOps.diagnosis)"),
-             (_underflow.Hearing, "the listening managers' hearing"))
-
-
-#: The shipped observers that a keyword of build() makes, by class.
-_KEYWORD_OF = {_underflow.Measurement: "measure_underflow=True",
-               _first_scale.FirstScale: "measure_first_scale=True"}
+#: The shipped observers by name: TrainOps reads their reports by these
+#: names, so no other observer may take one.
+_SHIPPED = dict((shipped.cls.name, shipped) for shipped in (
+    _Shipped(_underflow.Measurement, "underflow.measure_underflow()", "measure_underflow=True"),
+    _Shipped(_first_scale.FirstScale, "underflow.measure_first_scale()",
+             "measure_first_scale=True"),
+    _Shipped(_underflow.Hearing, "the listening managers' hearing", None),
+    _Shipped(_record.SkipDiagnosis, "the skip diagnosis (TrainOps.diagnosis)", None)))
 
 
 def keywords(entry):
